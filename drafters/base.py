@@ -1,0 +1,55 @@
+"""The `Drafter` protocol: one hot method (`propose`) and one feedback hook (`observe`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Proposed tokens, and for a stochastic drafter the distribution each was sampled from.
+
+    `p_draft is None` means a deterministic draft (copy drafts, greedy draft models): the verifier then
+    accepts while a sample from the target equals the draft. Otherwise `p_draft` has shape
+    (len(tokens), vocab) and the verifier uses the min(1, p_target/p_draft) rule.
+    An empty draft means "no proposal".
+    """
+
+    tokens: tuple[int, ...] = ()
+    p_draft: torch.Tensor | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.p_draft is not None and self.p_draft.shape[0] != len(self.tokens):
+            raise ValueError("p_draft needs one row per drafted token")
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+NO_DRAFT = Draft()
+
+
+class Drafter(Protocol):
+    """Proposes the continuation of `context` (prompt + committed output token ids)."""
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        """At most `k` tokens that likely follow `context`; an empty draft for "no proposal"."""
+        ...
+
+    def observe(self, n_accepted: int) -> None:
+        """Feedback after each verify: how many of the last proposal's tokens the target accepted."""
+        ...
+
+
+class NoDrafter:
+    """Never proposes: the loop degenerates to plain decoding, one token per target forward."""
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        return NO_DRAFT
+
+    def observe(self, n_accepted: int) -> None:
+        pass

@@ -1,0 +1,1 @@
+"""The `specedit` command line."""

@@ -1,0 +1,401 @@
+"""`specedit`: rewrite files with a language model, fast, from the command line.
+
+Errors map to exit codes here, in one place: each `SpeceditError` carries its code (see engine.errors);
+usage errors exit 2, Ctrl-C exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from specedit.cli.files import (
+    STDIN,
+    Region,
+    SourceText,
+    parse_lines,
+    read_source,
+    select_lines,
+    write_atomically,
+)
+from specedit.cli.progress import RewriteProgress
+from specedit.engine.errors import IncompleteOutputError, InputError, SpeceditError
+from specedit.engine.loading import DTYPE_CHOICES
+from specedit.engine.rewrite import DRAFT_METHODS
+
+log = logging.getLogger("specedit")
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class UsageError(SpeceditError):
+    exit_code = EXIT_USAGE
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specedit", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (to stderr)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    rewrite = commands.add_parser("rewrite", help="rewrite files as instructed, streaming the result")
+    rewrite.add_argument("paths", nargs="+", metavar="PATH", help="files to rewrite; - reads standard input")
+    what = rewrite.add_mutually_exclusive_group(required=True)
+    what.add_argument("-i", "--instruction", help="what to change, in plain language")
+    what.add_argument("--sketch", metavar="FILE", help="an edit sketch with '... existing code ...' elisions to merge")
+    rewrite.add_argument("--language", help="the code's language, for the prompt (default: from the file name)")
+    rewrite.add_argument(
+        "--lines", metavar="A:B", help="rewrite only lines A to B (1-based, inclusive); the rest stays byte for byte"
+    )
+    add_model_arguments(rewrite)
+    rewrite.add_argument("--temperature", type=float, default=0.0, help="0 (default) decodes greedily")
+    rewrite.add_argument("--top-p", type=float, default=1.0)
+    rewrite.add_argument("--seed", type=int, default=0)
+    rewrite.add_argument(
+        "--max-new-tokens", type=int, help="output budget (default: twice the region, within the context)"
+    )
+    where = rewrite.add_mutually_exclusive_group()
+    where.add_argument("-o", "--output", metavar="FILE", help="write the result to FILE (atomically)")
+    where.add_argument("--in-place", action="store_true", help="replace each file atomically, keeping PATH.orig")
+    where.add_argument("--diff", action="store_true", help="print a unified diff instead of the new text")
+    rewrite.add_argument("--no-backup", action="store_true", help="with --in-place: keep no PATH.orig")
+    rewrite.add_argument("--stats", metavar="FILE.json", help="write the generation stats as JSON")
+    rewrite.add_argument("--no-progress", action="store_true", help="no live status line on stderr")
+
+    bench = commands.add_parser("bench", help="compare specedit with plain decoding and prompt lookup, side by side")
+    bench.add_argument(
+        "--cases", required=True, type=Path, help="a JSONL file of edits (id, language, instruction, before)"
+    )
+    bench.add_argument("--limit", type=int, help="run only the first N cases")
+    bench.add_argument("--max-chars", type=int, help="skip cases whose `before` has this many characters or more")
+    bench.add_argument("--max-new-tokens", type=int, help="output budget per case (default: twice the original)")
+    bench.add_argument(
+        "--methods",
+        default="plain,prompt-lookup,specedit",
+        help="comma-separated: plain, prompt-lookup, specedit, llama-cpp",
+    )
+    bench.add_argument(
+        "--prompt-lookup-tokens",
+        type=int,
+        default=32,
+        help="transformers' prompt_lookup_num_tokens (default 32, its best here)",
+    )
+    bench.add_argument("--json", type=Path, help="write every figure as JSON")
+    add_model_arguments(bench)
+
+    model = commands.add_parser("model", help="provision and list the embedded models")
+    model_commands = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+    fetch = model_commands.add_parser("fetch", help="download, verify and convert a model into the cache")
+    fetch.add_argument("name", nargs="?", default=None, help="a known model name (default: the default model)")
+    model_commands.add_parser("list", help="show the cached models, with sizes and hashes")
+    return parser
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        help="a model folder, a .gguf file, a hub id or a known name (default: Qwen2.5-Coder-0.5B-Instruct, embedded)",
+    )
+    parser.add_argument(
+        "--draft",
+        choices=DRAFT_METHODS,
+        default="copy",
+        help="copy: draft from the original (default); none: plain decoding",
+    )
+    parser.add_argument(
+        "--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: bf16 on CUDA and bf16-capable CPUs, else float32"
+    )
+    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: CUDA when available)")
+    parser.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING - 10 * args.verbose, stream=sys.stderr, format="specedit: %(levelname)s: %(message)s"
+    )
+    # transformers draws its own progress bars while loading weights; ours say more, and only on a terminal.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    try:
+        if args.command == "rewrite":
+            return rewrite_command(args)
+        if args.command == "model":
+            return model_command(args)
+        if args.command == "bench":
+            return bench_command(args)
+        raise UsageError(f"unknown command {args.command!r}")
+    except SpeceditError as error:
+        print(f"specedit: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print("specedit: interrupted; nothing was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return 0  # the reader went away (e.g. `| head`): not an error of ours
+
+
+# ------------------------------------------------------------------------------------------- rewrite
+
+
+def rewrite_command(args: argparse.Namespace) -> int:
+    from specedit.engine.prompts import language_for_path
+    from specedit.engine.rewrite import RewriteRequest, rewrite
+    from specedit.engine.sampling import SamplingConfig
+
+    if args.output and len(args.paths) > 1:
+        raise UsageError("--output takes one input file; use --in-place for several")
+    if (args.in_place or args.output) and STDIN in args.paths and args.in_place:
+        raise UsageError("--in-place cannot rewrite standard input")
+    if args.no_backup and not args.in_place:
+        raise UsageError("--no-backup only goes with --in-place")
+    try:
+        sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    lines = parse_lines(args.lines) if args.lines else None
+    sketch = read_source(args.sketch).text if args.sketch else None
+
+    # Read and check every input before loading the model: a bad path fails in milliseconds.
+    jobs: list[tuple[SourceText, Region]] = []
+    for name in args.paths:
+        source = read_source(name)
+        region = select_lines(source.text, *lines) if lines else Region("", source.text, "")
+        jobs.append((source, region))
+
+    engine = load_engine(args)
+    all_stats: list[dict[str, Any]] = []
+    stream_to_stdout = not (args.in_place or args.output or args.diff)
+    for source, region in jobs:
+        request = RewriteRequest(
+            original=region.region,
+            instruction=args.instruction,
+            sketch=sketch,
+            language=args.language or language_for_path(source.name if source.name != STDIN else None),
+            draft=args.draft,
+            sampling=sampling,
+            max_new_tokens=args.max_new_tokens,
+        )
+        if stream_to_stdout and len(jobs) > 1:
+            write_stdout(f"==> {source.name} <==\n")
+        if stream_to_stdout:
+            write_stdout(region.before)
+        log.info("rewriting %s (%d characters)", source.name, len(region.region))
+        with RewriteProgress(source.name, 0, enabled=False if args.no_progress else None) as progress:
+            result = rewrite(engine, request, on_text=write_stdout if stream_to_stdout else None, on_step=progress.step)
+        if stream_to_stdout:
+            write_stdout(region.after)
+        all_stats.append(
+            {"path": source.name, "finish_reason": result.finish_reason, **result.generation.stats.to_dict()}
+        )
+        if not result.complete:
+            if args.stats:
+                write_stats(args.stats, all_stats)
+            raise IncompleteOutputError(
+                f"{source.name}: the model used all {result.generation.stats.generated_tokens} tokens of its budget "
+                "without finishing the code; nothing was written (raise --max-new-tokens)"
+            )
+        new_text = region.before + result.text + region.after
+        if args.diff:
+            print_diff(source.name, source.text, new_text)
+        elif args.output:
+            write_atomically(Path(args.output), new_text)
+        elif args.in_place:
+            write_atomically(Path(source.name), new_text, backup_suffix=None if args.no_backup else ".orig")
+    if args.stats:
+        write_stats(args.stats, all_stats)
+    return 0
+
+
+def load_engine(args: argparse.Namespace) -> Any:
+    import torch
+
+    from specedit.engine.generate import Engine
+    from specedit.engine.loading import load_model
+    from specedit.engine.model_store import resolve_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with fetch_progress() as progress:
+        model = resolve_model(args.model, progress=progress)
+    return Engine(load_model(model, dtype=args.dtype, device=args.device))
+
+
+def write_stdout(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def write_stats(path: str, stats: list[dict[str, Any]]) -> None:
+    payload: Any = stats[0] if len(stats) == 1 else stats
+    write_atomically(Path(path), json.dumps(payload, indent=2) + "\n")
+
+
+def print_diff(name: str, before: str, after: str) -> None:
+    label = name if name != STDIN else "stdin"
+    lines = difflib.unified_diff(
+        before.splitlines(keepends=True), after.splitlines(keepends=True), f"a/{label}", f"b/{label}"
+    )
+    colour = sys.stdout.isatty()
+    for line in lines:
+        if not line.endswith("\n"):
+            line += "\n\\ No newline at end of file\n"
+        if colour:
+            code = (
+                "1"
+                if line.startswith(("---", "+++"))
+                else "36"
+                if line.startswith("@@")
+                else "32"
+                if line.startswith("+")
+                else "31"
+                if line.startswith("-")
+                else ""
+            )
+            line = f"\x1b[{code}m{line.rstrip(chr(10))}\x1b[0m\n" if code else line
+        sys.stdout.write(line)
+    sys.stdout.flush()
+
+
+# --------------------------------------------------------------------------------------------- bench
+
+
+def bench_command(args: argparse.Namespace) -> int:
+    from specedit.engine.bench import METHODS, load_cases, run_bench
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise UsageError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+    if not args.cases.is_file():
+        raise InputError(f"{args.cases}: no such file")
+    cases = load_cases(args.cases, limit=args.limit, max_chars=args.max_chars)
+    engine = load_engine(args)
+    print(
+        f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}; {len(cases)} cases; "
+        f"model {engine.loaded.name} ({engine.loaded.dtype}, {engine.device}, {torch_threads()} threads)"
+    )
+    columns = ("case", 32), ("method", 16), ("tokens", -6), ("wall s", -8), ("cpu s", -8), ("tok/s", -7), ("fwd", -5)
+    header = " ".join(f"{name:<{width}}" if width > 0 else f"{name:>{-width}}" for name, width in columns)
+    header += f" {'acc':>6} identical"
+    print(header)
+    print("-" * len(header))
+
+    def on_case(record: dict[str, Any]) -> None:
+        for method, run in record["methods"].items():
+            acceptance = "" if run["acceptance_rate"] is None else f"{run['acceptance_rate']:.0%}"
+            identical = "yes" if run["identical_to_plain"] else f"NO at token {run['first_difference']}"
+            print(
+                f"{record['id'][:32]:<32} {method:<16} {run['generated_tokens']:>6} {run['wall_seconds']:>8.2f} "
+                f"{run['cpu_seconds']:>8.2f} {run['tokens_per_second']:>7.1f} {run['target_forwards']:>5} "
+                f"{acceptance:>6} {identical}",
+                flush=True,
+            )
+
+    report = run_bench(
+        engine,
+        cases,
+        methods=methods,
+        max_new_tokens=args.max_new_tokens,
+        lookup_tokens=args.prompt_lookup_tokens,
+        on_case=on_case,
+    )
+    summary = report["summary"]
+    print()
+    print(
+        "speed-up over plain, end to end (median / geometric mean): "
+        + ", ".join(
+            f"{m} {v}x / {summary['speedup_vs_plain_geomean'][m]}x" for m, v in summary["speedup_vs_plain"].items()
+        )
+    )
+    print(
+        "speed-up over plain, decode phase (median): "
+        + ", ".join(f"{m} {v}x" for m, v in summary["decode_speedup_vs_plain"].items())
+    )
+    if "speedup_vs_prompt_lookup" in summary:
+        print(f"specedit over prompt-lookup (median): {summary['speedup_vs_prompt_lookup']}x")
+    if "speedup_vs_llama_cpp" in summary:
+        print(f"specedit over llama.cpp prompt lookup (median): {summary['speedup_vs_llama_cpp']}x")
+    print(
+        "identical to plain: "
+        + ", ".join(f"{m} {v:.0%}" for m, v in summary["identical_rate"].items() if v is not None)
+    )
+    print("CPU seconds per token: " + ", ".join(f"{m} {v}" for m, v in summary["cpu_seconds_per_token"].items()))
+    load = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    print(f"load average after: {load}; llama.cpp: {report['settings']['llama_cpp']}")
+    if args.json:
+        write_atomically(args.json, json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def torch_threads() -> int:
+    import torch
+
+    return int(torch.get_num_threads())
+
+
+# --------------------------------------------------------------------------------------------- model
+
+
+def model_command(args: argparse.Namespace) -> int:
+    from specedit.engine.model_store import KNOWN_MODELS, ensure_model, list_cached
+
+    if args.model_command == "fetch":
+        spec = next((s for s in KNOWN_MODELS if s.name == args.name), None) if args.name else KNOWN_MODELS[0]
+        if spec is None:
+            names = ", ".join(s.name for s in KNOWN_MODELS)
+            raise InputError(f"unknown model {args.name!r}; known: {names}")
+        with fetch_progress(always=True) as progress:
+            path = ensure_model(spec, progress=progress)
+        print(path)
+        return 0
+    for cached in list_cached():
+        print(json.dumps(cached.to_dict()) if hasattr(cached, "to_dict") else cached)
+    return 0
+
+
+class fetch_progress:
+    """A rich progress bar on stderr for provisioning stages (only on a terminal, unless `always`)."""
+
+    def __init__(self, *, always: bool = False) -> None:
+        self._enabled = sys.stderr.isatty() or always
+        self._progress: Any = None
+        self._tasks: dict[str, Any] = {}
+
+    def __enter__(self) -> Any:
+        if not self._enabled:
+            return None
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=not sys.stderr.isatty(),
+        )
+        self._progress.__enter__()
+        return self.update
+
+    def update(self, stage: str, done: int, total: int | None) -> None:
+        if stage not in self._tasks:
+            self._tasks[stage] = self._progress.add_task(stage, total=total)
+        self._progress.update(self._tasks[stage], completed=done, total=total)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(None, None, None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

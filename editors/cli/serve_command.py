@@ -1,0 +1,122 @@
+"""`specedit serve`: run the engine daemon, or tell (`--status`) and end (`--stop`) a running one.
+
+Also `remote_rewrite`, which `specedit rewrite --engine ADDR` uses to rewrite through a running daemon.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specedit.engine.client import EngineClient, RemoteResult, RemoteStep
+from specedit.engine.daemon import DaemonConfig, serve
+from specedit.engine.errors import EngineUnavailableError
+from specedit.engine.loading import DTYPE_CHOICES
+from specedit.engine.protocol import DEFAULT_MAX_FRAME_SIZE
+
+if TYPE_CHECKING:
+    from specedit.engine.rewrite import RewriteRequest
+
+def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add `serve` to the `specedit` subcommands."""
+    serve_parser: argparse.ArgumentParser = subparsers.add_parser(
+        "serve",
+        help="run the engine daemon: one model in memory, shared by editors and `specedit rewrite --engine`",
+        description="Serve rewrites over a unix socket (default: $XDG_RUNTIME_DIR/specedit/engine.sock) "
+        "or, with a token, over TCP.",
+    )
+    where = serve_parser.add_argument_group("where")
+    where.add_argument("--socket", type=Path, metavar="PATH", help="the unix socket (mode 0600)")
+    where.add_argument("--host", help="TCP: the address to bind (default 127.0.0.1; needs --port and --token-file)")
+    where.add_argument("--port", type=int, help="TCP: the port (0: any free port)")
+    where.add_argument("--token-file", type=Path, metavar="FILE", help="TCP: a file whose first line is the token")
+    model = serve_parser.add_argument_group("model")
+    model.add_argument("--model", help="a model folder, a .gguf file, a hub id, or a known name (default: embedded)")
+    model.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: bf16 where native, else float32")
+    model.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: CUDA when available)")
+    model.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
+    serve_parser.add_argument(
+        "--idle-timeout", type=float, metavar="SECONDS", help="exit after this long without any client (default: never)"
+    )
+    serve_parser.add_argument(
+        "--max-frame-size", type=int, default=DEFAULT_MAX_FRAME_SIZE, metavar="BYTES", help=argparse.SUPPRESS
+    )
+    action = serve_parser.add_mutually_exclusive_group()
+    action.add_argument("--status", action="store_true", help="print the running daemon's state as JSON and exit")
+    action.add_argument("--stop", action="store_true", help="stop the running daemon")
+    serve_parser.set_defaults(serve_parser=serve_parser)
+    return serve_parser
+
+
+def config_from_args(args: argparse.Namespace) -> DaemonConfig:
+    """The daemon config the flags describe; a usage error (exit 2) when they do not fit together."""
+    tcp = args.host is not None or args.port is not None or args.token_file is not None
+    try:
+        if tcp and args.socket is not None:
+            raise ValueError("--socket and --host/--port/--token-file exclude each other")
+        if tcp and (args.port is None or args.token_file is None):
+            raise ValueError("TCP needs both --port and --token-file")
+        return DaemonConfig(
+            socket_path=args.socket,
+            host=args.host,
+            port=args.port,
+            token_file=args.token_file,
+            model=args.model,
+            dtype=args.dtype,
+            device=args.device,
+            threads=args.threads,
+            idle_timeout=args.idle_timeout,
+            max_frame_size=args.max_frame_size,
+        )
+    except ValueError as error:
+        parser: argparse.ArgumentParser = args.serve_parser
+        parser.error(str(error))  # exits 2
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    if args.status:
+        with EngineClient.connect(config.address, token_file=config.token_file) as client:
+            info = client.status()
+        sys.stdout.write(json.dumps(info, indent=2) + "\n")
+        return 0
+    if args.stop:
+        try:
+            client = EngineClient.connect(config.address, token_file=config.token_file)
+        except EngineUnavailableError:
+            print(f"specedit: no engine daemon running at {config.address}", file=sys.stderr)
+            return 0
+        pid = client.daemon_pid
+        client.stop(wait=60.0)
+        print(f"specedit: stopped the engine daemon at {config.address} (pid {pid})", file=sys.stderr)
+        return 0
+    # The daemon's log is its only voice: say what it does (to stderr, or the log file it was given).
+    package_logger = logging.getLogger("specedit")
+    if package_logger.getEffectiveLevel() > logging.INFO:
+        package_logger.setLevel(logging.INFO)
+    return serve(config)
+
+
+def remote_rewrite(
+    address: str,
+    request: RewriteRequest,
+    on_text: Callable[[str], None] | None = None,
+    on_step: Callable[[RemoteStep], None] | None = None,
+    *,
+    token_file: str | Path | None = None,
+    cancel: threading.Event | None = None,
+) -> RemoteResult:
+    """One rewrite through the daemon at `address` (`specedit rewrite --engine ADDR`).
+
+    The result has `.text`, `.complete`, `.finish_reason` and `.stats` (a dict, like
+    `Stats.to_dict()`); `on_step` gets `RemoteStep`s, which carry `StepInfo`'s field names.
+    `EngineUnavailableError` (exit 7) when no daemon answers there.
+    """
+    with EngineClient.connect(address, token_file=token_file, client_name="specedit rewrite") as client:
+        return client.rewrite(request, on_text=on_text, on_step=on_step, cancel=cancel)

@@ -1,0 +1,301 @@
+"""`specedit bench`: the same model, prompt and greedy decoding under each method, side by side.
+
+Methods:
+- `plain`: our loop without a drafter: one target forward per token, with a KV cache;
+- `prompt-lookup`: transformers' own `generate(prompt_lookup_num_tokens=N)`, the peer a user would pick;
+- `specedit`: our loop with the copy drafter;
+- `llama-cpp`: llama.cpp on the GGUF the default model is assembled from, plain and with its prompt
+  lookup (optional: needs `llama-cpp-python`; its output is compared with its own plain decoding).
+
+Every method stops at the closing code fence. Times are measured in one process, case by case, method
+after method, so that the ratios are pair by pair and the machine's load hits all methods alike.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specedit.drafters.copy_drafter import CopyDrafter
+from specedit.engine.generate import Engine, StepInfo
+from specedit.engine.prompts import AnswerStream, RewritePrompt, build_prompt, extract_code
+
+METHODS = ("plain", "prompt-lookup", "specedit", "llama-cpp")
+DEFAULT_METHODS = ("plain", "prompt-lookup", "specedit")
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    id: str
+    language: str
+    instruction: str
+    before: str
+
+    @classmethod
+    def from_json(cls, record: dict[str, Any]) -> BenchCase:
+        return cls(record["id"], record.get("language", ""), record["instruction"], record["before"])
+
+
+@dataclass
+class MethodRun:
+    """One method on one case."""
+
+    tokens: list[int]
+    text: str
+    wall_seconds: float
+    cpu_seconds: float
+    prefill_seconds: float  # start to the first generated token
+    decode_seconds: float  # first generated token to the last
+    target_forwards: int
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    identical_to_plain: bool | None = None
+    first_difference: int | None = None  # index of the first token that differs from plain's, if any
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def generated_tokens(self) -> int:
+        return len(self.tokens)
+
+    def to_dict(self) -> dict[str, Any]:
+        record = asdict(self)
+        del record["tokens"], record["text"]
+        record["generated_tokens"] = self.generated_tokens
+        record["tokens_per_second"] = round(self.generated_tokens / self.wall_seconds, 3) if self.wall_seconds else 0.0
+        record["acceptance_rate"] = (
+            round(self.accepted_tokens / self.drafted_tokens, 4) if self.drafted_tokens else None
+        )
+        return record
+
+
+def load_cases(path: Path, *, limit: int | None = None, max_chars: int | None = None) -> list[BenchCase]:
+    cases = []
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            if not line.strip():
+                continue
+            case = BenchCase.from_json(json.loads(line))
+            if max_chars is not None and len(case.before) >= max_chars:
+                continue
+            cases.append(case)
+            if limit is not None and len(cases) >= limit:
+                break
+    return cases
+
+
+class Timer:
+    """Start, time of the first generated token, time of the last, and process CPU time."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.cpu_start = time.process_time()
+        self.first: float | None = None
+
+    def mark_first(self) -> None:
+        if self.first is None:
+            self.first = time.perf_counter()
+
+    def finish(self) -> tuple[float, float, float, float]:
+        end = time.perf_counter()
+        first = self.first if self.first is not None else end
+        return end - self.start, time.process_time() - self.cpu_start, first - self.start, end - first
+
+
+def run_ours(
+    engine: Engine, prompt_ids: list[int], original_ids: list[int], fence: str, max_new_tokens: int, *, copy: bool
+) -> MethodRun:
+    answer = AnswerStream(fence)
+    drafter = CopyDrafter(original_ids, output_start=len(prompt_ids)) if copy else None
+    timer = Timer()
+
+    def on_step(_: StepInfo) -> None:
+        timer.mark_first()
+
+    generation = engine.generate(
+        prompt_ids, max_new_tokens=max_new_tokens, drafter=drafter, stop=answer.feed, on_step=on_step
+    )
+    wall, cpu, prefill, decode = timer.finish()
+    stats = generation.stats
+    return MethodRun(
+        generation.tokens,
+        answer.code,
+        wall,
+        cpu,
+        prefill,
+        decode,
+        stats.target_forwards,
+        stats.drafted_tokens,
+        stats.accepted_tokens,
+    )
+
+
+def run_prompt_lookup(
+    engine: Engine, prompt_ids: list[int], fence: str, max_new_tokens: int, lookup_tokens: int
+) -> MethodRun:
+    from transformers.generation.streamers import BaseStreamer
+
+    timer = Timer()
+    forwards = 0
+
+    class _Streamer(BaseStreamer):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def put(self, value: torch.Tensor) -> None:
+            nonlocal forwards
+            self.calls += 1
+            if self.calls > 1:  # the first call carries the prompt
+                timer.mark_first()
+                forwards += 1
+
+        def end(self) -> None:
+            pass
+
+    input_ids = torch.tensor([prompt_ids], device=engine.device)
+    output = engine.model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        prompt_lookup_num_tokens=lookup_tokens,
+        stop_strings=[f"\n{fence}\n"],
+        tokenizer=engine.tokenizer,
+        streamer=_Streamer(),
+        pad_token_id=engine.tokenizer.pad_token_id or engine.tokenizer.eos_token_id,
+    )
+    wall, cpu, prefill, decode = timer.finish()
+    tokens = [int(t) for t in output[0, len(prompt_ids) :].tolist()]
+    text = engine.tokenizer.decode(tokens, skip_special_tokens=True)
+    return MethodRun(
+        tokens, extract_code(text), wall, cpu, prefill, decode, forwards, extra={"lookup_tokens": lookup_tokens}
+    )
+
+
+def first_difference(tokens: Sequence[int], reference: Sequence[int]) -> int | None:
+    for index, (a, b) in enumerate(zip(tokens, reference, strict=False)):
+        if a != b:
+            return index
+    return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
+
+
+def _median(values: Iterable[float]) -> float | None:
+    values = list(values)
+    return round(statistics.median(values), 3) if values else None
+
+
+def _geomean(values: Iterable[float]) -> float | None:
+    values = [v for v in values if v > 0]
+    return round(math.exp(sum(math.log(v) for v in values) / len(values)), 3) if values else None
+
+
+def summarise(
+    cases: list[dict[str, Any]], methods: Sequence[str], load_before: tuple[float, ...], load_after: tuple[float, ...]
+) -> dict[str, Any]:
+    def ratios(method: str, over: str, key: str) -> list[float]:
+        pairs = [c["methods"] for c in cases if method in c["methods"] and over in c["methods"]]
+        return [p[over][key] / p[method][key] for p in pairs if p[method][key] > 0]
+
+    others = [m for m in methods if m != "plain"]
+    summary: dict[str, Any] = {
+        "cases": len(cases),
+        "speedup_vs_plain": {m: _median(ratios(m, "plain", "wall_seconds")) for m in others},
+        "speedup_vs_plain_geomean": {m: _geomean(ratios(m, "plain", "wall_seconds")) for m in others},
+        "decode_speedup_vs_plain": {m: _median(ratios(m, "plain", "decode_seconds")) for m in others},
+        "identical_rate": {},
+        "cpu_seconds_per_token": {},
+        "tokens_per_second_median": {},
+        "load_average": {"before": list(load_before), "after": list(load_after)},
+    }
+    for method in methods:
+        runs = [c["methods"][method] for c in cases if method in c["methods"]]
+        if not runs:
+            continue
+        flags = [r["identical_to_plain"] for r in runs if r["identical_to_plain"] is not None]
+        summary["identical_rate"][method] = round(sum(flags) / len(flags), 4) if flags else None
+        tokens = sum(r["generated_tokens"] for r in runs)
+        summary["cpu_seconds_per_token"][method] = (
+            round(sum(r["cpu_seconds"] for r in runs) / tokens, 5) if tokens else None
+        )
+        summary["tokens_per_second_median"][method] = _median(r["tokens_per_second"] for r in runs)
+    if "specedit" in methods and "prompt-lookup" in methods:
+        summary["speedup_vs_prompt_lookup"] = _median(ratios("specedit", "prompt-lookup", "wall_seconds"))
+        summary["speedup_vs_prompt_lookup_geomean"] = _geomean(ratios("specedit", "prompt-lookup", "wall_seconds"))
+    if "specedit" in methods and "llama-cpp" in methods:
+        summary["speedup_vs_llama_cpp"] = _median(ratios("specedit", "llama-cpp", "wall_seconds"))
+    return summary
+
+
+def run_bench(
+    engine: Engine,
+    cases: list[BenchCase],
+    *,
+    methods: Sequence[str] = DEFAULT_METHODS,
+    max_new_tokens: int | None = None,
+    lookup_tokens: int = 32,
+    on_case: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        raise ValueError(f"unknown methods: {', '.join(sorted(unknown))}")
+    ordered = ["plain", *[m for m in methods if m != "plain"]]  # plain is the reference of every pair
+    load_before = os.getloadavg()
+    results: list[dict[str, Any]] = []
+    llama = None
+    if "llama-cpp" in ordered:
+        from specedit.engine import bench_llama_cpp
+
+        llama = bench_llama_cpp.LlamaCppRunner.create()
+        if llama is None:
+            ordered.remove("llama-cpp")
+    for case in cases:
+        prompt = RewritePrompt(case.before.replace("\r\n", "\n"), case.instruction, None, case.language)
+        prompt_ids = engine.tokenize(build_prompt(engine.tokenizer, prompt))
+        original_ids = engine.tokenize(prompt.original)
+        budget = max_new_tokens or 2 * len(original_ids) + 256
+        runs: dict[str, MethodRun] = {}
+        for method in ordered:
+            if method == "plain":
+                runs[method] = run_ours(engine, prompt_ids, original_ids, prompt.fence, budget, copy=False)
+            elif method == "specedit":
+                runs[method] = run_ours(engine, prompt_ids, original_ids, prompt.fence, budget, copy=True)
+            elif method == "prompt-lookup":
+                runs[method] = run_prompt_lookup(engine, prompt_ids, prompt.fence, budget, lookup_tokens)
+            elif method == "llama-cpp" and llama is not None:
+                runs.update(llama.run(build_prompt(engine.tokenizer, prompt), prompt.fence, budget))
+        for method, run in runs.items():
+            # llama.cpp is compared with its own plain decoding: same weights, different arithmetic.
+            reference = runs["llama-cpp-plain"] if method.startswith("llama-cpp") else runs["plain"]
+            run.identical_to_plain = run.text == reference.text
+            run.first_difference = first_difference(run.tokens, reference.tokens)
+        record = {
+            "id": case.id,
+            "prompt_tokens": len(prompt_ids),
+            "original_tokens": len(original_ids),
+            "methods": {m: r.to_dict() for m, r in runs.items()},
+        }
+        results.append(record)
+        if on_case is not None:
+            on_case(record)
+    present = [m for m in METHODS if any(m in r["methods"] for r in results)]
+    return {
+        "summary": summarise(results, present, load_before, os.getloadavg()),
+        "cases": results,
+        "settings": {
+            "max_new_tokens": max_new_tokens,
+            "prompt_lookup_num_tokens": lookup_tokens,
+            "threads": torch.get_num_threads(),
+            "dtype": str(engine.loaded.dtype).removeprefix("torch."),
+            "device": str(engine.device),
+            "model": engine.loaded.name,
+            "llama_cpp": "ran" if llama is not None else ("not installed" if "llama-cpp" in methods else "not asked"),
+        },
+    }

@@ -1,0 +1,213 @@
+"""The speculative loop. Plain decoding is the same loop with a drafter that never proposes.
+
+One step: draft -> one target forward over the draft -> verify -> commit and roll the cache back ->
+feedback to the drafter -> emit the committed text. See `engine.kv_cache` for the cache invariant.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from specedit.drafters.base import NO_DRAFT, Draft, Drafter, NoDrafter
+from specedit.engine import kv_cache
+from specedit.engine.detokenizer import IncrementalDetokenizer
+from specedit.engine.loading import LoadedModel
+from specedit.engine.sampling import SamplingConfig
+from specedit.engine.stats import Clock, Stats
+from specedit.engine.verify import verify
+
+FinishReason = Literal["eos", "stop", "length", "cancelled"]
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """Reported after every step, for progress, tests and profiling."""
+
+    step: int
+    committed_length: int  # prompt + output tokens
+    cache_length: int  # always committed_length - 1: the newest token is pending
+    drafted: int
+    accepted: int
+
+
+@dataclass
+class Generation:
+    tokens: list[int]  # output token ids, EOS included when the model wrote one
+    text: str  # the output text (special tokens skipped); what `on_text` streamed, joined
+    finish_reason: FinishReason
+    stats: Stats
+
+
+class Engine:
+    """A loaded target model that generates, with or without a drafter."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.device = loaded.device
+        self.eos_token_ids = _eos_token_ids(loaded.model, loaded.tokenizer)
+        # transformers 5.x renamed `past_key_values` to `cache` in the forward signatures.
+        parameters = inspect.signature(loaded.model.forward).parameters
+        self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
+
+    @property
+    def max_positions(self) -> int | None:
+        return self.loaded.max_positions
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_new_tokens: int,
+        drafter: Drafter | None = None,
+        sampling: SamplingConfig = SamplingConfig(),
+        stop: Callable[[str], bool] | None = None,
+        on_text: Callable[[str], None] | None = None,
+        cancel: Callable[[], bool] | None = None,
+        on_step: Callable[[StepInfo], None] | None = None,
+    ) -> Generation:
+        """Continue `prompt_ids` by at most `max_new_tokens` tokens.
+
+        `stop` is fed the text of each committed token and returns True to end generation after it.
+        `cancel` is checked before every step. The output is exactly what plain decoding of the
+        target gives (greedy: token for token; sampling with a seed and a deterministic draft: also
+        token for token, since draws are keyed by position).
+        """
+        if not prompt_ids:
+            raise ValueError("the prompt must hold at least one token")
+        if max_new_tokens < 0:
+            raise ValueError("max_new_tokens must be >= 0")
+        drafter = drafter or NoDrafter()
+        clock = Clock()
+        stats = Stats(prompt_tokens=len(prompt_ids))
+        tokens = list(prompt_ids)  # committed: prompt, then output
+        output_start = len(tokens)
+        output = _OutputText(IncrementalDetokenizer(self.tokenizer, prompt_ids), stop)
+        finish: FinishReason = "length"
+        cache = kv_cache.new_cache()
+
+        with torch.inference_mode():
+            # Prefill every prompt token but the last, which is pending: it is the first input of the
+            # first step's forward, so the first step predicts the first output token.
+            if len(tokens) > 1:
+                self._forward(tokens[:-1], cache, logits_to_keep=1)
+            stats.prefill_seconds = clock.wall()
+
+            step = 0
+            while (budget := max_new_tokens - (len(tokens) - output_start)) > 0:
+                if cancel is not None and cancel():
+                    finish = "cancelled"
+                    break
+                # 1. Draft: at most budget - 1 tokens, since the bonus takes one more slot.
+                draft = drafter.propose(tokens, budget - 1) if budget > 1 else NO_DRAFT
+                draft = _cap(draft, budget - 1)
+
+                # 2. One target forward over the pending token and the draft: (k + 1, V) logits.
+                logits = self._forward([tokens[-1], *draft.tokens], cache)
+
+                # 3. Verify: the accepted prefix and the target's bonus token.
+                verdict = verify(draft, logits, sampling, position=len(tokens) - output_start)
+
+                # 4. Commit token by token (EOS or a stop may cut the step short), then roll the cache
+                #    back to the committed tokens: rejected draft positions are dropped.
+                for token in [*draft.tokens[: verdict.n_accepted], verdict.bonus]:
+                    tokens.append(token)
+                    if token in self.eos_token_ids:
+                        finish = "eos"
+                        break
+                    if output.push(token):
+                        finish = "stop"
+                        break
+                kv_cache.rollback(cache, keep=len(tokens) - 1)
+
+                # 5. Feedback to the drafter.
+                drafter.observe(verdict.n_accepted)
+                step += 1
+                stats.target_forwards += 1
+                stats.drafted_tokens += len(draft)
+                stats.accepted_tokens += verdict.n_accepted
+                stats.accepted_length_histogram[verdict.n_accepted] += 1
+
+                # 6. Emit the committed text.
+                out_of_budget = len(tokens) - output_start >= max_new_tokens
+                if finish == "eos" or (finish == "length" and out_of_budget):
+                    output.flush()  # the end: release text held back for an incomplete character
+                output.emit(on_text)
+                if on_step is not None:
+                    on_step(StepInfo(step, len(tokens), kv_cache.length(cache), len(draft), verdict.n_accepted))
+                if finish != "length":
+                    break
+
+        stats.generated_tokens = len(tokens) - output_start
+        stats.wall_seconds = clock.wall()
+        stats.decode_seconds = stats.wall_seconds - stats.prefill_seconds
+        stats.cpu_seconds = clock.cpu()
+        return Generation(tokens[output_start:], output.text, finish, stats)
+
+    def _forward(self, ids: Sequence[int], cache: Any, logits_to_keep: int = 0) -> torch.Tensor:
+        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # (1, T)
+        arguments = {self._cache_argument: cache, "use_cache": True, "logits_to_keep": logits_to_keep}
+        out = self.model(input_ids=input_ids, **arguments)
+        return out.logits[0]  # (T, V), or (logits_to_keep, V)
+
+
+class _OutputText:
+    """The output text as it is committed: every piece goes through `stop`, then out in one emit a step."""
+
+    def __init__(self, detokenizer: IncrementalDetokenizer, stop: Callable[[str], bool] | None) -> None:
+        self._detokenizer = detokenizer
+        self._stop = stop
+        self._parts: list[str] = []
+        self._unsent = 0  # parts not yet passed to on_text
+
+    @property
+    def text(self) -> str:
+        return "".join(self._parts)
+
+    def push(self, token: int) -> bool:
+        """Add one token's text; True when `stop` says to end here."""
+        return self._add(self._detokenizer.push(token))
+
+    def flush(self) -> None:
+        """Release text held back for an incomplete character, at the end of generation."""
+        self._add(self._detokenizer.flush())
+
+    def emit(self, on_text: Callable[[str], None] | None) -> None:
+        text = "".join(self._parts[self._unsent :])
+        self._unsent = len(self._parts)
+        if text and on_text is not None:
+            on_text(text)
+
+    def _add(self, piece: str) -> bool:
+        if not piece:
+            return False
+        self._parts.append(piece)
+        return self._stop is not None and self._stop(piece)
+
+
+def _cap(draft: Draft, k: int) -> Draft:
+    """A drafter may not propose more than the budget allows; cut its proposal to k tokens."""
+    if len(draft) <= k:
+        return draft
+    p_draft = draft.p_draft[:k] if draft.p_draft is not None else None
+    return Draft(draft.tokens[:k], p_draft)
+
+
+def _eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (configured, getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return frozenset(ids)

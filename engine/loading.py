@@ -1,0 +1,95 @@
+"""Loading a causal LM and its tokenizer: a local folder, a hub id, or a GGUF file; device and dtype."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specedit.engine.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
+DTYPE_CHOICES = ("auto", *DTYPES)
+
+
+def cpu_has_native_bf16() -> bool:
+    """True on CPUs with bf16 arithmetic (AVX512-BF16 or AMX), where bf16 beats float32."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`auto` is bf16 on CUDA and on CPUs with native bf16, float32 elsewhere."""
+    if name == "auto":
+        native = device.type == "cuda" or (device.type == "cpu" and cpu_has_native_bf16())
+        return torch.bfloat16 if native else torch.float32
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ModelLoadError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPE_CHOICES)}") from None
+
+
+@dataclass
+class LoadedModel:
+    model: Any
+    tokenizer: Any
+    device: torch.device
+    dtype: torch.dtype
+    name: str
+
+    @property
+    def max_positions(self) -> int | None:
+        value = getattr(self.model.config, "max_position_embeddings", None) or getattr(
+            self.model.config, "n_positions", None
+        )
+        return int(value) if value else None
+
+
+def load_model(name_or_path: str, *, dtype: str = "auto", device: str | None = None) -> LoadedModel:
+    """Load a model for inference. Any failure is a `ModelLoadError` that says what was tried."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_device = torch.device(device) if device else default_device()
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    source, kwargs = _source(name_or_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **kwargs)
+    except Exception as error:  # transformers raises many kinds; all mean "did not load"
+        raise ModelLoadError(f"could not load model {name_or_path!r}: {error}") from error
+    model.to(torch_device).eval()
+    log.info("loaded %s on %s as %s", name_or_path, torch_device, torch_dtype)
+    return LoadedModel(model, tokenizer, torch_device, torch_dtype, name_or_path)
+
+
+def _source(name_or_path: str) -> tuple[str, dict[str, Any]]:
+    path = Path(name_or_path).expanduser()
+    if path.suffix.lower() == ".gguf":
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file not found: {path}")
+        return str(path.parent), {"gguf_file": path.name}
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path} is not a model folder (no config.json)")
+        return str(path), {}
+    if (os.sep in name_or_path and name_or_path.count("/") != 1) or name_or_path.startswith("."):
+        raise ModelLoadError(f"model folder not found: {path}")
+    return name_or_path, {}  # a hub id: works where the machine has a network or a hub cache

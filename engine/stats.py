@@ -1,0 +1,79 @@
+"""What one request cost and how well speculation did."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Stats:
+    """Counters of one generation. `target_forwards` counts decode forwards (prefill is timed apart).
+
+    Every decode forward verifies one draft (possibly empty) and commits accepted + 1 tokens, so
+    generated_tokens <= target_forwards + accepted_tokens (less only when a stop cut a step short).
+    """
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    target_forwards: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_length_histogram: Counter[int] = field(default_factory=Counter)
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    cpu_seconds: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / drafted tokens (0 when nothing was drafted)."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Accepted draft tokens per target forward; each forward also commits one bonus token."""
+        return self.accepted_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Generated tokens per second of wall time, end to end (prefill included)."""
+        return self.generated_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        return self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "target_forwards": self.target_forwards,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "mean_accepted_length": round(self.mean_accepted_length, 3),
+            "accepted_length_histogram": {str(k): v for k, v in sorted(self.accepted_length_histogram.items())},
+            "prefill_seconds": round(self.prefill_seconds, 4),
+            "decode_seconds": round(self.decode_seconds, 4),
+            "wall_seconds": round(self.wall_seconds, 4),
+            "cpu_seconds": round(self.cpu_seconds, 4),
+            "tokens_per_second": round(self.tokens_per_second, 2),
+            "decode_tokens_per_second": round(self.decode_tokens_per_second, 2),
+        }
+
+
+class Clock:
+    """Wall and process-CPU time since creation."""
+
+    def __init__(self) -> None:
+        self.wall_start = time.perf_counter()
+        self.cpu_start = time.process_time()
+
+    def wall(self) -> float:
+        return time.perf_counter() - self.wall_start
+
+    def cpu(self) -> float:
+        return time.process_time() - self.cpu_start

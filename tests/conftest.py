@@ -1,0 +1,180 @@
+"""Shared fixtures: tiny randomly initialised models (several architectures) and a tiny tokenizer.
+
+Nothing is downloaded: the tokenizer is a byte-level BPE trained here on a few lines of text, the models
+are random. Exactness tests run them in float64.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from specedit.engine.generate import Engine
+from specedit.engine.loading import LoadedModel
+from specedit.engine.prompts import SYSTEM_PROMPT
+
+ARCHITECTURES = ("gpt2", "qwen2", "llama")
+
+CORPUS = [
+    "def add(a, b):\n    return a + b\n",
+    "for i in range(10):\n    print(i)\n",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
+    "const f = (x) => x * 2;\nfunction g(y) { return f(y) + 1; }\n",
+    "# héllo wörld 🙂 — naïve café\n",
+    "if (x == null) { throw new Error('bad'); }\n\treturn 0;\r\n",
+]
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def build_tokenizer(*, chat: bool = True, eos: bool = True) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    # The prompt's fixed text is in the corpus too, so prompts take few tokens (tests stay fast).
+    tokenizer.train_from_iterator([*CORPUS, SYSTEM_PROMPT, CHAT_TEMPLATE] * 4, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>" if eos else None)
+    if chat:
+        fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_model(architecture: str, vocab_size: int, *, seed: int = 0, dtype: torch.dtype = torch.float64) -> Any:
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    # A wide initialisation, so that the random model's greedy choices are far from ties.
+    if architecture == "gpt2":
+        config: Any = GPT2Config(
+            vocab_size=vocab_size,
+            n_positions=2048,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            initializer_range=0.3,
+            bos_token_id=None,
+            eos_token_id=None,
+        )
+        model: Any = GPT2LMHeadModel(config)
+    elif architecture == "qwen2":
+        config = Qwen2Config(
+            vocab_size=vocab_size,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=2048,
+            initializer_range=0.3,
+        )
+        model = Qwen2ForCausalLM(config)
+    elif architecture == "llama":
+        config = LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=2048,
+            initializer_range=0.3,
+        )
+        model = LlamaForCausalLM(config)
+    else:
+        raise ValueError(architecture)
+    model.generation_config.eos_token_id = None
+    return model.to(dtype).eval()
+
+
+class CharTokenizer:
+    """A stand-in tokenizer for id-level tests: token i decodes to one letter."""
+
+    eos_token_id = None
+    chat_template = None
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(ord("A") + i % 26) for i in ids)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) - ord("A") for c in text]
+
+
+def tiny_engine(architecture: str, *, seed: int = 0, vocab_size: int | None = None) -> Engine:
+    """An engine over a tiny random float64 model, without EOS; with `vocab_size`, a stand-in tokenizer."""
+    tokenizer: Any = CharTokenizer() if vocab_size else build_tokenizer()
+    model = build_model(architecture, vocab_size or len(tokenizer), seed=seed)
+    engine = Engine(LoadedModel(model, tokenizer, torch.device("cpu"), torch.float64, f"tiny-{architecture}"))
+    engine.eos_token_ids = frozenset()  # a random model: only the budget ends generation, unless a test says
+    return engine
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen2 model and tokenizer saved as a folder, loadable with `--model PATH`.
+
+    It has no EOS token, so it never finishes an answer: only its token budget (or the context) ends it.
+    """
+    path = tmp_path_factory.mktemp("tiny-qwen2")
+    tokenizer = build_tokenizer(eos=False)
+    model = build_model("qwen2", len(tokenizer), dtype=torch.float32)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+# --- A tiny model that has memorised a few rewrites --------------------------------------------------
+# End-to-end tests of the command line need a real model that finishes its answer (closing fence, EOS).
+# A random model never does; this one is trained here, in seconds, to write these answers exactly.
+
+MEMORISED_REWRITES = [
+    # (original, instruction, answer)
+    ("def add(a, b):\n    return a + b\n", "Rename add to plus.", "def plus(a, b):\n    return a + b\n"),
+    ("x = 1\ny = 2\n", "Make y three.", "x = 1\ny = 3\n"),
+    ("print('héllo 🙂')\r\nz = 0\r\n", "Set z to 5.", "print('héllo 🙂')\nz = 5\n"),
+]
+
+
+def train_memorising_model(tokenizer: Any, *, steps: int = 200) -> Any:
+    from specedit.engine.prompts import RewritePrompt, build_prompt
+
+    sequences = []
+    for original, instruction, answer in MEMORISED_REWRITES:
+        prompt = build_prompt(tokenizer, RewritePrompt(original.replace("\r\n", "\n"), instruction, None, "python"))
+        ids = [*tokenizer.encode(prompt + answer + "```\n", add_special_tokens=False), tokenizer.eos_token_id]
+        sequences.append(torch.tensor(ids))
+    batch = torch.nn.utils.rnn.pad_sequence(sequences, batch_first=True, padding_value=0)  # (B, T)
+    labels = torch.nn.utils.rnn.pad_sequence(sequences, batch_first=True, padding_value=-100)
+    model = build_model("gpt2", len(tokenizer), seed=0, dtype=torch.float32)
+    model.config.eos_token_id = model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.train()
+    optimiser = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(steps):
+        model(input_ids=batch, labels=labels).loss.backward()
+        optimiser.step()
+        optimiser.zero_grad()
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def memorising_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("memorising-gpt2")
+    tokenizer = build_tokenizer()
+    train_memorising_model(tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

@@ -1,0 +1,115 @@
+"""`specedit bench` on a few short cases with a tiny real model: the JSON's fields, pair-by-pair ratios."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specedit.cli.main import main
+from specedit.engine.bench import first_difference, summarise
+
+from conftest import MEMORISED_REWRITES
+
+
+def test_bench_runs_every_method_on_every_case(
+    tmp_path: Path, memorising_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cases = tmp_path / "cases.jsonl"
+    with cases.open("w") as handle:
+        for index, (before, instruction, after) in enumerate(MEMORISED_REWRITES):
+            record = {
+                "id": f"memorised/{index}",
+                "language": "python",
+                "instruction": instruction,
+                "before": before,
+                "after": after,
+                "source": "tests",
+            }
+            handle.write(json.dumps(record) + "\n")
+    out = tmp_path / "bench.json"
+    code = main(
+        [
+            "bench",
+            "--cases",
+            str(cases),
+            "--model",
+            str(memorising_model_dir),
+            "--json",
+            str(out),
+            "--methods",
+            "plain,prompt-lookup,specedit,llama-cpp",
+            "--prompt-lookup-tokens",
+            "8",
+        ]
+    )
+    assert code == 0
+    report = json.loads(out.read_text())
+    table = capsys.readouterr().out
+    assert "load average before" in table and "speed-up over plain" in table
+
+    summary = report["summary"]
+    for key in (
+        "speedup_vs_plain",
+        "speedup_vs_prompt_lookup",
+        "identical_rate",
+        "cpu_seconds_per_token",
+        "load_average",
+        "decode_speedup_vs_plain",
+    ):
+        assert key in summary, key
+    assert set(summary["speedup_vs_plain"]) >= {"prompt-lookup", "specedit"}
+    assert summary["identical_rate"] == {"plain": 1.0, "prompt-lookup": 1.0, "specedit": 1.0}
+    assert report["settings"]["llama_cpp"] in ("not installed", "ran")
+
+    assert [case["id"] for case in report["cases"]] == ["memorised/0", "memorised/1", "memorised/2"]
+    for case in report["cases"]:
+        plain, ours = case["methods"]["plain"], case["methods"]["specedit"]
+        for run in case["methods"].values():
+            for key in (
+                "wall_seconds",
+                "cpu_seconds",
+                "generated_tokens",
+                "tokens_per_second",
+                "target_forwards",
+                "prefill_seconds",
+                "decode_seconds",
+                "identical_to_plain",
+            ):
+                assert key in run, key
+        assert ours["generated_tokens"] == plain["generated_tokens"]
+        assert ours["target_forwards"] < plain["target_forwards"] == plain["generated_tokens"]
+    # The median speed-up is the median of per-case ratios, not a ratio of totals.
+    ratios = sorted(
+        c["methods"]["plain"]["wall_seconds"] / c["methods"]["specedit"]["wall_seconds"] for c in report["cases"]
+    )
+    assert summary["speedup_vs_plain"]["specedit"] == pytest.approx(ratios[1], abs=1e-3)
+
+
+def test_summary_pairs_cases_not_totals() -> None:
+    def run(wall: float) -> dict[str, object]:
+        return {
+            "wall_seconds": wall,
+            "decode_seconds": wall,
+            "cpu_seconds": wall,
+            "generated_tokens": 10,
+            "tokens_per_second": 10 / wall,
+            "identical_to_plain": True,
+        }
+
+    # One long case where specedit is slow and two short ones where it is 4x faster: totals would say
+    # 0.6x, pair by pair the median is 4x.
+    cases = [
+        {"methods": {"plain": run(10.0), "specedit": run(20.0)}},
+        {"methods": {"plain": run(1.0), "specedit": run(0.25)}},
+        {"methods": {"plain": run(2.0), "specedit": run(0.5)}},
+    ]
+    summary = summarise(cases, ["plain", "specedit"], (0.0,), (0.0,))
+    assert summary["speedup_vs_plain"]["specedit"] == 4.0
+
+
+def test_first_difference() -> None:
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 4], [1, 2, 3]) == 2
+    assert first_difference([1, 2], [1, 2, 3]) == 2

@@ -1,0 +1,284 @@
+"""`specedit rewrite` end to end: real command, real (tiny) models, real files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from specedit.cli.main import main
+
+from conftest import MEMORISED_REWRITES
+
+ADD, ADD_INSTRUCTION, ADD_ANSWER = MEMORISED_REWRITES[0]
+XY, XY_INSTRUCTION, XY_ANSWER = MEMORISED_REWRITES[1]
+CRLF, CRLF_INSTRUCTION, _ = MEMORISED_REWRITES[2]
+
+
+def specedit(*args: str | Path) -> int:
+    return main([str(arg) for arg in args])
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if "specedit-tmp" in p.name)
+
+
+# --- bad input: a clear message and an exit code, before any model is loaded -----------------------
+
+
+@pytest.mark.parametrize(
+    ("make", "code", "message"),
+    [
+        (lambda d: d / "missing.py", 3, "no such file"),
+        (lambda d: d, 3, "is a directory"),
+        (lambda d: (d / "b.bin").write_bytes(b"\x7fELF\x00\x01") and d / "b.bin", 3, "binary"),
+        (lambda d: (d / "u.py").write_bytes(b"x = '\xff'\n") and d / "u.py", 3, "not valid UTF-8 (byte 5, line 1)"),
+    ],
+)
+def test_bad_input_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], make: object, code: int, message: str
+) -> None:
+    path = make(tmp_path)  # type: ignore[operator]
+    assert specedit("rewrite", path, "-i", "x", "--model", tmp_path / "never-loaded") == code
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"), [("5:9", "outside the file"), ("3:1", "must not exceed"), ("a:b", "expected A:B")]
+)
+def test_region_out_of_range(tmp_path: Path, capsys: pytest.CaptureFixture[str], lines: str, message: str) -> None:
+    source = tmp_path / "a.py"
+    source.write_text("one\ntwo\nthree\n")
+    assert specedit("rewrite", source, "-i", "x", "--lines", lines, "--model", tmp_path) == 4
+    assert message in capsys.readouterr().err
+
+
+def test_a_model_that_does_not_load(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = tmp_path / "a.py"
+    source.write_text(ADD)
+    assert specedit("rewrite", source, "-i", "x", "--model", tmp_path / "no-such-model") == 6
+    assert "model folder not found" in capsys.readouterr().err
+    (tmp_path / "empty-model").mkdir()
+    assert specedit("rewrite", source, "-i", "x", "--model", tmp_path / "empty-model") == 6
+    assert "not a model folder" in capsys.readouterr().err
+
+
+def test_input_longer_than_the_context(
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "big.py"
+    source.write_text("".join(f"value_{i} = {i} * {i}\n" for i in range(1500)))  # far over 2048 positions
+    assert specedit("rewrite", source, "-i", "x", "--model", tiny_model_dir) == 5
+    assert "too long for the model" in capsys.readouterr().err
+
+
+def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = tmp_path / "a.py"
+    source.write_text(ADD)
+    assert specedit("rewrite", source, "-i", "x", "--no-backup") == 2
+    assert specedit("rewrite", source, source, "-i", "x", "-o", tmp_path / "out.py") == 2
+    assert specedit("rewrite", source, "-i", "x", "--temperature", "-1") == 2
+    with pytest.raises(SystemExit):  # argparse: instruction or sketch is required
+        specedit("rewrite", source)
+
+
+# --- rewrites with a real model that finishes its answers -------------------------------------------
+
+
+def test_rewrite_prints_the_new_text(
+    tmp_path: Path, memorising_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "add.py"
+    source.write_text(ADD)
+    for draft in ("copy", "none"):
+        assert (
+            specedit("rewrite", source, "-i", ADD_INSTRUCTION, "--model", memorising_model_dir, "--draft", draft) == 0
+        )
+        assert capsys.readouterr().out == ADD_ANSWER
+    assert source.read_text() == ADD
+
+
+def test_in_place_keeps_a_backup_and_stats_are_written(tmp_path: Path, memorising_model_dir: Path) -> None:
+    source, stats = tmp_path / "add.py", tmp_path / "stats.json"
+    source.write_text(ADD)
+    source.chmod(0o640)
+    assert (
+        specedit(
+            "rewrite", source, "-i", ADD_INSTRUCTION, "--model", memorising_model_dir, "--in-place", "--stats", stats
+        )
+        == 0
+    )
+    assert source.read_text() == ADD_ANSWER
+    assert (tmp_path / "add.py.orig").read_text() == ADD
+    assert source.stat().st_mode & 0o777 == 0o640
+    figures = json.loads(stats.read_text())
+    for key in (
+        "generated_tokens",
+        "target_forwards",
+        "drafted_tokens",
+        "accepted_tokens",
+        "acceptance_rate",
+        "mean_accepted_length",
+        "accepted_length_histogram",
+        "prefill_seconds",
+        "wall_seconds",
+        "cpu_seconds",
+        "tokens_per_second",
+    ):
+        assert key in figures
+    assert figures["finish_reason"] == "stop"
+    assert figures["target_forwards"] < figures["generated_tokens"]  # the copy drafter saved forwards
+    assert leftovers(tmp_path) == []
+
+
+def test_several_files_in_place_without_backup(tmp_path: Path, memorising_model_dir: Path) -> None:
+    first, second = tmp_path / "xy.py", tmp_path / "xy2.py"
+    first.write_text(XY)
+    second.write_text(XY)
+    assert (
+        specedit(
+            "rewrite", first, second, "-i", XY_INSTRUCTION, "--model", memorising_model_dir, "--in-place", "--no-backup"
+        )
+        == 0
+    )
+    assert first.read_text() == second.read_text() == XY_ANSWER
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["xy.py", "xy2.py"]
+
+
+def test_lines_rewrite_only_the_region(
+    tmp_path: Path, memorising_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    head, tail = "#!/usr/bin/env python\r\n# keep\tthis\n", "\n\n# and this, with no final newline"
+    source = tmp_path / "mixed.py"
+    source.write_bytes((head + ADD + tail).encode())
+    assert specedit("rewrite", source, "-i", ADD_INSTRUCTION, "--lines", "3:4", "--model", memorising_model_dir) == 0
+    assert capsys.readouterr().out == head + ADD_ANSWER + tail
+    assert (
+        specedit(
+            "rewrite",
+            source,
+            "-i",
+            ADD_INSTRUCTION,
+            "--lines",
+            "3:4",
+            "--model",
+            memorising_model_dir,
+            "-o",
+            tmp_path / "out.py",
+        )
+        == 0
+    )
+    assert (tmp_path / "out.py").read_bytes() == (head + ADD_ANSWER + tail).encode()
+
+
+def test_crlf_and_non_ascii_survive(tmp_path: Path, memorising_model_dir: Path) -> None:
+    source = tmp_path / "crlf.py"
+    source.write_bytes(CRLF.encode())
+    assert specedit("rewrite", source, "-i", CRLF_INSTRUCTION, "--model", memorising_model_dir, "--in-place") == 0
+    assert source.read_bytes() == "print('héllo 🙂')\r\nz = 5\r\n".encode()
+
+
+def test_diff_and_stdin(
+    tmp_path: Path, memorising_model_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / "xy.py"
+    source.write_text(XY)
+    assert specedit("rewrite", source, "-i", XY_INSTRUCTION, "--model", memorising_model_dir, "--diff") == 0
+    diff = capsys.readouterr().out
+    assert "-y = 2\n+y = 3\n" in diff and diff.startswith("--- a/")
+    with (tmp_path / "stdin").open("w+b") as handle:
+        handle.write(XY.encode())
+        handle.seek(0)
+        monkeypatch.setattr(sys, "stdin", os.fdopen(os.dup(handle.fileno()), "r"))
+        assert (
+            specedit("rewrite", "-", "-i", XY_INSTRUCTION, "--language", "python", "--model", memorising_model_dir) == 0
+        )
+    assert capsys.readouterr().out == XY_ANSWER
+
+
+# --- failures never touch the file --------------------------------------------------------------------
+
+
+def test_an_unfinished_answer_writes_nothing(
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "a.py"
+    source.write_text(ADD)
+    code = specedit("rewrite", source, "-i", "x", "--model", tiny_model_dir, "--in-place", "--max-new-tokens", "5")
+    assert code == 8
+    assert "without finishing the code" in capsys.readouterr().err
+    assert source.read_text() == ADD
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.py"]
+
+
+def test_speculation_does_not_change_the_streamed_text(
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "a.py"
+    source.write_text(ADD * 3)
+    outputs = []
+    for draft in ("copy", "none"):
+        specedit(
+            "rewrite",
+            source,
+            "-i",
+            "x",
+            "--model",
+            tiny_model_dir,
+            "--dtype",
+            "float64",
+            "--draft",
+            draft,
+            "--max-new-tokens",
+            "40",
+            "--temperature",
+            "0.8",
+            "--seed",
+            "3",
+        )
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and outputs[0]
+
+
+def test_interrupt_leaves_the_file_untouched(tmp_path: Path, tiny_model_dir: Path) -> None:
+    source = tmp_path / "a.py"
+    source.write_text(ADD)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "specedit.cli.main",
+            "-v",
+            "rewrite",
+            str(source),
+            "-i",
+            "x",
+            "--model",
+            str(tiny_model_dir),
+            "--in-place",
+            "--max-new-tokens",
+            "100000",
+            "--draft",
+            "none",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stderr is not None
+    for line in process.stderr:  # wait until the model is generating
+        if "rewriting" in line:
+            break
+    time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "interrupted; nothing was written" in err
+    assert source.read_text() == ADD
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.py"]
