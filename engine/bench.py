@@ -146,7 +146,7 @@ def run_prompt_lookup(
     timer = Timer()
     forwards = 0
 
-    class _Streamer(BaseStreamer):  # type: ignore[misc]
+    class _Streamer(BaseStreamer):
         def __init__(self) -> None:
             self.calls = 0
 

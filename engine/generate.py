@@ -157,7 +157,8 @@ class Engine:
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # (1, T)
         arguments = {self._cache_argument: cache, "use_cache": True, "logits_to_keep": logits_to_keep}
         out = self.model(input_ids=input_ids, **arguments)
-        return out.logits[0]  # (T, V), or (logits_to_keep, V)
+        logits: torch.Tensor = out.logits[0]  # (T, V), or (logits_to_keep, V)
+        return logits
 
 
 class _OutputText:

@@ -72,7 +72,7 @@ def load_model(name_or_path: str, *, dtype: str = "auto", device: str | None = N
     source, kwargs = _source(name_or_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **kwargs)
+        model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **kwargs)
     except Exception as error:  # transformers raises many kinds; all mean "did not load"
         raise ModelLoadError(f"could not load model {name_or_path!r}: {error}") from error
     model.to(torch_device).eval()

@@ -12,7 +12,8 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from specedit.cli.files import (
     write_atomically,
 )
 from specedit.cli.progress import RewriteProgress
+from specedit.cli.serve_command import add_serve_parser, remote_rewrite, serve_command
 from specedit.engine.errors import IncompleteOutputError, InputError, SpeceditError
 from specedit.engine.loading import DTYPE_CHOICES
 from specedit.engine.rewrite import DRAFT_METHODS
@@ -67,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--diff", action="store_true", help="print a unified diff instead of the new text")
     rewrite.add_argument("--no-backup", action="store_true", help="with --in-place: keep no PATH.orig")
     rewrite.add_argument("--stats", metavar="FILE.json", help="write the generation stats as JSON")
+    rewrite.add_argument(
+        "--engine", metavar="ADDR", help="use the engine daemon at ADDR (socket path or tcp://HOST:PORT)"
+    )
+    rewrite.add_argument("--engine-token-file", metavar="FILE", help="the token file of a TCP engine daemon")
     rewrite.add_argument("--no-progress", action="store_true", help="no live status line on stderr")
 
     bench = commands.add_parser("bench", help="compare specedit with plain decoding and prompt lookup, side by side")
@@ -89,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--json", type=Path, help="write every figure as JSON")
     add_model_arguments(bench)
+
+    add_serve_parser(commands)
 
     model = commands.add_parser("model", help="provision and list the embedded models")
     model_commands = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
@@ -132,6 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return model_command(args)
         if args.command == "bench":
             return bench_command(args)
+        if args.command == "serve":
+            return serve_command(args)
         raise UsageError(f"unknown command {args.command!r}")
     except SpeceditError as error:
         print(f"specedit: error: {error}", file=sys.stderr)
@@ -148,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def rewrite_command(args: argparse.Namespace) -> int:
     from specedit.engine.prompts import language_for_path
-    from specedit.engine.rewrite import RewriteRequest, rewrite
+    from specedit.engine.rewrite import RewriteRequest
     from specedit.engine.sampling import SamplingConfig
 
     if args.output and len(args.paths) > 1:
@@ -171,7 +181,9 @@ def rewrite_command(args: argparse.Namespace) -> int:
         region = select_lines(source.text, *lines) if lines else Region("", source.text, "")
         jobs.append((source, region))
 
-    engine = load_engine(args)
+    if args.engine and args.model:
+        log.warning("--model is ignored with --engine: the daemon serves its own model")
+    run = remote_runner(args) if args.engine else local_runner(load_engine(args))
     all_stats: list[dict[str, Any]] = []
     stream_to_stdout = not (args.in_place or args.output or args.diff)
     for source, region in jobs:
@@ -189,18 +201,16 @@ def rewrite_command(args: argparse.Namespace) -> int:
         if stream_to_stdout:
             write_stdout(region.before)
         log.info("rewriting %s (%d characters)", source.name, len(region.region))
-        with RewriteProgress(source.name, 0, enabled=False if args.no_progress else None) as progress:
-            result = rewrite(engine, request, on_text=write_stdout if stream_to_stdout else None, on_step=progress.step)
+        with RewriteProgress(source.name, enabled=False if args.no_progress else None) as progress:
+            result = run(request, write_stdout if stream_to_stdout else None, progress.step)
         if stream_to_stdout:
             write_stdout(region.after)
-        all_stats.append(
-            {"path": source.name, "finish_reason": result.finish_reason, **result.generation.stats.to_dict()}
-        )
+        all_stats.append({"path": source.name, "finish_reason": result.finish_reason, **result.stats})
         if not result.complete:
             if args.stats:
                 write_stats(args.stats, all_stats)
             raise IncompleteOutputError(
-                f"{source.name}: the model used all {result.generation.stats.generated_tokens} tokens of its budget "
+                f"{source.name}: the model used all {result.stats.get('generated_tokens')} tokens of its budget "
                 "without finishing the code; nothing was written (raise --max-new-tokens)"
             )
         new_text = region.before + result.text + region.after
@@ -213,6 +223,38 @@ def rewrite_command(args: argparse.Namespace) -> int:
     if args.stats:
         write_stats(args.stats, all_stats)
     return 0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A rewrite's end, the same whether it ran in this process or in the daemon."""
+
+    text: str
+    complete: bool
+    finish_reason: str | None
+    stats: dict[str, Any]
+
+
+Runner = Callable[[Any, Callable[[str], None] | None, Callable[[Any], None]], Outcome]
+
+
+def local_runner(engine: Any) -> Runner:
+    from specedit.engine.rewrite import rewrite
+
+    def run(request: Any, on_text: Callable[[str], None] | None, on_step: Callable[[Any], None]) -> Outcome:
+        result = rewrite(engine, request, on_text=on_text, on_step=on_step)
+        stats = result.generation.stats.to_dict()
+        return Outcome(result.text, result.complete, result.finish_reason, stats)
+
+    return run
+
+
+def remote_runner(args: argparse.Namespace) -> Runner:
+    def run(request: Any, on_text: Callable[[str], None] | None, on_step: Callable[[Any], None]) -> Outcome:
+        result = remote_rewrite(args.engine, request, on_text, on_step, token_file=args.engine_token_file)
+        return Outcome(result.text, result.complete, result.finish_reason, result.stats)
+
+    return run
 
 
 def load_engine(args: argparse.Namespace) -> Any:
@@ -357,8 +399,14 @@ def model_command(args: argparse.Namespace) -> int:
             path = ensure_model(spec, progress=progress)
         print(path)
         return 0
-    for cached in list_cached():
-        print(json.dumps(cached.to_dict()) if hasattr(cached, "to_dict") else cached)
+    cached_models = list_cached()
+    if not cached_models:
+        print(f"no models cached yet; `specedit model fetch` provisions {KNOWN_MODELS[0].name}", file=sys.stderr)
+    for cached in cached_models:
+        state = f"converted ({cached.dtype})" if cached.converted else "not converted"
+        print(f"{cached.name}  {cached.size_bytes / 1e9:.2f} GB  {state}")
+        print(f"  sha256 {cached.source_sha256 or 'unknown'}")
+        print(f"  {cached.converted_path or cached.path}")
     return 0
 
 

@@ -5,18 +5,25 @@ from __future__ import annotations
 import sys
 import time
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
-from specedit.engine.generate import StepInfo
+
+class Step(Protocol):
+    """What a step reports, in process (`StepInfo`) or from the daemon (`RemoteStep`)."""
+
+    step: int
+    committed_length: int
+    drafted: int
+    accepted: int
 
 
 class RewriteProgress:
-    """`with RewriteProgress(label, prompt_tokens) as progress: ... on_step=progress.step`."""
+    """`with RewriteProgress(label) as progress: ... on_step=progress.step`."""
 
-    def __init__(self, label: str, prompt_tokens: int, *, enabled: bool | None = None) -> None:
+    def __init__(self, label: str, *, enabled: bool | None = None) -> None:
         self.enabled = sys.stderr.isatty() if enabled is None else enabled
         self._label = label
-        self._prompt_tokens = prompt_tokens
+        self._tokens = 0
         self._drafted = 0
         self._accepted = 0
         self._start = time.perf_counter()
@@ -38,12 +45,13 @@ class RewriteProgress:
         if self._live is not None:
             self._live.__exit__(kind, value, traceback)
 
-    def step(self, info: StepInfo) -> None:
+    def step(self, info: Step) -> None:
         self._drafted += info.drafted
         self._accepted += info.accepted
+        self._tokens += info.accepted + 1  # each step commits the accepted draft and one token of its own
         if self._live is None:
             return
-        tokens = info.committed_length - self._prompt_tokens
+        tokens = self._tokens
         elapsed = time.perf_counter() - self._start
         acceptance = self._accepted / self._drafted if self._drafted else 0.0
         self._live.update(

@@ -23,6 +23,7 @@ from specedit.engine.protocol import DEFAULT_MAX_FRAME_SIZE
 if TYPE_CHECKING:
     from specedit.engine.rewrite import RewriteRequest
 
+
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add `serve` to the `specedit` subcommands."""
     serve_parser: argparse.ArgumentParser = subparsers.add_parser(

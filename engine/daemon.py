@@ -1,0 +1,932 @@
+"""The engine daemon (`specedit serve`): one model in memory, shared by every editor and the command line.
+
+Connections are served by asyncio; generation runs on one worker thread, one request at a time, so a
+second request waits for the one running to finish (or be cancelled), then for the requests queued
+before it. The queue is FIFO with round robin across clients: a client's k-th outstanding request waits
+behind every other client's earlier-numbered ones, so one busy client cannot starve another. Each request
+learns its place (`queued`), then streams `text` and `step` frames, and ends with exactly one `done`.
+
+Cancelling (a `cancel` message, or the client disconnecting) sets a flag that the speculative loop checks
+before every step, so the engine is free within one step; a request still waiting is dropped at once.
+
+Starting is race-free: the daemon holds an exclusive flock on `<socket>.lock` for its whole life, so of
+two daemons started at the same moment one serves and the other exits (status 0, "already running").
+Whoever holds the lock owns the socket path: a socket file left by a crashed daemon is stale by
+definition and is replaced. The lock file itself is never deleted (deleting lock files reopens the race).
+Next to the socket: `<socket>.json` (pid, address, model) and, when a client spawned the daemon,
+`<socket>.log`. This module imports neither torch nor transformers until it loads the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hmac
+import itertools
+import json
+import logging
+import os
+import signal
+import socket
+import stat
+import struct
+import tempfile
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from specedit.engine.errors import EngineUnavailableError, SpeceditError
+from specedit.engine.protocol import (
+    DEFAULT_MAX_FRAME_SIZE,
+    HELLO_MAX_FRAME_SIZE,
+    PROTOCOL_VERSION,
+    ClientMessage,
+    DaemonMessage,
+    Done,
+    DoneStatus,
+    Error,
+    ErrorCode,
+    HelloOk,
+    ProtocolError,
+    Queued,
+    Rewrite,
+    Started,
+    StatusOk,
+    Step,
+    StopOk,
+    Text,
+    encode_frame,
+    error_code_for,
+    parse_client_message,
+    read_payload,
+)
+
+if TYPE_CHECKING:
+    from specedit.engine.generate import Engine, StepInfo
+    from specedit.engine.rewrite import DraftMethod, RewriteRequest
+
+log = logging.getLogger(__name__)
+
+SOCKET_NAME = "engine.sock"
+UNIX_PATH_MAX = 107  # sun_path holds 108 bytes on Linux, NUL included
+HELLO_TIMEOUT = 10.0  # seconds a new connection has to say hello
+STOP_GRACE = 30.0  # seconds to wait for the running request to notice its cancel flag when stopping
+RECENT_REQUESTS = 16  # finished requests kept for `status`
+_SHUTTING_DOWN: tuple[ErrorCode, str] = ("shutting_down", "the engine daemon is stopping")
+
+
+# ------------------------------------------------------------------------------------------- paths
+
+
+def runtime_dir() -> Path:
+    """`$XDG_RUNTIME_DIR/specedit`, or a per-user folder in the temp dir where there is none."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isabs(xdg) and os.path.isdir(xdg):
+        return Path(xdg) / "specedit"
+    return Path(tempfile.gettempdir()) / f"specedit-{os.getuid()}"
+
+
+def default_socket_path() -> Path:
+    return runtime_dir() / SOCKET_NAME
+
+
+def prepare_state_dir(config: DaemonConfig) -> None:
+    """The folder of the socket: the runtime dir is made private; a folder the user chose is only
+    created when missing (its mode is the user's business; the socket itself is 0600)."""
+    folder = config.state_dir
+    if folder == runtime_dir():
+        prepare_private_dir(folder)
+        return
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as error:
+        raise EngineUnavailableError(f"cannot create {folder}: {error}") from error
+
+
+def prepare_private_dir(path: Path) -> None:
+    """Create `path` with mode 0700; refuse a folder another user owns (e.g. planted in /tmp)."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = path.lstat()
+    except OSError as error:
+        raise EngineUnavailableError(f"cannot create the runtime folder {path}: {error}") from error
+    if not stat.S_ISDIR(info.st_mode):
+        raise EngineUnavailableError(f"{path} is not a folder (a symlink?); refusing to use it")
+    if info.st_uid != os.getuid():
+        raise EngineUnavailableError(f"{path} belongs to another user; refusing to use it")
+    if info.st_mode & 0o077:
+        os.chmod(path, 0o700)
+
+
+# ------------------------------------------------------------------------------------------ config
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    """Where the daemon listens and what it serves. A unix socket unless `port` is given.
+
+    TCP needs a token file (its first line is the token) and binds 127.0.0.1 unless `host` says
+    otherwise; port 0 picks a free port (see `<runtime dir>/tcp-HOST-PORT.json` or `Daemon.address`).
+    """
+
+    socket_path: Path | None = None
+    host: str | None = None
+    port: int | None = None
+    token_file: Path | None = None
+    model: str | None = None  # None: the embedded default model
+    dtype: str = "auto"
+    device: str | None = None
+    threads: int | None = None  # torch CPU threads; None: torch's choice
+    idle_timeout: float | None = None  # seconds without any client before exiting; None: never
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+
+    def __post_init__(self) -> None:
+        if self.port is not None or self.host is not None:
+            if self.socket_path is not None:
+                raise ValueError("give a socket path or a TCP host and port, not both")
+            if self.port is None or not 0 <= self.port <= 65535:
+                raise ValueError("TCP needs a port in 0..65535")
+            if self.token_file is None:
+                raise ValueError("TCP needs a token file: anyone on the machine can reach a TCP port")
+            if self.host is None:
+                object.__setattr__(self, "host", "127.0.0.1")
+            object.__setattr__(self, "token_file", Path(self.token_file).expanduser().absolute())
+        else:
+            if self.token_file is not None:
+                raise ValueError("a token file only goes with TCP; a unix socket is guarded by its file mode")
+            path = default_socket_path()
+            if self.socket_path is not None:
+                path = Path(self.socket_path).expanduser().absolute()
+            object.__setattr__(self, "socket_path", path)
+            # Binding goes through a short temporary name in the same folder (see `_bind_unix`).
+            longest = len(os.fsencode(path.parent)) + 1 + max(len(os.fsencode(path.name)), 12)
+            if longest > UNIX_PATH_MAX:
+                raise ValueError(f"socket path too long for a unix socket ({UNIX_PATH_MAX} bytes): {path}")
+        if self.idle_timeout is not None and not self.idle_timeout > 0:
+            raise ValueError("idle_timeout must be > 0 seconds (None: never)")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError("threads must be >= 1")
+        if not HELLO_MAX_FRAME_SIZE <= self.max_frame_size < 2**32:
+            raise ValueError(f"max_frame_size must be in {HELLO_MAX_FRAME_SIZE}..2**32-1")
+        if not self.dtype:
+            raise ValueError("dtype must not be empty")
+
+    @property
+    def tcp(self) -> bool:
+        return self.port is not None
+
+    @property
+    def address(self) -> str:
+        """What a client connects to: the socket path, or tcp://HOST:PORT."""
+        if self.tcp:
+            host = f"[{self.host}]" if self.host and ":" in self.host else self.host
+            return f"tcp://{host}:{self.port}"
+        return str(self.socket_path)
+
+    @property
+    def state_dir(self) -> Path:
+        """The folder of the socket (and its lock, info and log files); the runtime dir for TCP."""
+        return self.socket_path.parent if self.socket_path is not None else runtime_dir()
+
+    def _state_file(self, suffix: str, port: int | None = None) -> Path:
+        if self.socket_path is not None:
+            return self.socket_path.with_name(self.socket_path.name + suffix)
+        return self.state_dir / f"tcp-{self.host}-{self.port if port is None else port}{suffix}"
+
+    @property
+    def lock_path(self) -> Path:
+        return self._state_file(".lock")
+
+    @property
+    def info_path(self) -> Path:
+        return self._state_file(".json")
+
+    @property
+    def log_path(self) -> Path:
+        return self._state_file(".log")
+
+    def command_line(self) -> list[str]:
+        """The `specedit serve ...` arguments that start a daemon with this config."""
+        args = ["serve"]
+        if self.tcp:
+            args += ["--host", str(self.host), "--port", str(self.port), "--token-file", str(self.token_file)]
+        else:
+            args += ["--socket", str(self.socket_path)]
+        if self.model is not None:
+            model = Path(self.model).expanduser()
+            args += ["--model", str(model.absolute()) if model.exists() else self.model]
+        args += ["--dtype", self.dtype]
+        if self.device is not None:
+            args += ["--device", self.device]
+        if self.threads is not None:
+            args += ["--threads", str(self.threads)]
+        if self.idle_timeout is not None:
+            args += ["--idle-timeout", repr(float(self.idle_timeout))]
+        if self.max_frame_size != DEFAULT_MAX_FRAME_SIZE:
+            args += ["--max-frame-size", str(self.max_frame_size)]
+        return args
+
+
+def read_token(path: Path) -> str:
+    """The token: the first line of the file, without surrounding whitespace."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise EngineUnavailableError(f"cannot read the token file {path}: {error}") from error
+    token = text.strip().splitlines()[0].strip() if text.strip() else ""
+    if not token:
+        raise EngineUnavailableError(f"the token file {path} is empty")
+    return token
+
+
+# -------------------------------------------------------------------------------------------- serve
+
+
+def serve(
+    config: DaemonConfig,
+    *,
+    engine: Engine | None = None,
+    on_ready: Callable[[Daemon], None] | None = None,
+) -> int:
+    """Run the daemon until `stop`, a signal, or the idle timeout; the exit status.
+
+    0 also when another daemon already serves this address (it keeps serving; nothing is started).
+    `engine`: serve this engine instead of loading `config.model` (tests, embedding).
+    `on_ready`: called on the daemon's event loop once it accepts connections (before the model is
+    loaded); from then on `Daemon.stop` works from any thread.
+    """
+    prepare_state_dir(config)
+    token = read_token(config.token_file) if config.token_file is not None else None
+    # Port 0 asks for a fresh port, which nobody else can be serving: no lock needed.
+    lock_fd = _acquire_lock(config.lock_path) if not (config.tcp and config.port == 0) else None
+    if lock_fd is None and not (config.tcp and config.port == 0):
+        log.warning("a daemon already serves %s (%s); not starting another", config.address, _owner(config))
+        return 0
+    listener: socket.socket | None = None
+    socket_id: tuple[int, int] | None = None
+    info_path: Path | None = None
+    try:
+        if config.socket_path is not None:
+            if not _clear_stale_socket(config.socket_path):
+                log.warning("a daemon that holds no lock answers on %s; not starting another", config.address)
+                return 0
+            listener, socket_id = _bind_unix(config.socket_path)
+        else:
+            listener = _bind_tcp(config)
+        daemon = Daemon(config, listener, engine=engine, token=token)
+        info_path = config._state_file(".json", port=listener.getsockname()[1]) if config.tcp else config.info_path
+        _write_info(info_path, daemon)
+        log.info("serving on %s (pid %d)", daemon.address, os.getpid())
+        return asyncio.run(daemon.run(on_ready))
+    finally:
+        if listener is not None:
+            listener.close()
+        if config.socket_path is not None and socket_id is not None:
+            _remove_if_same(config.socket_path, socket_id)
+        if info_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                info_path.unlink()
+        if lock_fd is not None:
+            os.close(lock_fd)  # releases the flock; the lock file stays
+
+
+def _acquire_lock(path: Path) -> int | None:
+    """An exclusive flock held until the fd is closed (or the process dies); None when another holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _owner(config: DaemonConfig) -> str:
+    try:
+        return f"pid {json.loads(config.info_path.read_text())['pid']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "still starting"
+
+
+def _answers(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def _clear_stale_socket(path: Path) -> bool:
+    """Remove a socket file nobody answers on (with the lock held); False when somebody answers."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return True
+    if not stat.S_ISSOCK(info.st_mode):
+        raise EngineUnavailableError(f"{path} exists and is not a socket; not touching it")
+    if _answers(path):
+        return False
+    log.info("removing the stale socket %s", path)
+    path.unlink()
+    return True
+
+
+def _bind_unix(path: Path) -> tuple[socket.socket, tuple[int, int]]:
+    """Bind under a temporary name, make it 0600, listen, then rename into place: the socket is never
+    reachable with a looser mode, and no process-wide umask is touched."""
+    temporary = path.with_name(f".{os.getpid()}.s")
+    with contextlib.suppress(FileNotFoundError):
+        temporary.unlink()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(str(temporary))
+        os.chmod(temporary, 0o600)
+        listener.listen(64)
+        os.rename(temporary, path)
+        info = path.lstat()
+    except OSError as error:
+        listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
+        raise EngineUnavailableError(f"cannot listen on {path}: {error}") from error
+    listener.setblocking(False)
+    return listener, (info.st_dev, info.st_ino)
+
+
+def _bind_tcp(config: DaemonConfig) -> socket.socket:
+    host = str(config.host)
+    if host not in ("127.0.0.1", "::1", "localhost"):
+        log.warning("listening on %s: reachable from other machines; only the token guards it", host)
+    try:
+        listener = socket.create_server((host, int(config.port or 0)), backlog=64)
+    except OSError as error:
+        raise EngineUnavailableError(f"cannot listen on {config.address}: {error}") from error
+    listener.setblocking(False)
+    return listener
+
+
+def _remove_if_same(path: Path, socket_id: tuple[int, int]) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        info = path.lstat()
+        if (info.st_dev, info.st_ino) == socket_id:
+            path.unlink()
+
+
+def _write_info(path: Path, daemon: Daemon) -> None:
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as file:
+        json.dump(
+            {
+                "pid": os.getpid(),
+                "address": daemon.address,
+                "model": daemon.config.model,
+                "protocol": PROTOCOL_VERSION,
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            },
+            file,
+        )
+    os.replace(temporary, path)
+
+
+# ------------------------------------------------------------------------------------------ daemon
+
+
+class _Connection:
+    """One client connection; lives on the event loop thread."""
+
+    def __init__(self, number: int, writer: asyncio.StreamWriter) -> None:
+        self.number = number
+        self.writer = writer
+        self.greeted = False
+        self.client = "?"
+        self.jobs: dict[str, _Job] = {}
+        self.dropped = False  # the peer is gone (or going): nothing more is written
+
+    @property
+    def open(self) -> bool:
+        return not self.dropped and not self.writer.is_closing()
+
+    def send(self, message: DaemonMessage) -> None:
+        self.send_frame(encode_frame(message))
+
+    def send_frame(self, frame: bytes) -> None:
+        if self.open:
+            self.writer.write(frame)
+
+    def error(self, code: ErrorCode, message: str, request_id: str | None = None) -> None:
+        self.send(Error(type="error", code=code, message=message, id=request_id))
+
+    async def close(self) -> None:
+        if self.writer.is_closing():
+            return
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.writer.drain(), 2.0)
+        self.writer.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.writer.wait_closed(), 2.0)
+
+
+@dataclass(eq=False)
+class _Job:
+    id: str
+    connection: _Connection
+    request: RewriteRequest
+    key: tuple[int, int]  # (round, arrival): the queue order
+    queued_at: float = field(default_factory=time.monotonic)
+    cancel_flag: threading.Event = field(default_factory=threading.Event)
+    position: int = -1  # last position sent
+    started_at: float | None = None
+    steps: int = 0  # written by the worker thread, read by the loop (an int: no lock needed)
+    steps_at_cancel: int | None = None
+
+    def cancel(self) -> None:
+        if not self.cancel_flag.is_set():
+            self.steps_at_cancel = self.steps
+            self.cancel_flag.set()
+
+
+class Daemon:
+    """The serving state. Built by `serve`; `run` on its own event loop."""
+
+    def __init__(
+        self, config: DaemonConfig, listener: socket.socket, *, engine: Engine | None, token: str | None
+    ) -> None:
+        self.config = config
+        self._listener = listener
+        self._engine = engine
+        self._token = token.encode() if token is not None else None
+        self._state = "ready" if engine is not None else "loading"
+        self._failure: tuple[ErrorCode, str] | None = None
+        self._exit_code = 0
+        self._connections: set[_Connection] = set()
+        self._handlers: set[asyncio.Task[Any]] = set()
+        self._numbers = itertools.count(1)
+        self._arrivals = itertools.count()
+        self._waiting: list[_Job] = []
+        self._running: _Job | None = None
+        self._served: Counter[str] = Counter()
+        self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_REQUESTS)
+        self._started_wall = time.time()
+        self._started = time.monotonic()
+        self._idle_since = time.monotonic()
+        self._stopping = False
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specedit-engine")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_requested: asyncio.Event | None = None
+        self._wakeup: asyncio.Event | None = None
+        if config.tcp:
+            host, port = listener.getsockname()[:2]
+            self.address = f"tcp://{f'[{host}]' if ':' in host else host}:{port}"
+        else:
+            self.address = config.address
+
+    # -- lifecycle
+
+    async def run(self, on_ready: Callable[[Daemon], None] | None = None) -> int:
+        loop = self._loop = asyncio.get_running_loop()
+        self._stop_requested = asyncio.Event()
+        self._wakeup = asyncio.Event()
+        if self.config.tcp:
+            server = await asyncio.start_server(self._serve_connection, sock=self._listener)
+        else:
+            server = await asyncio.start_unix_server(self._serve_connection, sock=self._listener)
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.add_signal_handler(signum, self.stop)
+        scheduler = asyncio.create_task(self._schedule())
+        idle_watch = asyncio.create_task(self._watch_idle())
+        if on_ready is not None:
+            on_ready(self)
+        await self._stop_requested.wait()
+
+        log.info("stopping")
+        server.close()  # no new connections; the socket file goes when `serve` returns
+        try:
+            await asyncio.wait_for(asyncio.shield(scheduler), STOP_GRACE)
+        except asyncio.TimeoutError:
+            log.warning("the engine did not stop within %.0f s; exiting anyway", STOP_GRACE)
+        idle_watch.cancel()
+        await asyncio.gather(*(connection.close() for connection in list(self._connections)))
+        # Let the connection handlers finish on their own: cancelling a stream handler makes Python 3.11
+        # log a spurious CancelledError traceback.
+        if self._handlers:
+            await asyncio.wait(self._handlers, timeout=5.0)
+        self._executor.shutdown(wait=False)
+        return self._exit_code
+
+    def stop(self) -> None:
+        """Begin a clean shutdown; callable from any thread."""
+        if self._loop is None:
+            return
+        if _loop_thread_is_current(self._loop):
+            self._begin_stop()
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: it has stopped already
+                self._loop.call_soon_threadsafe(self._begin_stop)
+
+    def _begin_stop(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        self._state = "stopping" if self._state != "failed" else "failed"
+        if self._running is not None:
+            self._running.cancel()
+        for job in list(self._waiting):
+            self._waiting.remove(job)
+            self._finish(job, self._done(job, "error", error=_SHUTTING_DOWN))
+        assert self._stop_requested is not None and self._wakeup is not None
+        self._wakeup.set()
+        self._stop_requested.set()
+
+    async def _watch_idle(self) -> None:
+        timeout = self.config.idle_timeout
+        if timeout is None:
+            return
+        while not self._stopping:
+            await asyncio.sleep(min(1.0, timeout / 4))
+            if not self._connections and time.monotonic() - self._idle_since >= timeout:
+                log.info("no client for %.0f s: exiting", timeout)
+                self._begin_stop()
+
+    # -- connections
+
+    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection = _Connection(next(self._numbers), writer)
+        self._connections.add(connection)
+        handler = asyncio.current_task()
+        if handler is not None:
+            self._handlers.add(handler)
+            handler.add_done_callback(self._handlers.discard)
+        try:
+            if self._stopping:
+                connection.error("shutting_down", "the engine daemon is stopping")
+            elif not self._peer_allowed(writer):
+                connection.error("unauthorized", "this socket serves only the user who started the daemon")
+            else:
+                await self._converse(connection, reader)
+        except (ConnectionError, OSError):
+            pass  # the peer went away; its jobs are cancelled below
+        except Exception:  # a bug here must cost one connection, never the daemon
+            log.exception("connection %d: unexpected error", connection.number)
+        finally:
+            self._drop(connection)
+            await connection.close()
+
+    def _peer_allowed(self, writer: asyncio.StreamWriter) -> bool:
+        """Unix sockets: the peer must run as our user (the 0600 file mode already says so; this is
+        a second check). TCP peers prove themselves with the token in their hello."""
+        sock = writer.get_extra_info("socket")
+        if self.config.tcp or sock is None or not hasattr(socket, "SO_PEERCRED"):
+            return True
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _, uid, _ = struct.unpack("3i", creds)
+        return uid in (os.getuid(), 0)
+
+    async def _converse(self, connection: _Connection, reader: asyncio.StreamReader) -> None:
+        while not self._stopping:
+            # Until the hello is accepted, frames are small and must come soon: an unauthenticated peer
+            # can make the daemon neither allocate much nor stay alive (idle timeout) by lingering.
+            try:
+                if connection.greeted:
+                    payload = await read_payload(reader, self.config.max_frame_size)
+                else:
+                    limit = min(HELLO_MAX_FRAME_SIZE, self.config.max_frame_size)
+                    payload = await asyncio.wait_for(read_payload(reader, limit), HELLO_TIMEOUT)
+                if payload is None:
+                    return
+                message = parse_client_message(payload)
+            except asyncio.TimeoutError:
+                connection.error("hello_required", f"no hello within {HELLO_TIMEOUT:.0f} s")
+                return
+            except ProtocolError as error:
+                log.info("connection %d: %s: %s", connection.number, error.code, error)
+                connection.error(error.code, str(error), error.request_id)
+                if error.fatal or not connection.greeted:
+                    return
+                continue
+            if not self._dispatch(connection, message):
+                return
+            await connection.writer.drain()
+
+    def _dispatch(self, connection: _Connection, message: ClientMessage) -> bool:
+        """Act on one message; False to close the connection."""
+        if message["type"] == "hello":
+            return self._hello(connection, message["version"], message["token"], message["client"])
+        if not connection.greeted:
+            connection.error("hello_required", "the first message must be hello")
+            return False
+        if message["type"] == "rewrite":
+            self._submit(connection, message)
+        elif message["type"] == "cancel":
+            job = connection.jobs.get(message["id"])
+            if job is not None:
+                self._cancel(job)
+        elif message["type"] == "status":
+            connection.send(StatusOk(type="status_ok", info=self.status_info()))
+        elif message["type"] == "stop":
+            log.info("connection %d (%s) asked to stop", connection.number, connection.client)
+            connection.send(StopOk(type="stop_ok"))
+            self._begin_stop()
+        return True
+
+    def _hello(self, connection: _Connection, version: int, token: str | None, client: str) -> bool:
+        if connection.greeted:
+            connection.error("bad_message", "hello twice")
+            return True
+        if version != PROTOCOL_VERSION:
+            connection.error("version_mismatch", f"protocol {version} asked; this daemon speaks {PROTOCOL_VERSION}")
+            return False
+        if self._token is not None and not (
+            token is not None and hmac.compare_digest(token.encode("utf-8", "replace"), self._token)
+        ):
+            log.warning("connection %d: wrong or missing token", connection.number)
+            connection.error("unauthorized", "wrong or missing token")
+            return False
+        connection.greeted = True
+        connection.client = client[:200]
+        log.info("connection %d: hello from %s", connection.number, connection.client)
+        connection.send(HelloOk(type="hello_ok", version=PROTOCOL_VERSION, pid=os.getpid()))
+        return True
+
+    def _drop(self, connection: _Connection) -> None:
+        """A connection closed: cancel what it asked for."""
+        connection.dropped = True
+        self._connections.discard(connection)
+        for job in list(connection.jobs.values()):
+            self._cancel(job)
+        if not self._connections:
+            self._idle_since = time.monotonic()
+
+    # -- the queue
+
+    def _submit(self, connection: _Connection, message: Rewrite) -> None:
+        request_id = message["id"]
+        if request_id in connection.jobs:
+            connection.error("duplicate_id", f"request {request_id!r} is already queued or running", request_id)
+            return
+        try:
+            request = _request_from(message)
+        except ValueError as error:
+            connection.send(_bare_done(request_id, "error", ("bad_request", str(error))))
+            return
+        if self._failure is not None or self._stopping:
+            connection.send(_bare_done(request_id, "error", self._failure or _SHUTTING_DOWN))
+            return
+        round_ = len(connection.jobs)  # how many of its own requests this client already has in line
+        job = _Job(request_id, connection, request, (round_, next(self._arrivals)))
+        connection.jobs[request_id] = job
+        self._waiting.append(job)
+        log.info("connection %d: request %s queued", connection.number, request_id)
+        self._send_positions()
+        assert self._wakeup is not None
+        self._wakeup.set()
+
+    def _cancel(self, job: _Job) -> None:
+        if job in self._waiting:
+            self._waiting.remove(job)
+            job.cancel()
+            self._finish(job, self._done(job, "cancelled"))
+            self._send_positions()
+        elif job is self._running:
+            log.info("request %s: cancelling at step %d", job.id, job.steps)
+            job.cancel()
+
+    def _send_positions(self) -> None:
+        ahead = 1 if self._running is not None else 0
+        for position, job in enumerate(sorted(self._waiting, key=lambda j: j.key), start=ahead):
+            if position != job.position:
+                job.position = position
+                job.connection.send(Queued(type="queued", id=job.id, position=position))
+
+    async def _schedule(self) -> None:
+        """Load the model, then run the queued requests one at a time on the worker thread."""
+        assert self._loop is not None and self._wakeup is not None
+        if self.config.threads is not None:
+            # On the worker thread itself: with OpenMP, torch's thread count is a per-thread setting.
+            await self._loop.run_in_executor(self._executor, _set_torch_threads, self.config.threads)
+        if self._engine is None:
+            try:
+                self._engine = await self._loop.run_in_executor(self._executor, self._load)
+            except Exception as error:
+                log.error("the model did not load: %s", error, exc_info=not isinstance(error, SpeceditError))
+                self._state = "failed"
+                self._failure = (error_code_for(error), str(error))
+                self._exit_code = error.exit_code if isinstance(error, SpeceditError) else 1
+                for job in list(self._waiting):
+                    self._waiting.remove(job)
+                    self._finish(job, self._done(job, "error", error=self._failure))
+                self._begin_stop()
+                return
+            if not self._stopping:
+                self._state = "ready"
+        while not self._stopping:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while self._waiting and not self._stopping:
+                job = min(self._waiting, key=lambda j: j.key)
+                self._waiting.remove(job)
+                await self._run(job)
+
+    async def _run(self, job: _Job) -> None:
+        assert self._loop is not None
+        self._running = job
+        job.started_at = time.monotonic()
+        job.connection.send(Started(type="started", id=job.id))
+        self._send_positions()
+        try:
+            done = await self._loop.run_in_executor(self._executor, self._generate, job)
+        finally:
+            self._running = None
+        self._finish(job, done)
+
+    def _load(self) -> Engine:
+        """On the worker thread: the model this daemon serves."""
+        from specedit.engine.generate import Engine
+        from specedit.engine.loading import load_model
+        from specedit.engine.model_store import resolve_model
+
+        log.info("loading %s", self.config.model or "the default model")
+        path = resolve_model(self.config.model)
+        return Engine(load_model(path, dtype=self.config.dtype, device=self.config.device))
+
+    def _generate(self, job: _Job) -> Done:
+        """On the worker thread: run one rewrite, streaming text and steps back through the loop."""
+        from specedit.engine.rewrite import rewrite
+
+        assert self._loop is not None and self._engine is not None
+        loop, connection = self._loop, job.connection
+        totals = {"tokens": 0, "drafted": 0, "accepted": 0}
+
+        def on_text(delta: str) -> None:
+            frame = encode_frame(Text(type="text", id=job.id, delta=delta))
+            loop.call_soon_threadsafe(connection.send_frame, frame)
+
+        def on_step(info: StepInfo) -> None:
+            job.steps = info.step
+            # Each step commits its accepted tokens and one bonus (the last step may commit fewer when
+            # EOS or the closing fence cuts it short; `done.stats` is exact).
+            totals["tokens"] += info.accepted + 1
+            totals["drafted"] += info.drafted
+            totals["accepted"] += info.accepted
+            step = Step(
+                type="step",
+                id=job.id,
+                step=info.step,
+                committed_length=info.committed_length,
+                cache_length=info.cache_length,
+                drafted=info.drafted,
+                accepted=info.accepted,
+                tokens=totals["tokens"],
+                drafted_total=totals["drafted"],
+                accepted_total=totals["accepted"],
+                seconds=round(time.monotonic() - (job.started_at or job.queued_at), 4),
+            )
+            loop.call_soon_threadsafe(connection.send_frame, encode_frame(step))
+
+        try:
+            result = rewrite(self._engine, job.request, on_text=on_text, cancel=job.cancel_flag.is_set, on_step=on_step)
+        except Exception as error:
+            if not isinstance(error, SpeceditError):
+                log.exception("request %s failed", job.id)
+            return self._done(job, "error", error=(error_code_for(error), str(error)))
+        status: DoneStatus = "cancelled"
+        if result.finish_reason in ("eos", "stop"):
+            status = "complete"
+        elif result.finish_reason == "length":
+            status = "incomplete"
+        stats = result.generation.stats.to_dict()
+        return self._done(job, status, text=result.text, finish_reason=result.finish_reason, stats=stats)
+
+    def _done(
+        self,
+        job: _Job,
+        status: DoneStatus,
+        *,
+        text: str = "",
+        finish_reason: str | None = None,
+        stats: dict[str, Any] | None = None,
+        error: tuple[str, str] | None = None,
+    ) -> Done:
+        stats = dict(stats or {})
+        stats["queue_seconds"] = round((job.started_at or time.monotonic()) - job.queued_at, 4)
+        if job.steps_at_cancel is not None:
+            stats["steps_after_cancel"] = job.steps - job.steps_at_cancel
+        return _bare_done(job.id, status, error, text=text, finish_reason=finish_reason, stats=stats)
+
+    def _finish(self, job: _Job, done: Done) -> None:
+        """The request is over: tell its client (if still connected) and remember it for `status`."""
+        job.connection.jobs.pop(job.id, None)
+        job.connection.send(done)
+        self._served[done["status"]] += 1
+        self._recent.append(
+            {
+                "id": job.id,
+                "connection": job.connection.number,
+                "status": done["status"],
+                "finish_reason": done["finish_reason"],
+                "steps": job.steps,
+                "steps_after_cancel": done["stats"].get("steps_after_cancel"),
+                "queue_seconds": done["stats"]["queue_seconds"],
+                "wall_seconds": done["stats"].get("wall_seconds"),
+                "error_code": done["error_code"],
+            }
+        )
+        log.info("request %s: %s after %d steps", job.id, done["status"], job.steps)
+
+    # -- status
+
+    def status_info(self) -> dict[str, Any]:
+        engine = self._engine
+        running = self._running
+        dtype = str(engine.loaded.dtype).removeprefix("torch.") if engine is not None else self.config.dtype
+        return {
+            "pid": os.getpid(),
+            "address": self.address,
+            "protocol": PROTOCOL_VERSION,
+            "state": self._state,  # loading | ready | stopping | failed
+            "model": engine.loaded.name if engine is not None else self.config.model or "default",
+            "device": str(engine.device) if engine is not None else self.config.device,
+            "dtype": dtype,
+            "uptime_seconds": round(time.monotonic() - self._started, 3),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self._started_wall)),
+            "clients": len(self._connections),
+            "queue_length": len(self._waiting),
+            "running": None
+            if running is None
+            else {
+                "id": running.id,
+                "connection": running.connection.number,
+                "steps": running.steps,
+                "seconds": round(time.monotonic() - (running.started_at or time.monotonic()), 3),
+                "cancelled": running.cancel_flag.is_set(),
+            },
+            "served": dict(self._served),
+            "recent": list(self._recent),
+            "idle_timeout": self.config.idle_timeout,
+            "max_frame_size": self.config.max_frame_size,
+        }
+
+
+def _bare_done(
+    request_id: str,
+    status: DoneStatus,
+    error: tuple[str, str] | None,
+    *,
+    text: str = "",
+    finish_reason: str | None = None,
+    stats: dict[str, Any] | None = None,
+) -> Done:
+    return Done(
+        type="done",
+        id=request_id,
+        status=status,
+        finish_reason=finish_reason,
+        text=text,
+        stats=stats or {},
+        error_code=error[0] if error else None,
+        error_message=error[1] if error else None,
+    )
+
+
+def _request_from(message: Rewrite) -> RewriteRequest:
+    """The `RewriteRequest` a rewrite message carries; ValueError when it is not a valid request."""
+    from specedit.engine.rewrite import RewriteRequest
+    from specedit.engine.sampling import SamplingConfig
+
+    sampling = SamplingConfig(
+        temperature=float(message["temperature"]), top_p=float(message["top_p"]), seed=message["seed"]
+    )
+    return RewriteRequest(
+        original=message["original"],
+        instruction=message["instruction"],
+        sketch=message["sketch"],
+        language=message["language"],
+        draft=cast("DraftMethod", message["draft"]),  # RewriteRequest checks it
+        sampling=sampling,
+        max_new_tokens=message["max_new_tokens"],
+    )
+
+
+def _set_torch_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _loop_thread_is_current(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False

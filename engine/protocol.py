@@ -1,0 +1,405 @@
+"""The engine daemon's wire protocol: msgpack maps in length-prefixed frames, over a unix socket or TCP.
+
+A frame is a 4-byte big-endian payload length, then the payload: one msgpack map with a string `type`.
+The length is checked against the receiver's maximum *before* anything is allocated for the payload.
+
+    client                                   daemon
+    hello {version, token, client}     ->
+                                       <-    hello_ok {version, pid}          (or error + close)
+    rewrite {id, original, ...}        ->
+                                       <-    queued {id, position}            (again when it moves up)
+                                       <-    started {id}
+                                       <-    text {id, delta} / step {id, ...} (one of each per engine step)
+    cancel {id}                        ->                                      (any time; unknown ids ignored)
+                                       <-    done {id, status, text, stats, ...}  (exactly one per rewrite)
+    status {}                          ->
+                                       <-    status_ok {info}
+    stop {}                            ->
+                                       <-    stop_ok {}                        (then the daemon shuts down)
+                                       <-    error {code, message, id}         (a message it could not take)
+
+Every message type is declared once, below, as a TypedDict; the runtime check (`parse_client_message`,
+`parse_daemon_message`) is derived from those declarations, so the two cannot drift. Every field is
+always present (None where it does not apply); extra fields are ignored, for forward compatibility.
+This module imports neither torch nor the engine: clients stay light.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, Literal, TypedDict, Union, cast
+
+import msgpack
+
+from specedit.engine.errors import (
+    ContextLengthError,
+    EngineUnavailableError,
+    IncompleteOutputError,
+    InputError,
+    ModelLoadError,
+    RegionError,
+    SpeceditError,
+)
+
+PROTOCOL_VERSION = 1
+DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024  # a 16 MiB frame holds any source file an editor would send
+HELLO_MAX_FRAME_SIZE = 64 * 1024  # before the hello is accepted (TCP: before the token is checked)
+_HEADER = struct.Struct(">I")
+HEADER_SIZE = _HEADER.size
+
+ErrorCode = Literal[
+    "malformed_frame",  # not msgpack, or not a map with a string `type`; the connection stays open
+    "frame_too_large",  # over the receiver's maximum; the connection is closed (its bytes are not read)
+    "truncated_frame",  # the peer closed the connection in the middle of a frame
+    "unknown_type",  # a `type` this side does not know; the connection stays open
+    "bad_message",  # a known type with missing or mistyped fields
+    "hello_required",  # the first message was not `hello`; the connection is closed
+    "version_mismatch",  # the hello's protocol version is not ours; the connection is closed
+    "unauthorized",  # a wrong or missing token over TCP, or another user's process; closed
+    "duplicate_id",  # a rewrite id already queued or running on this connection
+    "bad_request",  # a rewrite the engine cannot take (e.g. both instruction and sketch)
+    "input",  # the error hierarchy's children, by name (see `ERROR_CLASSES`)
+    "region",
+    "context_length",
+    "model_load",
+    "incomplete_output",
+    "engine_error",  # anything else that went wrong inside the engine (logged by the daemon)
+    "shutting_down",  # the daemon is stopping and takes no more work
+]
+
+DoneStatus = Literal["complete", "cancelled", "error", "incomplete"]
+
+
+class ProtocolError(Exception):
+    """A frame or message that breaks the protocol. `fatal`: the connection cannot go on after it.
+
+    Internal to the wire: the daemon answers it with an `error` frame, the client turns it into an
+    `EngineUnavailableError` at its API.
+    """
+
+    def __init__(self, code: ErrorCode, message: str, *, fatal: bool = False, request_id: str | None = None):
+        super().__init__(message)
+        self.code: ErrorCode = code
+        self.fatal = fatal
+        self.request_id = request_id
+
+
+# --------------------------------------------------------------------------------- client -> daemon
+
+
+class Hello(TypedDict):
+    type: Literal["hello"]
+    version: int
+    token: str | None  # required over TCP, ignored over a unix socket (its file mode guards it)
+    client: str  # who is asking, for the daemon's log: "specedit-lsp 0.1.0 pid 123"
+
+
+class Rewrite(TypedDict):
+    """A `RewriteRequest`, field by field (sampling flattened)."""
+
+    type: Literal["rewrite"]
+    id: str  # chosen by the client, unique among its own outstanding requests
+    original: str
+    instruction: str | None
+    sketch: str | None
+    language: str
+    draft: str
+    temperature: float
+    top_p: float
+    seed: int
+    max_new_tokens: int | None
+
+
+class Cancel(TypedDict):
+    type: Literal["cancel"]
+    id: str
+
+
+class Status(TypedDict):
+    type: Literal["status"]
+
+
+class Stop(TypedDict):
+    type: Literal["stop"]
+
+
+# --------------------------------------------------------------------------------- daemon -> client
+
+
+class HelloOk(TypedDict):
+    type: Literal["hello_ok"]
+    version: int
+    pid: int
+
+
+class Queued(TypedDict):
+    type: Literal["queued"]
+    id: str
+    position: int  # requests that run before this one, the running one included
+
+
+class Started(TypedDict):
+    type: Literal["started"]
+    id: str
+
+
+class Text(TypedDict):
+    type: Literal["text"]
+    id: str
+    delta: str  # the next piece of the rewritten region; the deltas joined equal `done.text`
+
+
+class Step(TypedDict):
+    """One speculative step: `StepInfo`'s fields, plus running totals."""
+
+    type: Literal["step"]
+    id: str
+    step: int
+    committed_length: int  # prompt + output tokens
+    cache_length: int
+    drafted: int
+    accepted: int
+    tokens: int  # output tokens so far
+    drafted_total: int
+    accepted_total: int
+    seconds: float  # since the request started running
+
+
+class Done(TypedDict):
+    type: Literal["done"]
+    id: str
+    status: DoneStatus
+    finish_reason: str | None  # eos | stop | length | cancelled; None when it never ran or failed
+    text: str
+    stats: dict[str, Any]  # `Stats.to_dict()` plus queue_seconds (and steps_after_cancel when cancelled)
+    error_code: str | None  # with status "error"
+    error_message: str | None
+
+
+class StatusOk(TypedDict):
+    type: Literal["status_ok"]
+    info: dict[str, Any]
+
+
+class StopOk(TypedDict):
+    type: Literal["stop_ok"]
+
+
+class Error(TypedDict):
+    type: Literal["error"]
+    code: str  # an `ErrorCode`
+    message: str
+    id: str | None  # the request it is about, when there is one
+
+
+ClientMessage = Hello | Rewrite | Cancel | Status | Stop
+DaemonMessage = HelloOk | Queued | Started | Text | Step | Done | StatusOk | StopOk | Error
+Message = ClientMessage | DaemonMessage
+
+
+def _schemas(*declarations: type) -> dict[str, dict[str, Any]]:
+    """`type` value -> {field: type hint}, read from the TypedDicts above."""
+    schemas = {}
+    for declaration in declarations:
+        hints = typing.get_type_hints(declaration)
+        (kind,) = typing.get_args(hints["type"])
+        schemas[kind] = hints
+    return schemas
+
+
+_CLIENT_SCHEMAS = _schemas(Hello, Rewrite, Cancel, Status, Stop)
+_DAEMON_SCHEMAS = _schemas(HelloOk, Queued, Started, Text, Step, Done, StatusOk, StopOk, Error)
+CLIENT_MESSAGE_TYPES = tuple(_CLIENT_SCHEMAS)
+DAEMON_MESSAGE_TYPES = tuple(_DAEMON_SCHEMAS)
+
+_UNION_TYPES: tuple[Any, ...] = (Union, types.UnionType)
+
+
+def _conforms(value: object, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    if origin in _UNION_TYPES:
+        return any(_conforms(value, arm) for arm in typing.get_args(hint))
+    if origin is Literal:
+        return value in typing.get_args(hint)
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _parse(payload: object, schemas: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+    if not isinstance(payload, dict) or not isinstance(payload.get("type"), str):
+        raise ProtocolError("malformed_frame", "a message is a msgpack map with a string 'type'")
+    request_id = payload.get("id") if isinstance(payload.get("id"), str) else None
+    kind = payload["type"]
+    schema = schemas.get(kind)
+    if schema is None:
+        known = ", ".join(schemas)
+        raise ProtocolError("unknown_type", f"unknown message type {kind!r} (known: {known})", request_id=request_id)
+    for name, hint in schema.items():
+        if name not in payload:
+            raise ProtocolError("bad_message", f"{kind}: missing field {name!r}", request_id=request_id)
+        if not _conforms(payload[name], hint):
+            raise ProtocolError("bad_message", f"{kind}: field {name!r} has the wrong type", request_id=request_id)
+    return {name: payload[name] for name in schema}  # extra fields dropped
+
+
+def parse_client_message(payload: object) -> ClientMessage:
+    """Check a decoded payload against the client message declarations; `ProtocolError` if it fails."""
+    return cast(ClientMessage, _parse(payload, _CLIENT_SCHEMAS))
+
+
+def parse_daemon_message(payload: object) -> DaemonMessage:
+    return cast(DaemonMessage, _parse(payload, _DAEMON_SCHEMAS))
+
+
+# ---------------------------------------------------------------------------------------- errors
+
+# One place that maps the error hierarchy to wire codes and back.
+ERROR_CLASSES: dict[str, type[SpeceditError]] = {
+    "input": InputError,
+    "bad_request": InputError,
+    "region": RegionError,
+    "context_length": ContextLengthError,
+    "model_load": ModelLoadError,
+    "incomplete_output": IncompleteOutputError,
+}
+
+
+def error_code_for(error: BaseException) -> ErrorCode:
+    """The wire code of an exception raised inside the engine."""
+    if isinstance(error, ProtocolError):
+        return error.code
+    for code, cls in ERROR_CLASSES.items():
+        if isinstance(error, cls):
+            return cast(ErrorCode, code)
+    return "engine_error"
+
+
+def error_from(code: str, message: str) -> SpeceditError:
+    """The exception a client raises for an error the daemon reported (unknown codes: engine unavailable)."""
+    return ERROR_CLASSES.get(code, EngineUnavailableError)(message)
+
+
+# ---------------------------------------------------------------------------------------- frames
+
+
+def encode_frame(message: Message | Mapping[str, Any]) -> bytes:
+    payload: bytes = msgpack.packb(message, use_bin_type=True)
+    return _HEADER.pack(len(payload)) + payload
+
+
+def frame_length(header: bytes, max_frame_size: int) -> int:
+    """The payload length from a header; `ProtocolError` (fatal) if it is over the maximum."""
+    (length,) = _HEADER.unpack(header)
+    if length > max_frame_size:
+        raise ProtocolError(
+            "frame_too_large", f"frame of {length} bytes is over the limit of {max_frame_size}", fatal=True
+        )
+    return int(length)
+
+
+def decode_payload(payload: bytes) -> object:
+    """msgpack -> Python objects; `ProtocolError("malformed_frame")` (not fatal) if it is not msgpack."""
+    try:
+        return msgpack.unpackb(payload, raw=False, strict_map_key=True)
+    except Exception as error:  # msgpack raises several kinds (ExtraData, FormatError, ValueError, ...)
+        raise ProtocolError("malformed_frame", f"the frame is not valid msgpack: {error}") from None
+
+
+class FrameBuffer:
+    """Incremental frame decoder for blocking sockets read with timeouts: feed bytes, take payloads.
+
+    >>> buffer = FrameBuffer(1024)
+    >>> frame = encode_frame({"type": "stop"})
+    >>> buffer.feed(frame[:3]); buffer.next_payload() is None
+    True
+    >>> buffer.feed(frame[3:]); decode_payload(buffer.next_payload() or b"")
+    {'type': 'stop'}
+    """
+
+    def __init__(self, max_frame_size: int) -> None:
+        self._max = max_frame_size
+        self._data = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self._data += data
+
+    def next_payload(self) -> bytes | None:
+        if len(self._data) < HEADER_SIZE:
+            return None
+        length = frame_length(bytes(self._data[:HEADER_SIZE]), self._max)
+        if len(self._data) < HEADER_SIZE + length:
+            return None
+        payload = bytes(self._data[HEADER_SIZE : HEADER_SIZE + length])
+        del self._data[: HEADER_SIZE + length]
+        return payload
+
+
+# ------------------------------------------------------------------------------- blocking sockets
+
+
+def _truncated() -> ProtocolError:
+    return ProtocolError("truncated_frame", "the connection closed in the middle of a frame", fatal=True)
+
+
+def send_message(sock: socket.socket, message: Message | Mapping[str, Any]) -> None:
+    sock.sendall(encode_frame(message))
+
+
+def _recv_exactly(sock: socket.socket, count: int, *, at_boundary: bool) -> bytes | None:
+    chunks = bytearray()
+    while len(chunks) < count:
+        chunk = sock.recv(min(count - len(chunks), 1 << 20))
+        if not chunk:
+            if at_boundary and not chunks:
+                return None
+            raise _truncated()
+        chunks += chunk
+    return bytes(chunks)
+
+
+def recv_payload(sock: socket.socket, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> object | None:
+    """One decoded payload from a blocking socket; None at a clean end of stream."""
+    header = _recv_exactly(sock, HEADER_SIZE, at_boundary=True)
+    if header is None:
+        return None
+    payload = _recv_exactly(sock, frame_length(header, max_frame_size), at_boundary=False)
+    return decode_payload(payload or b"")
+
+
+# --------------------------------------------------------------------------------------- asyncio
+
+
+async def read_payload(reader: asyncio.StreamReader, max_frame_size: int) -> object | None:
+    """One decoded payload from a stream; None at a clean end of stream. The length is checked before
+    the payload is read, so an oversized frame costs nothing but its header."""
+    try:
+        header = await reader.readexactly(HEADER_SIZE)
+    except asyncio.IncompleteReadError as error:
+        if not error.partial:
+            return None
+        raise _truncated() from None
+    length = frame_length(header, max_frame_size)
+    try:
+        payload = await reader.readexactly(length)
+    except asyncio.IncompleteReadError:
+        raise _truncated() from None
+    return decode_payload(payload)
+
+
+def write_message(writer: asyncio.StreamWriter, message: Message | Mapping[str, Any]) -> None:
+    """Queue one frame on the transport (the caller drains when it wants back-pressure)."""
+    writer.write(encode_frame(message))

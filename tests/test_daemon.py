@@ -1,0 +1,564 @@
+"""The engine daemon: rewrites through it equal in-process rewrites; it queues, cancels, survives bad
+peers, times out, and never runs twice for one socket.
+
+Most tests run the daemon in a thread of the test process (fast: the model is loaded once); one runs the
+real `python -m specedit.cli.main serve` process, started by two concurrent `ensure_daemon` calls.
+Every wait is bounded: sockets have timeouts, threads and processes are joined with timeouts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import socket
+import struct
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from specedit.cli.serve_command import add_serve_parser, config_from_args, serve_command
+from specedit.engine.client import EngineClient, RemoteStep, ensure_daemon
+from specedit.engine.daemon import Daemon, DaemonConfig, serve
+from specedit.engine.errors import ContextLengthError, EngineUnavailableError
+from specedit.engine.generate import Engine
+from specedit.engine.loading import load_model
+from specedit.engine.protocol import PROTOCOL_VERSION, encode_frame, recv_payload
+from specedit.engine.rewrite import RewriteRequest, rewrite
+
+from conftest import MEMORISED_REWRITES
+
+ADD, ADD_INSTRUCTION, ADD_ANSWER = MEMORISED_REWRITES[0]
+XY, XY_INSTRUCTION, XY_ANSWER = MEMORISED_REWRITES[1]
+TIMEOUT = 20.0  # the most any single wait in this file may take
+
+
+def memorised(original: str, instruction: str) -> RewriteRequest:
+    return RewriteRequest(original=original, instruction=instruction, language="python")
+
+
+def random_model_request(max_new_tokens: int, instruction: str = "Rename add to plus.") -> RewriteRequest:
+    """The tiny random model never finishes: `max_new_tokens` decides how many steps it takes."""
+    return RewriteRequest(original=ADD, instruction=instruction, language="python", max_new_tokens=max_new_tokens)
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A folder with a short path: unix socket paths are limited to 107 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="sd-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models run ~30x faster on one thread than on two contended ones (measured on the 2-core CI
+    machine under load, 2026-11); the daemons here get `threads=1` for the same reason."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def memorising_engine(memorising_model_dir: Path) -> Engine:
+    return Engine(load_model(str(memorising_model_dir), dtype="float32", device="cpu"))
+
+
+@pytest.fixture(scope="module")
+def random_engine(tiny_model_dir: Path) -> Engine:
+    return Engine(load_model(str(tiny_model_dir), dtype="float32", device="cpu"))
+
+
+@contextlib.contextmanager
+def daemon_thread(config: DaemonConfig, engine: Engine) -> Iterator[Daemon]:
+    """`serve` in a thread of this process, serving `engine`; stopped (and joined) on exit."""
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+
+    def on_ready(daemon: Daemon) -> None:
+        box["daemon"] = daemon
+        ready.set()
+
+    def run() -> None:
+        try:
+            box["status"] = serve(config, engine=engine, on_ready=on_ready)
+        finally:
+            ready.set()
+
+    thread = threading.Thread(target=run, name="test-daemon", daemon=True)
+    thread.start()
+    assert ready.wait(TIMEOUT) and "daemon" in box, "the daemon did not start"
+    try:
+        yield box["daemon"]
+    finally:
+        box["daemon"].stop()
+        thread.join(TIMEOUT)
+        assert not thread.is_alive(), "the daemon did not stop"
+    assert box["status"] == 0
+
+
+# --- raw protocol helpers: what a misbehaving client sends ------------------------------------------
+
+
+def raw_connect(address: str | Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(TIMEOUT)
+    sock.connect(str(address))
+    return sock
+
+
+def hello(token: str | None = None) -> dict[str, Any]:
+    return {"type": "hello", "version": PROTOCOL_VERSION, "token": token, "client": "test"}
+
+
+def rewrite_message(request_id: str, request: RewriteRequest) -> dict[str, Any]:
+    return {
+        "type": "rewrite",
+        "id": request_id,
+        "original": request.original,
+        "instruction": request.instruction,
+        "sketch": request.sketch,
+        "language": request.language,
+        "draft": request.draft,
+        "temperature": request.sampling.temperature,
+        "top_p": request.sampling.top_p,
+        "seed": request.sampling.seed,
+        "max_new_tokens": request.max_new_tokens,
+    }
+
+
+def receive(sock: socket.socket) -> dict[str, Any] | None:
+    """The next message, or None when the daemon closed the connection."""
+    try:
+        payload = recv_payload(sock)
+    except ConnectionResetError:
+        return None
+    assert payload is None or isinstance(payload, dict)
+    return payload
+
+
+def receive_until(sock: socket.socket, done: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        message = receive(sock)
+        assert message is not None, f"closed early after {messages}"
+        messages.append(message)
+        if done(message):
+            return messages
+    raise AssertionError("timed out")
+
+
+def wait_for(condition: Callable[[], Any], what: str) -> Any:
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def status_of(address: str) -> dict[str, Any]:
+    with EngineClient.connect(address) as client:
+        return client.status()
+
+
+def recent(address: str, request_id: str) -> dict[str, Any] | None:
+    return next((r for r in status_of(address)["recent"] if r["id"] == request_id), None)
+
+
+# --- through the daemon = in process -----------------------------------------------------------------
+
+
+def test_rewrite_through_the_daemon_equals_in_process(short_dir: Path, memorising_engine: Engine) -> None:
+    config = DaemonConfig(socket_path=short_dir / "engine.sock", threads=1)
+    with daemon_thread(config, memorising_engine):
+        assert (short_dir / "engine.sock").stat().st_mode & 0o777 == 0o600
+        with EngineClient.connect(config.address) as client:
+            deltas: list[str] = []
+            steps: list[RemoteStep] = []
+            result = client.rewrite(memorised(ADD, ADD_INSTRUCTION), on_text=deltas.append, on_step=steps.append)
+            again = client.rewrite(memorised(XY, XY_INSTRUCTION))  # the connection serves many requests
+        local = rewrite(memorising_engine, memorised(ADD, ADD_INSTRUCTION))
+        assert result.text == local.text == ADD_ANSWER
+        assert result.complete and result.finish_reason == local.finish_reason
+        assert "".join(deltas) == result.text
+        assert steps and steps[-1].step == result.stats["target_forwards"] == local.generation.stats.target_forwards
+        assert result.stats["generated_tokens"] == local.generation.stats.generated_tokens
+        assert again.text == XY_ANSWER
+        info = status_of(config.address)
+        assert info["pid"] == os.getpid() and info["state"] == "ready" and info["served"] == {"complete": 2}
+
+
+class GatedEngine:
+    """The engine, paused after the first step of its first request until `gate` is set: makes sure a
+    request is still running when the test sends the next one."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self.paused = threading.Event()
+        self.gate = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def generate(self, *args: Any, on_step: Callable[[Any], None] | None = None, **kwargs: Any) -> Any:
+        def gated(info: Any) -> None:
+            if on_step is not None:
+                on_step(info)
+            if not self.gate.is_set():
+                self.paused.set()
+                self.gate.wait(TIMEOUT)
+
+        return self._engine.generate(*args, on_step=gated, **kwargs)
+
+
+def test_two_clients_at_once_the_second_queued(short_dir: Path, random_engine: Engine) -> None:
+    config = DaemonConfig(socket_path=short_dir / "engine.sock", threads=1)
+    requests = {"first": random_model_request(40), "second": random_model_request(30, "Make y three.")}
+    engine = GatedEngine(random_engine)
+    results: dict[str, Any] = {}
+    positions: dict[str, list[int]] = {name: [] for name in requests}
+
+    def client(name: str) -> None:
+        with EngineClient.connect(config.address) as client:
+            results[name] = client.rewrite(requests[name], on_queued=positions[name].append)
+
+    with daemon_thread(config, engine):  # type: ignore[arg-type]
+        threads = {name: threading.Thread(target=client, args=(name,), daemon=True) for name in requests}
+        threads["first"].start()
+        assert engine.paused.wait(TIMEOUT)  # the first request is running, paused after one step
+        threads["second"].start()
+        wait_for(lambda: positions["second"], "the second request to be queued")
+        engine.gate.set()
+        for thread in threads.values():
+            thread.join(TIMEOUT)
+            assert not thread.is_alive()
+    assert positions == {"first": [0], "second": [1]}  # the first ran at once; the second waited behind it
+    for name, request in requests.items():
+        assert results[name].text == rewrite(random_engine, request).text
+        assert results[name].stats["generated_tokens"] == request.max_new_tokens
+    assert results["second"].stats["queue_seconds"] > 0
+
+
+def test_the_queue_is_round_robin_across_clients(short_dir: Path, random_engine: Engine) -> None:
+    """A client's second and third requests wait behind another client's first."""
+    config = DaemonConfig(socket_path=short_dir / "engine.sock", threads=1)
+    engine = GatedEngine(random_engine)
+    with daemon_thread(config, engine):  # type: ignore[arg-type]
+        busy, other = raw_connect(config.address), raw_connect(config.address)
+        for sock in (busy, other):
+            sock.sendall(encode_frame(hello()))
+            assert receive(sock)["type"] == "hello_ok"  # type: ignore[index]
+        busy.sendall(encode_frame(rewrite_message("a1", random_model_request(5000))))
+        assert engine.paused.wait(TIMEOUT)  # a1 is running, paused after one step
+        for request_id in ("a2", "a3"):
+            busy.sendall(encode_frame(rewrite_message(request_id, random_model_request(3))))
+        receive_until(busy, lambda m: m == {"type": "queued", "id": "a3", "position": 2})
+        other.sendall(encode_frame(rewrite_message("b1", random_model_request(3))))
+        assert receive_until(other, lambda m: m["type"] == "queued")[-1]["position"] == 1
+        busy.sendall(encode_frame({"type": "cancel", "id": "a1"}))  # a1 would run for seconds
+        engine.gate.set()
+        receive_until(busy, lambda m: m["type"] == "done" and m["id"] == "a3")
+        receive_until(other, lambda m: m["type"] == "done")
+        order = [r["id"] for r in status_of(config.address)["recent"]]
+        busy.close()
+        other.close()
+    assert order == ["a1", "b1", "a2", "a3"]
+
+
+# --- cancellation --------------------------------------------------------------------------------------
+
+
+def test_a_client_that_disconnects_mid_stream_is_cancelled_within_a_step(
+    short_dir: Path, random_engine: Engine
+) -> None:
+    config = DaemonConfig(socket_path=short_dir / "engine.sock", threads=1)
+    other_request = random_model_request(20, "Make y three.")
+    engine = GatedEngine(random_engine)
+    with daemon_thread(config, engine):  # type: ignore[arg-type]
+        leaver = raw_connect(config.address)
+        leaver.sendall(encode_frame(hello()))
+        leaver.sendall(encode_frame(rewrite_message("long", random_model_request(5000))))  # ~2000 steps
+        assert engine.paused.wait(TIMEOUT)  # running, paused after one step until the other is queued
+
+        results: dict[str, Any] = {}
+        other_queued = threading.Event()
+
+        def other() -> None:
+            with EngineClient.connect(config.address) as client:
+                results["other"] = client.rewrite(other_request, on_queued=lambda _: other_queued.set())
+
+        thread = threading.Thread(target=other, daemon=True)
+        thread.start()
+        assert other_queued.wait(TIMEOUT)
+        engine.gate.set()
+        receive_until(leaver, lambda m: m["type"] == "step" and m["step"] >= 3)  # streaming freely
+        leaver.close()
+        entry = wait_for(lambda: recent(config.address, "long"), "the disconnected request to end")
+        thread.join(TIMEOUT)
+        assert not thread.is_alive()
+    assert entry["status"] == "cancelled" and entry["finish_reason"] == "cancelled"
+    assert entry["steps_after_cancel"] is not None and entry["steps_after_cancel"] <= 1
+    assert entry["steps"] < 1500  # it did not run to its budget
+    assert results["other"].text == rewrite(random_engine, other_request).text
+
+
+def test_cancel_stops_the_engine_within_a_step(short_dir: Path, random_engine: Engine) -> None:
+    config = DaemonConfig(socket_path=short_dir / "engine.sock", threads=1)
+    cancel = threading.Event()
+
+    def on_step(step: RemoteStep) -> None:
+        if step.step >= 3:
+            cancel.set()
+
+    with daemon_thread(config, random_engine), EngineClient.connect(config.address) as client:
+        deltas: list[str] = []
+        result = client.rewrite(random_model_request(5000), on_text=deltas.append, on_step=on_step, cancel=cancel)
+        follow_up = client.rewrite(random_model_request(5))  # the connection is still usable
+    assert result.status == "cancelled" and not result.complete
+    assert result.stats["steps_after_cancel"] <= 1 and result.stats["target_forwards"] < 1500
+    assert "".join(deltas) == result.text
+    assert follow_up.stats["generated_tokens"] == 5
+
+
+# --- bad peers: an error reply or a closed connection, and the daemon serves on -----------------------
+
+
+@pytest.mark.parametrize(
+    ("frame", "code", "stays_open"),
+    [
+        pytest.param(struct.pack(">I", 3) + b"\xc1\xc1\xc1", "malformed_frame", True, id="not-msgpack"),
+        pytest.param(encode_frame([1, 2, 3]), "malformed_frame", True, id="not-a-map"),  # type: ignore[arg-type]
+        pytest.param(encode_frame({"type": "launch_missiles"}), "unknown_type", True, id="unknown-type"),
+        pytest.param(encode_frame({"type": "cancel", "id": 7}), "bad_message", True, id="mistyped-field"),
+        pytest.param(struct.pack(">I", 2**31) + b"x" * 64, "frame_too_large", False, id="oversized"),
+    ],
+)
+def test_bad_frames_get_an_error_and_the_daemon_serves_on(
+    short_dir: Path, random_engine: Engine, frame: bytes, code: str, stays_open: bool
+) -> None:
+    config = DaemonConfig(socket_path=short_dir / "engine.sock", threads=1, max_frame_size=1 << 20)
+    with daemon_thread(config, random_engine):
+        # Before the hello: an error, then the connection is closed.
+        sock = raw_connect(config.address)
+        sock.sendall(frame)
+        reply = receive(sock)
+        assert reply is not None and reply["type"] == "error" and reply["code"] == code
+        assert receive(sock) is None
+        sock.close()
+        # After the hello: the same error; the connection stays usable unless the frame boundary is lost.
+        sock = raw_connect(config.address)
+        sock.sendall(encode_frame(hello()))
+        assert receive(sock) == {"type": "hello_ok", "version": PROTOCOL_VERSION, "pid": os.getpid()}
+        sock.sendall(frame)
+        reply = receive(sock)
+        assert reply is not None and reply["type"] == "error" and reply["code"] == code
+        if stays_open:
+            sock.sendall(encode_frame({"type": "status"}))
+            reply = receive(sock)
+            assert reply is not None and reply["type"] == "status_ok"
+        else:
+            assert receive(sock) is None
+        sock.close()
+        # Other clients are served.
+        with EngineClient.connect(config.address) as client:
+            assert client.rewrite(random_model_request(4)).stats["generated_tokens"] == 4
+
+
+def test_a_frame_over_the_limit_is_refused_before_it_is_read(short_dir: Path, random_engine: Engine) -> None:
+    config = DaemonConfig(socket_path=short_dir / "engine.sock", threads=1, max_frame_size=1 << 20)
+    with daemon_thread(config, random_engine), EngineClient.connect(config.address) as client:
+        with pytest.raises(EngineUnavailableError, match=r"over the limit|closed the connection|lost"):
+            client.rewrite(RewriteRequest(original="x = 1\n" * 200_000, instruction="grow"))
+        with EngineClient.connect(config.address) as other:
+            assert other.status()["state"] == "ready"
+
+
+def test_bad_requests_get_an_error_and_the_connection_serves_on(short_dir: Path, random_engine: Engine) -> None:
+    config = DaemonConfig(socket_path=short_dir / "engine.sock", threads=1)
+    neither = {**rewrite_message("r1", random_model_request(3)), "instruction": None}
+    with daemon_thread(config, random_engine):
+        sock = raw_connect(config.address)
+        sock.sendall(encode_frame({"type": "status"}))  # before the hello
+        assert receive(sock)["code"] == "hello_required"  # type: ignore[index]
+        assert receive(sock) is None
+        sock = raw_connect(config.address)
+        sock.sendall(encode_frame({**hello(), "version": PROTOCOL_VERSION + 1}))
+        assert receive(sock)["code"] == "version_mismatch"  # type: ignore[index]
+        sock = raw_connect(config.address)
+        sock.sendall(encode_frame(hello()))
+        receive(sock)
+        sock.sendall(encode_frame(neither))
+        done = receive(sock)
+        assert done is not None and done["type"] == "done" and done["status"] == "error"
+        assert done["error_code"] == "bad_request" and "instruction" in done["error_message"]
+        sock.sendall(encode_frame(rewrite_message("r2", random_model_request(500))))
+        sock.sendall(encode_frame(rewrite_message("r2", random_model_request(3))))
+        messages = receive_until(sock, lambda m: m["type"] == "error")
+        assert messages[-1]["code"] == "duplicate_id" and messages[-1]["id"] == "r2"
+        sock.sendall(encode_frame({"type": "cancel", "id": "no-such-request"}))  # ignored
+        done = receive_until(sock, lambda m: m["type"] == "done")[-1]
+        assert done["id"] == "r2" and done["stats"]["generated_tokens"] == 500
+        sock.close()
+        with EngineClient.connect(config.address) as client:  # engine errors arrive as the same exception
+            with pytest.raises(ContextLengthError, match="too long for the model"):
+                client.rewrite(RewriteRequest(original="x = 1\n" * 2000, instruction="Make y three."))
+            assert client.rewrite(random_model_request(3)).stats["generated_tokens"] == 3
+
+
+def test_a_model_that_does_not_load_ends_the_daemon(short_dir: Path) -> None:
+    config = DaemonConfig(socket_path=short_dir / "engine.sock", model=str(short_dir / "no-such-model"))
+    assert serve(config) == 6  # ModelLoadError's exit status
+    assert not (short_dir / "engine.sock").exists()
+
+
+def test_tcp_needs_the_right_token(short_dir: Path, random_engine: Engine) -> None:
+    token_file = short_dir / "token"
+    token_file.write_text("s3cret-token\n")
+    (short_dir / "wrong").write_text("s3cret-tokeN\n")
+    config = DaemonConfig(host="127.0.0.1", port=0, token_file=token_file, threads=1)
+    with daemon_thread(config, random_engine) as daemon:
+        assert daemon.address.startswith("tcp://127.0.0.1:")
+        host, port = "127.0.0.1", int(daemon.address.rsplit(":", 1)[1])
+        with pytest.raises(EngineUnavailableError, match="refused: wrong or missing token"):
+            EngineClient.connect(daemon.address, token_file=short_dir / "wrong")
+        for first_message in (hello(None), hello("s3cret-tokeN"), {"type": "status"}):
+            with socket.create_connection((host, port), timeout=TIMEOUT) as sock:
+                sock.sendall(encode_frame(first_message))
+                reply = receive(sock)
+                assert reply is not None and reply["code"] in ("unauthorized", "hello_required")
+                assert receive(sock) is None
+        with socket.create_connection((host, port), timeout=TIMEOUT) as sock:  # big frames wait for the hello
+            sock.sendall(struct.pack(">I", 1 << 20))
+            reply = receive(sock)
+            assert reply is not None and reply["code"] == "frame_too_large"
+        with EngineClient.connect(daemon.address, token_file=token_file) as client:
+            assert client.rewrite(random_model_request(3)).stats["generated_tokens"] == 3
+
+
+# --- lifecycle: one daemon per socket, idle timeout, --status and --stop ------------------------------
+
+
+def test_one_daemon_per_socket_and_stale_sockets_are_replaced(short_dir: Path, random_engine: Engine) -> None:
+    path = short_dir / "engine.sock"
+    leftover = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # a crashed daemon's socket file
+    leftover.bind(str(path))
+    leftover.close()
+    config = DaemonConfig(socket_path=path, threads=1)
+    with daemon_thread(config, random_engine):
+        assert serve(config, engine=random_engine) == 0  # a second one does not start
+        assert status_of(config.address)["pid"] == os.getpid()
+        info = json.loads((short_dir / "engine.sock.json").read_text())
+        assert info["pid"] == os.getpid() and info["address"] == str(path)
+    assert not path.exists() and not (short_dir / "engine.sock.json").exists()
+
+
+def test_idle_timeout(short_dir: Path, random_engine: Engine) -> None:
+    config = DaemonConfig(socket_path=short_dir / "engine.sock", threads=1, idle_timeout=0.6)
+    finished = threading.Event()
+    thread = threading.Thread(target=lambda: (serve(config, engine=random_engine), finished.set()), daemon=True)
+    started = time.monotonic()
+    thread.start()
+    client = wait_for(lambda: _try_connect(config.address), "the daemon to answer")
+    time.sleep(1.5)  # a connected client keeps it alive
+    assert not finished.is_set()
+    client.close()
+    assert finished.wait(TIMEOUT)
+    assert time.monotonic() - started >= 2.0
+    thread.join(TIMEOUT)
+    assert not (short_dir / "engine.sock").exists()
+
+
+def _try_connect(address: str) -> EngineClient | None:
+    try:
+        return EngineClient.connect(address)
+    except EngineUnavailableError:
+        return None
+
+
+def serve_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="specedit")
+    add_serve_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["serve", *argv])
+
+
+def test_command_line_round_trips_the_config(short_dir: Path) -> None:
+    token = short_dir / "token"
+    for config in (
+        DaemonConfig(socket_path=short_dir / "e.sock", model=str(short_dir), dtype="float32", idle_timeout=30.0),
+        DaemonConfig(host="127.0.0.1", port=7341, token_file=token, device="cpu", threads=2, max_frame_size=1 << 20),
+    ):
+        assert config_from_args(serve_args(*config.command_line()[1:])) == config
+    with pytest.raises(SystemExit):
+        config_from_args(serve_args("--port", "1234"))  # TCP without a token file
+
+
+def test_real_daemon_process_shared_by_two_starters(
+    short_dir: Path, memorising_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two `ensure_daemon` calls at once start one `specedit serve` process; --status and --stop."""
+    socket_path = short_dir / "engine.sock"
+    config = DaemonConfig(
+        socket_path=socket_path, model=str(memorising_model_dir), dtype="float32", threads=1, idle_timeout=60
+    )
+    clients: list[EngineClient] = []
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            clients.append(ensure_daemon(config, start_timeout=45))
+        except BaseException as error:
+            errors.append(error)
+
+    starters = [threading.Thread(target=start, daemon=True) for _ in range(2)]
+    try:
+        for thread in starters:
+            thread.start()
+        for thread in starters:
+            thread.join(60)
+        assert not errors and len(clients) == 2, errors or "ensure_daemon hung"
+        pid = clients[0].daemon_pid
+        assert pid == clients[1].daemon_pid != os.getpid()
+        result = clients[0].rewrite(memorised(ADD, ADD_INSTRUCTION))
+        assert result.text == ADD_ANSWER and result.complete
+        for client in clients:
+            client.close()
+
+        assert serve_command(serve_args("--socket", str(socket_path), "--status")) == 0
+        info = json.loads(capsys.readouterr().out)
+        assert info["pid"] == pid and info["model"] == str(memorising_model_dir) and info["dtype"] == "float32"
+        assert info["served"] == {"complete": 1} and info["idle_timeout"] == 60
+
+        assert serve_command(serve_args("--socket", str(socket_path), "--stop")) == 0
+        wait_for(lambda: not _alive(pid), "the daemon process to exit")
+        assert not socket_path.exists()
+        assert "serving on" in (short_dir / "engine.sock.log").read_text()
+    finally:
+        for client in clients:
+            client.close()
+        if clients and _alive(clients[0].daemon_pid):
+            os.kill(clients[0].daemon_pid, 9)
+    with pytest.raises(EngineUnavailableError):
+        serve_command(serve_args("--socket", str(socket_path), "--status"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by its starter) is not alive.
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(")")[-1].split()[0] != "Z"
+    return True

