@@ -74,7 +74,9 @@ def rewrite(
 
     drafter: Drafter = NoDrafter()
     if request.draft == "copy":
-        drafter = CopyDrafter(original_ids, output_start=len(prompt_ids), config=CopyDrafterConfig())
+        # An edit sketch holds the new code: the answer copies from it as well as from the original.
+        source = original_ids + (engine.tokenize(prompt.sketch) if prompt.sketch is not None else [])
+        drafter = CopyDrafter(source, output_start=len(prompt_ids), config=CopyDrafterConfig())
 
     answer = AnswerStream(prompt.fence)
     trailing = _TrailingNewline(keep=original.endswith("\n") or not original)

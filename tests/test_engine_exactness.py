@@ -15,6 +15,7 @@ import pytest
 from specedit.drafters.base import Draft
 from specedit.drafters.copy_drafter import CopyDrafter
 from specedit.engine.generate import Engine, Generation, StepInfo
+from specedit.engine.rewrite import RewriteRequest, rewrite
 from specedit.engine.sampling import SamplingConfig
 
 from conftest import ARCHITECTURES, tiny_engine
@@ -179,3 +180,17 @@ def test_stop_callback_cuts_a_step_short() -> None:
     assert speculative.finish_reason == "stop"
     assert speculative.text == "".join(seen)
     assert free.text.startswith(speculative.text)
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_rewrite_with_an_instruction_or_a_sketch_equals_plain_decoding(architecture: str) -> None:
+    engine = tiny_engine(architecture, seed=11)
+    original = "def add(a, b):\n    return a + b\n\n\nclass Point:\n    pass\n"
+    sketch = "# ... existing code ...\nclass Point:\n    x: int = 0\n"
+    for fields in ({"instruction": "Rename add to plus."}, {"sketch": sketch}):
+        copy = rewrite(engine, RewriteRequest(original=original, language="python", max_new_tokens=60, **fields))
+        plain = rewrite(
+            engine, RewriteRequest(original=original, language="python", max_new_tokens=60, draft="none", **fields)
+        )
+        assert copy.generation.tokens == plain.generation.tokens
+        assert copy.text == plain.text
