@@ -22,7 +22,7 @@ from specedit.engine.rewrite import RewriteRequest, rewrite
 
 pytestmark = pytest.mark.slow
 
-ORIGINAL = '''import json
+ORIGINAL = """import json
 
 
 def load_config(path):
@@ -36,7 +36,7 @@ def merge(base, override):
     for key, value in override.items():
         merged[key] = value
     return merged
-'''
+"""
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ from specedit.cli.serve_command import add_serve_parser, remote_rewrite, serve_c
 from specedit.engine.errors import IncompleteOutputError, InputError, SpeceditError
 from specedit.engine.loading import DTYPE_CHOICES
 from specedit.engine.rewrite import DRAFT_METHODS
+from specedit.lsp.command import add_lsp_parser, lsp_command
 
 log = logging.getLogger("specedit")
 
@@ -97,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arguments(bench)
 
     add_serve_parser(commands)
+    add_lsp_parser(commands)
 
     model = commands.add_parser("model", help="provision and list the embedded models")
     model_commands = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
@@ -142,6 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return bench_command(args)
         if args.command == "serve":
             return serve_command(args)
+        if args.command == "lsp":
+            return lsp_command(args)
         raise UsageError(f"unknown command {args.command!r}")
     except SpeceditError as error:
         print(f"specedit: error: {error}", file=sys.stderr)

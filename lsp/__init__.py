@@ -1,0 +1,1 @@
+"""specedit's language server: rewrites streamed into editors as versioned text-document edits."""

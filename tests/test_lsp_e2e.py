@@ -1,0 +1,667 @@
+"""End to end: the real language server over stdio, driven by clients that behave like real editors.
+
+Each client keeps its own copy of the document, applies the server's `workspace/applyEdit` to it and
+reports the change back in `didChange`, as an editor does:
+
+- `vscode`: utf-16 positions; reports each change at once; refuses an edit for another version
+  (`applied: false`).
+- `nvim`: utf-8 positions; batches its change notifications (150 ms debounce, like Neovim); skips an edit
+  for another version and still answers `applied: true`.
+
+For every delivery mode the document must end exactly as the in-process `rewrite()` leaves it. The model
+is a tiny GPT-2 that memorised a few rewrites (tests/conftest.py); one server per client kind, started once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import pytest
+import pytest_asyncio
+from lsprotocol import types
+from pygls.exceptions import JsonRpcContentModified, JsonRpcException
+from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
+from pytest_lsp.client import DEFAULT_CLIENT_FEATURES, progress, register_lsp_features
+
+from specedit.lsp import protocol
+from specedit.lsp.server import plain
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+Kind = Literal["vscode", "nvim"]
+CAPABILITIES = {"vscode": "visual-studio-code", "nvim": "neovim@v0.11"}
+NVIM_DEBOUNCE = 0.15
+
+
+# ------------------------------------------------------------------------------ an editor's document
+
+
+def _line_starts(text: str) -> list[int]:
+    return [0, *(m.end() for m in re.finditer(r"\r\n|\r|\n", text))]
+
+
+def _units(text: str, encoding: str) -> int:
+    if encoding == "utf-8":
+        return len(text.encode("utf-8"))
+    if encoding == "utf-16":
+        return len(text.encode("utf-16-le")) // 2
+    return len(text)
+
+
+def offset_of(text: str, position: types.Position, encoding: str) -> int:
+    """The editor's own conversion (independent of the server's): code units of the line's text."""
+    starts = _line_starts(text)
+    if position.line >= len(starts):
+        return len(text)
+    start = starts[position.line]
+    end = starts[position.line + 1] if position.line + 1 < len(starts) else len(text)
+    line = text[start:end].rstrip("\r\n")
+    if encoding == "utf-8":
+        prefix = line.encode("utf-8")[: position.character].decode("utf-8", errors="ignore")
+    elif encoding == "utf-16":
+        prefix = line.encode("utf-16-le")[: 2 * position.character].decode("utf-16-le", errors="ignore")
+    else:
+        prefix = line[: position.character]
+    return start + len(prefix)
+
+
+def position_of(text: str, offset: int, encoding: str) -> types.Position:
+    starts = _line_starts(text)
+    line = max(i for i, start in enumerate(starts) if start <= offset)
+    return types.Position(line=line, character=_units(text[starts[line] : offset], encoding))
+
+
+@dataclass
+class EditorDocument:
+    uri: str
+    text: str
+    version: int = 1
+    unsent: list[types.TextDocumentContentChangeEvent] = field(default_factory=list)
+    flush_handle: asyncio.TimerHandle | None = None
+
+
+class EditorClient(LanguageClient):
+    """A pytest-lsp client with an editor's document handling (see the module docstring)."""
+
+    kind: Kind = "vscode"
+    encoding: str = "utf-16"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.documents: dict[str, EditorDocument] = {}
+        self.partials: dict[str, list[dict[str, Any]]] = {}
+        self.applied_edits = 0
+        self.skipped_edits = 0
+        self.typing_before_next_edit: list[tuple[str, int, str]] = []  # (uri, offset, text)
+
+    def open(self, uri: str, text: str) -> EditorDocument:
+        document = EditorDocument(uri, text)
+        self.documents[uri] = document
+        self.text_document_did_open(
+            types.DidOpenTextDocumentParams(
+                text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)
+            )
+        )
+        return document
+
+    def close(self, uri: str) -> None:
+        self.flush(uri)
+        del self.documents[uri]
+        self.text_document_did_close(
+            types.DidCloseTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=uri))
+        )
+
+    def type(self, uri: str, start: int, end: int, text: str) -> None:
+        """The user replaces text[start:end]."""
+        document = self.documents[uri]
+        self._change(document, start, end, text)
+
+    def _change(self, document: EditorDocument, start: int, end: int, text: str, *, flush: bool = True) -> None:
+        where = types.Range(
+            start=position_of(document.text, start, self.encoding), end=position_of(document.text, end, self.encoding)
+        )
+        document.text = document.text[:start] + text + document.text[end:]
+        document.version += 1 if self.kind == "vscode" else 2  # Neovim's changedtick moves by more
+        document.unsent.append(types.TextDocumentContentChangePartial(range=where, text=text))
+        if self.kind == "vscode":
+            if flush:
+                self.flush(document.uri)
+        elif document.flush_handle is None:
+            loop = asyncio.get_running_loop()
+            document.flush_handle = loop.call_later(NVIM_DEBOUNCE, self.flush, document.uri)
+
+    def flush(self, uri: str) -> None:
+        document = self.documents.get(uri)
+        if document is None or not document.unsent:
+            return
+        if document.flush_handle is not None:
+            document.flush_handle.cancel()
+            document.flush_handle = None
+        changes, document.unsent = document.unsent, []
+        self.text_document_did_change(
+            types.DidChangeTextDocumentParams(
+                text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=document.version),
+                content_changes=changes,
+            )
+        )
+
+    def apply_workspace_edit(self, params: types.ApplyWorkspaceEditParams) -> types.ApplyWorkspaceEditResult:
+        while self.typing_before_next_edit:  # the user was quicker than the edit: it arrives stale
+            uri, offset, text = self.typing_before_next_edit.pop(0)
+            self.type(uri, offset, offset, text)
+        for change in params.edit.document_changes or []:
+            assert isinstance(change, types.TextDocumentEdit)
+            document = self.documents[change.text_document.uri]
+            if change.text_document.version != document.version:
+                self.skipped_edits += 1
+                # VS Code refuses a stale edit; Neovim skips it, and says it applied it.
+                return types.ApplyWorkspaceEditResult(applied=self.kind == "nvim")
+            edits = sorted(
+                (
+                    offset_of(document.text, edit.range.start, self.encoding),
+                    offset_of(document.text, edit.range.end, self.encoding),
+                    edit.new_text,
+                )
+                for edit in change.edits  # TextEdit or AnnotatedTextEdit (not a subclass of TextEdit)
+                if isinstance(edit, (types.TextEdit, types.AnnotatedTextEdit))
+            )
+            assert edits, "an empty workspace edit"
+            self.applied_edits += 1
+            if self.kind == "vscode":  # one notification, one version, a change per edit, last first
+                version = document.version
+                for start, end, new_text in reversed(edits):
+                    self._change(document, start, end, new_text, flush=False)
+                document.version = version + 1
+                self.flush(document.uri)
+            else:  # Neovim reports the smallest change it can see (later, with whatever else it has)
+                before = document.text
+                for start, end, new_text in reversed(edits):
+                    document.text = document.text[:start] + new_text + document.text[end:]
+                start, end, new_text = _smallest_change(before, document.text)
+                document.text = before
+                self._change(document, start, end, new_text)
+        return types.ApplyWorkspaceEditResult(applied=True)
+
+
+def _smallest_change(before: str, after: str) -> tuple[int, int, str]:
+    prefix = 0
+    while prefix < min(len(before), len(after)) and before[prefix] == after[prefix]:
+        prefix += 1
+    suffix = 0
+    while suffix < min(len(before), len(after)) - prefix and before[-1 - suffix] == after[-1 - suffix]:
+        suffix += 1
+    return prefix, len(before) - suffix, after[prefix : len(after) - suffix]
+
+
+def client_apply_edit(client: EditorClient, params: types.ApplyWorkspaceEditParams) -> types.ApplyWorkspaceEditResult:
+    return client.apply_workspace_edit(params)
+
+
+def client_progress(client: EditorClient, params: types.ProgressParams) -> None:
+    value = plain(params.value)
+    if isinstance(value, dict) and "kind" not in value and str(params.token) in client.partials:
+        client.partials[str(params.token)].append(value)
+        return
+    progress(client, params)  # work-done progress: pytest-lsp records it
+
+
+def _converter() -> Any:
+    """pygls' converter, except that a CodeAction with a command stays a CodeAction: lsprotocol's hook
+    takes anything with a "command" key for a Command (a real editor looks at its type: a string)."""
+    from pygls.protocol import default_converter
+
+    converter = default_converter()
+
+    def command_or_action(value: Any, _: type) -> Any:
+        kind = types.Command if isinstance(value.get("command"), str) else types.CodeAction
+        return converter.structure(value, kind)
+
+    converter.register_structure_hook(Union[types.Command, types.CodeAction], command_or_action)  # noqa: UP007
+    return converter
+
+
+def make_client(kind: Kind) -> EditorClient:
+    client = EditorClient(converter_factory=_converter)
+    client.kind = kind
+    register_lsp_features(
+        client,
+        {
+            **DEFAULT_CLIENT_FEATURES,
+            types.WORKSPACE_APPLY_EDIT: client_apply_edit,
+            types.PROGRESS: client_progress,
+        },
+    )
+    return client
+
+
+async def start_client(kind: Kind, model_dir: Path) -> EditorClient:
+    config = ClientServerConfig(
+        server_command=[
+            sys.executable,
+            "-m",
+            "specedit.lsp",
+            "--engine",
+            "inprocess",
+            "--model",
+            str(model_dir),
+            "--dtype",
+            "float32",
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+        ],
+        client_factory=lambda: make_client(kind),
+    )
+    client = await config.start()
+    assert isinstance(client, EditorClient)
+    result = await client.initialize_session(
+        types.InitializeParams(
+            capabilities=client_capabilities(CAPABILITIES[kind]),
+            initialization_options={"specedit": {"delivery": "live"}},
+        )
+    )
+    client.encoding = str(result.capabilities.position_encoding or "utf-16")
+    return client
+
+
+# ---------------------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def expected(memorising_model_dir: Path) -> Any:
+    """What the in-process `rewrite()` makes of a region: the reference every mode must reach."""
+    from specedit.engine.generate import Engine
+    from specedit.engine.loading import load_model
+    from specedit.engine.rewrite import RewriteRequest, rewrite
+
+    engine = Engine(load_model(str(memorising_model_dir), dtype="float32", device="cpu"))
+    cache: dict[tuple[str, str], str] = {}
+
+    def rewritten(original: str, instruction: str) -> str:
+        if (original, instruction) not in cache:
+            result = rewrite(engine, RewriteRequest(original, instruction, language="python"))
+            assert result.complete
+            cache[original, instruction] = result.text
+        return cache[original, instruction]
+
+    return rewritten
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["vscode", "nvim"])
+async def client(request: pytest.FixtureRequest, memorising_model_dir: Path) -> AsyncIterator[EditorClient]:
+    client = await start_client(request.param, memorising_model_dir)
+    yield client
+    await client.shutdown_session()
+    await client.stop()
+
+
+_uris = itertools.count()
+
+
+def new_uri(name: str = "code") -> str:
+    return f"file:///work/{name}-{next(_uris)}.py"
+
+
+async def send_rewrite(client: EditorClient, params: dict[str, Any]) -> dict[str, Any]:
+    result = plain(await client.protocol.send_request_async(protocol.REWRITE_METHOD, params))
+    assert isinstance(result, dict)
+    return result
+
+
+async def command(client: EditorClient, name: str, *arguments: Any) -> Any:
+    return plain(
+        await client.workspace_execute_command_async(
+            types.ExecuteCommandParams(command=name, arguments=list(arguments))
+        )
+    )
+
+
+async def settle(client: EditorClient, uri: str) -> str:
+    """The editor's text once its pending change notifications are out."""
+    client.flush(uri)
+    await asyncio.sleep(0)
+    return client.documents[uri].text
+
+
+# ------------------------------------------------------------------------------------------- cases
+
+ADD = ("def add(a, b):\n    return a + b\n", "Rename add to plus.")
+CRLF = ("print('héllo 🙂')\r\nz = 0\r\n", "Set z to 5.")
+# Combining accent and emoji before the region, on the region's first line: columns differ per encoding.
+PREFIX = "# cafe\u0301 👩‍💻 \U0001d518\nx = 'e\u0301🙂'; "
+CASES = {
+    "lf": ("", ADD, ""),
+    "crlf": ("", CRLF, ""),
+    "unicode": (PREFIX, ADD, "# after: 🙂\u0301\n"),
+}
+
+
+def region_range(text: str, prefix: str, original: str, encoding: str) -> dict[str, Any]:
+    start, end = position_of(text, len(prefix), encoding), position_of(text, len(prefix) + len(original), encoding)
+    return {
+        "start": {"line": start.line, "character": start.character},
+        "end": {"line": end.line, "character": end.character},
+    }
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("delivery", ["live", "final", "preview"])
+async def test_every_delivery_ends_as_rewrite_does(
+    client: EditorClient, expected: Any, case: str, delivery: str
+) -> None:
+    prefix, (original, instruction), suffix = CASES[case]
+    text = prefix + original + suffix
+    uri = new_uri(case)
+    document = client.open(uri, text)
+    params: dict[str, Any] = {
+        "textDocument": {"uri": uri, "version": document.version},
+        "instruction": instruction,
+        "delivery": delivery,
+    }
+    if prefix or suffix:
+        params["range"] = region_range(text, prefix, original, client.encoding)
+    result = await send_rewrite(client, params)
+    assert result["status"] == "complete", result
+    assert result["stats"]["generated_tokens"] > 0
+    want = prefix + expected(original, instruction) + suffix
+    if delivery == "preview":
+        assert await settle(client, uri) == text  # nothing written until accepted
+        accepted = await command(client, protocol.COMMAND_ACCEPT, {"jobId": result["jobId"]})
+        assert accepted["skipped"] == []
+    assert (await settle(client, uri)).encode() == want.encode()
+    # The hunks of the response, applied to the request's text by the editor's own conversion, agree.
+    assert _apply_payload(text, result["hunks"], client.encoding) == want
+    # Reject restores the document exactly.
+    rejected = await command(client, protocol.COMMAND_REJECT, {"jobId": result["jobId"]})
+    assert rejected["skipped"] == []
+    assert (await settle(client, uri)).encode() == text.encode()
+    client.close(uri)
+
+
+def _apply_payload(text: str, hunks: list[dict[str, Any]], encoding: str) -> str:
+    edits = []
+    for hunk in hunks:
+        start = types.Position(**hunk["range"]["start"])
+        end = types.Position(**hunk["range"]["end"])
+        edits.append((offset_of(text, start, encoding), offset_of(text, end, encoding), hunk["newText"]))
+    for start, end, new_text in sorted(edits, reverse=True):
+        text = text[:start] + new_text + text[end:]
+    return text
+
+
+async def test_partial_results_and_progress(client: EditorClient, expected: Any) -> None:
+    original, instruction = ADD
+    uri = new_uri()
+    client.open(uri, original)
+    client.partials["partial-1"] = []
+    client.progress_reports["work-1"] = []
+    result = await send_rewrite(
+        client,
+        {
+            "textDocument": {"uri": uri, "version": 1},
+            "instruction": instruction,
+            "delivery": "preview",
+            "partialResultToken": "partial-1",
+            "workDoneToken": "work-1",
+        },
+    )
+    assert result["status"] == "complete" and "hunks" not in result
+    partials = client.partials["partial-1"]
+    assert partials and all(p["jobId"] == result["jobId"] for p in partials)
+    hunks = [hunk for p in partials for hunk in p["hunks"]]
+    assert _apply_payload(original, hunks, client.encoding) == expected(original, instruction)
+    kinds = [type(value).__name__ for value in client.progress_reports["work-1"]]
+    assert kinds[0] == "WorkDoneProgressBegin" and kinds[-1] == "WorkDoneProgressEnd"
+    client.close(uri)
+
+
+async def test_stale_version_is_content_modified(client: EditorClient) -> None:
+    uri = new_uri()
+    client.open(uri, ADD[0])
+    client.type(uri, 0, 0, "# hi\n")
+    await settle(client, uri)
+    with pytest.raises(JsonRpcException) as raised:
+        await send_rewrite(client, {"textDocument": {"uri": uri, "version": 1}, "instruction": ADD[1]})
+    assert raised.value.code == JsonRpcContentModified.CODE  # -32801
+    client.close(uri)
+
+
+async def test_typing_elsewhere_during_a_live_rewrite_is_kept(client: EditorClient, expected: Any) -> None:
+    original, instruction = ADD
+    uri = new_uri()
+    text = "# top\n" + original
+    client.open(uri, text)
+    params = {
+        "textDocument": {"uri": uri, "version": 1},
+        "range": region_range(text, "# top\n", original, client.encoding),
+        "instruction": instruction,
+        "delivery": "live",
+    }
+    pending = asyncio.ensure_future(send_rewrite(client, params))
+    await asyncio.sleep(0.05)
+    client.type(uri, 0, 0, "import os  # 🙂\n")  # above the region, while the rewrite runs
+    result = await pending
+    assert result["status"] == "complete", result
+    want = "import os  # 🙂\n# top\n" + expected(original, instruction)
+    assert (await settle(client, uri)) == want
+    client.close(uri)
+
+
+@pytest.mark.parametrize("delivery", ["live", "final"])
+async def test_a_stale_edit_is_rebased_and_sent_again(client: EditorClient, expected: Any, delivery: str) -> None:
+    """The user types above the region just before the edit reaches the editor: VS Code refuses it,
+    Neovim skips it (and says it applied it); either way the server notices and sends it again."""
+    original, instruction = ADD
+    uri = new_uri()
+    client.open(uri, original)
+    client.typing_before_next_edit = [(uri, 0, "# 🙂 typed\r\n")]
+    skipped = client.skipped_edits
+    result = await send_rewrite(
+        client, {"textDocument": {"uri": uri, "version": 1}, "instruction": instruction, "delivery": delivery}
+    )
+    assert result["status"] == "complete", result
+    assert client.skipped_edits == skipped + 1
+    assert (await settle(client, uri)) == "# 🙂 typed\r\n" + expected(original, instruction)
+    client.close(uri)
+
+
+async def test_code_action_from_an_instruction_comment(client: EditorClient, expected: Any) -> None:
+    original, instruction = ADD
+    uri = new_uri()
+    comment = f"# specedit: {instruction}\n"
+    client.open(uri, comment + original)
+    actions = await client.text_document_code_action_async(
+        types.CodeActionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            range=types.Range(start=types.Position(line=1, character=0), end=types.Position(line=3, character=0)),
+            context=types.CodeActionContext(diagnostics=[], only=[types.CodeActionKind.Refactor]),
+        )
+    )
+    assert actions is not None
+    titles = [action.title for action in actions if isinstance(action, types.CodeAction)]
+    assert titles[0] == f"specedit: Rewrite as the comment says: {instruction}"
+    assert "specedit: Add type hints" in titles
+    first = actions[0]
+    assert isinstance(first, types.CodeAction) and first.command is not None
+    assert first.kind == protocol.CODE_ACTION_KIND
+    result = await command(client, first.command.command, *(first.command.arguments or []))
+    assert result["status"] == "complete"
+    assert (await settle(client, uri)) == comment + expected(original, instruction)
+    client.close(uri)
+
+
+async def test_bad_requests_are_json_rpc_errors(client: EditorClient) -> None:
+    from pygls.exceptions import JsonRpcInvalidParams
+
+    with pytest.raises(JsonRpcException, match="not open") as raised:
+        await send_rewrite(client, {"textDocument": {"uri": "file:///nowhere.py"}, "instruction": "x"})
+    assert raised.value.code == JsonRpcInvalidParams.CODE
+    uri = new_uri()
+    client.open(uri, "x = 1\n")
+    with pytest.raises(JsonRpcException, match="exactly one") as raised:
+        await send_rewrite(client, {"textDocument": {"uri": uri}, "instruction": "a", "sketch": "b"})
+    assert raised.value.code == JsonRpcInvalidParams.CODE
+    client.close(uri)
+
+
+# ------------------------------------------------------------------------------------ cancellation
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def endless_client(tiny_model_dir: Path) -> AsyncIterator[EditorClient]:
+    """A server on a random tiny model: it never closes its code block, so a rewrite runs until stopped."""
+    client = await start_client("vscode", tiny_model_dir)
+    yield client
+    await client.shutdown_session()
+    await client.stop()
+
+
+ENDLESS = "def add(a, b):\n    return a + b\n" * 3
+
+
+async def _start_endless(client: EditorClient, uri: str, msg_id: str, delivery: str = "final") -> asyncio.Future[Any]:
+    client.partials[msg_id] = []
+    params = {
+        "textDocument": {"uri": uri, "version": client.documents[uri].version},
+        "instruction": "Rename add to plus.",
+        "delivery": delivery,
+        "maxNewTokens": 1500,
+        "partialResultToken": msg_id,
+    }
+    pending = asyncio.ensure_future(client.protocol.send_request_async(protocol.REWRITE_METHOD, params, msg_id=msg_id))
+    pending = asyncio.ensure_future(_plain_later(pending))
+    for _ in range(400):  # running: the first stats have come
+        if client.partials[msg_id] and client.partials[msg_id][-1]["stats"]["generated_tokens"] > 0:
+            break
+        await asyncio.sleep(0.025)
+    assert not pending.done(), "the endless rewrite ended by itself"
+    return pending
+
+
+async def _plain_later(pending: Any) -> Any:
+    return plain(await pending)
+
+
+@pytest.mark.parametrize("how", ["cancelRequest", "command", "close"])
+async def test_cancellation_stops_the_engine_within_a_step(endless_client: EditorClient, how: str) -> None:
+    client = endless_client
+    uri = new_uri("endless")
+    client.open(uri, ENDLESS)
+    msg_id = f"cancel-{how}"
+    pending = await _start_endless(client, uri, msg_id)
+    started = asyncio.get_running_loop().time()
+    if how == "cancelRequest":
+        client.cancel_request(types.CancelParams(id=msg_id))
+    elif how == "command":
+        await command(client, protocol.COMMAND_CANCEL, {"uri": uri})
+    else:
+        client.close(uri)
+    result = await asyncio.wait_for(pending, 10)
+    assert asyncio.get_running_loop().time() - started < 2.0
+    assert result["status"] == "cancelled"
+    assert result["stepsAfterCancel"] <= 1
+    assert result["stats"]["generated_tokens"] < 1500
+    if how != "close":
+        assert (await settle(client, uri)) == ENDLESS  # final delivery: nothing written
+        client.close(uri)
+
+
+async def test_progress_cancel_button(endless_client: EditorClient) -> None:
+    client = endless_client
+    uri = new_uri("endless")
+    client.open(uri, ENDLESS)
+    client.partials["progress"] = []
+    client.progress_reports["work"] = []
+    params = {
+        "textDocument": {"uri": uri, "version": 1},
+        "instruction": "Rename add to plus.",
+        "delivery": "preview",
+        "maxNewTokens": 1500,
+        "partialResultToken": "progress",
+        "workDoneToken": "work",
+    }
+    pending = asyncio.ensure_future(send_rewrite(client, params))
+    for _ in range(400):
+        if any(type(value).__name__ == "WorkDoneProgressReport" for value in client.progress_reports["work"]):
+            break
+        await asyncio.sleep(0.025)
+    begin = client.progress_reports["work"][0]
+    assert isinstance(begin, types.WorkDoneProgressBegin) and begin.cancellable
+    client.window_work_done_progress_cancel(types.WorkDoneProgressCancelParams(token="work"))
+    result = await asyncio.wait_for(pending, 10)
+    assert result["status"] == "cancelled" and result["stepsAfterCancel"] <= 1
+    client.close(uri)
+
+
+async def test_a_newer_overlapping_request_supersedes(endless_client: EditorClient) -> None:
+    client = endless_client
+    uri = new_uri("endless")
+    client.open(uri, ENDLESS)
+    older = await _start_endless(client, uri, "older", delivery="live")
+    newer = await _start_endless(client, uri, "newer", delivery="preview")
+    result = await asyncio.wait_for(older, 10)
+    assert result["status"] == "superseded"
+    await command(client, protocol.COMMAND_CANCEL, {})
+    assert (await asyncio.wait_for(newer, 10))["status"] == "cancelled"
+    # Whatever the live one wrote, reject restores the document exactly.
+    await command(client, protocol.COMMAND_REJECT, {"jobId": result["jobId"]})
+    assert (await settle(client, uri)) == ENDLESS
+    client.close(uri)
+
+
+# ----------------------------------------------------------------------------------- the daemon
+
+
+async def test_the_default_engine_is_a_shared_daemon(memorising_model_dir: Path, tmp_path: Path, expected: Any) -> None:
+    """Without --engine the server starts the engine daemon (in a private runtime folder here) and
+    rewrites through it; the result is the same."""
+    import os
+
+    from specedit.engine.client import EngineClient
+    from specedit.engine.daemon import SOCKET_NAME
+
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    config = ClientServerConfig(
+        server_command=[
+            sys.executable,
+            "-m",
+            "specedit.lsp",
+            "--model",
+            str(memorising_model_dir),
+            "--dtype",
+            "float32",
+            "--device",
+            "cpu",
+        ],
+        client_factory=lambda: make_client("nvim"),
+        server_env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
+    )
+    client = await config.start()
+    assert isinstance(client, EditorClient)
+    try:
+        result = await client.initialize_session(types.InitializeParams(capabilities=client_capabilities("neovim")))
+        client.encoding = str(result.capabilities.position_encoding)
+        original, instruction = CRLF
+        uri = new_uri("daemon")
+        client.open(uri, original)
+        answer = await send_rewrite(
+            client, {"textDocument": {"uri": uri, "version": 1}, "instruction": instruction, "delivery": "final"}
+        )
+        assert answer["status"] == "complete", answer
+        assert (await settle(client, uri)) == expected(original, instruction)
+    finally:
+        await client.shutdown_session()
+        await client.stop()
+        socket = runtime / "specedit" / SOCKET_NAME
+        if socket.exists():
+            with EngineClient.connect(socket) as daemon:
+                daemon.stop()

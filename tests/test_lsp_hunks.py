@@ -1,0 +1,382 @@
+"""Property tests of settled hunks and of writing them into a document the user is typing in.
+
+The delivery tests simulate the two kinds of editor the server meets, message by message, in an order
+Hypothesis chooses: VS Code (reports each change at once, refuses a stale edit with `applied: false`) and
+Neovim (batches its change notifications, skips a stale edit yet answers `applied: true`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from specedit.lsp.delivery import DocumentState, Edit, Intent, Job, Outcome, PlannedEdit
+from specedit.lsp.hunks import Hunk, HunkState, HunkTracker, RegionTracker, apply_edits, apply_hunks, split_lines
+
+LINES = [
+    "def add(a, b):",
+    "    return a + b",
+    "}",
+    "",
+    "    x = 'héllo 🙂'  # emoji",
+    "cafe\u0301 = 'combining'",
+    "coder = '\U0001f469\u200d\U0001f4bb'  # a ZWJ sequence",
+    "print(add(1, 2))",
+    "class Point:",
+    "        self.x = x",
+]
+TYPED = ["a", "§", "🙂", "e\u0301", "\n", "\r\n", "xyz", ""]  # what the user types ("§" marks it)
+
+line_endings = st.sampled_from(["\n", "\r\n"])
+
+
+@st.composite
+def documents(draw: st.DrawFn, *, min_lines: int = 0) -> str:
+    """Lines of code-ish text, one line ending for the whole text, maybe without a final line end."""
+    eol = draw(line_endings)
+    lines = draw(st.lists(st.sampled_from(LINES), min_size=min_lines, max_size=12))
+    text = "".join(line + eol for line in lines)
+    if text and draw(st.booleans()):
+        text = text[: -len(eol)]
+    return text
+
+
+@st.composite
+def rewrites(draw: st.DrawFn, original: str) -> str:
+    """A model output: the original with lines deleted, inserted, changed (or, sometimes, anything)."""
+    if draw(st.integers(0, 9)) == 0:
+        return draw(st.text(alphabet=st.sampled_from([*"ab\n\r🙂é", "\u0301"]), max_size=40))
+    eol = "\r\n" if "\r\n" in original else "\n"
+    lines = split_lines(original)
+    for _ in range(draw(st.integers(0, 4))):
+        at = draw(st.integers(0, len(lines)))
+        op = draw(st.sampled_from(["insert", "delete", "change"]))
+        if op == "insert" or not lines:
+            lines[at:at] = [draw(st.sampled_from(LINES)) + eol for _ in range(draw(st.integers(1, 3)))]
+        elif at < len(lines):
+            count = draw(st.integers(1, 3))
+            replacement = [] if op == "delete" else [draw(st.sampled_from(LINES)) + "!" + eol]
+            lines[at : at + count] = replacement
+    return "".join(lines)
+
+
+def chunked(draw: st.DrawFn, text: str) -> list[str]:
+    cuts = sorted(draw(st.lists(st.integers(0, len(text)), max_size=12)))
+    bounds = [0, *cuts, len(text)]
+    return [text[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+# ------------------------------------------------------------------------------------------ hunks
+
+
+def test_split_lines_keeps_every_character() -> None:
+    assert split_lines("a\r\nb\rc\n\nd") == ["a\r\n", "b\rc\n", "\n", "d"]
+    assert "".join(split_lines("x\n\n")) == "x\n\n"
+
+
+def test_unchanged_output_gives_no_hunks() -> None:
+    original = "def add(a, b):\r\n    return a + b\r\n"
+    tracker = HunkTracker(original)
+    assert tracker.feed(original) == []
+    assert tracker.finish() == []
+    assert tracker.frontier == len(original)
+
+
+def test_a_lone_brace_does_not_settle_a_hunk() -> None:
+    original = "if a:\n    f()\n}\nif b:\n    g()\n}\n"
+    tracker = HunkTracker(original)
+    assert tracker.feed("if a:\n    f(1)\n}\n") == []  # "}" matches twice and is too weak alone
+    assert tracker.feed("if b:\n") == []  # "}" + "if b:": 6 characters, still too weak
+    settled = tracker.feed("    g()\n}\n")
+    assert [(h.start, h.end, h.new_text) for h in settled] == [(6, 14, "    f(1)\n")]
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_settled_hunks_rebuild_the_output(data: st.DataObject) -> None:
+    original = data.draw(documents())
+    output = data.draw(rewrites(original))
+    tracker = HunkTracker(original)
+    hunks: list[Hunk] = []
+    for chunk in chunked(data.draw, output):
+        new = tracker.feed(chunk)
+        # A settled hunk lies before the frontier; the frontier only moves forward.
+        assert all(hunk.end <= tracker.frontier for hunk in new)
+        hunks += new
+        # What is settled so far already agrees with the output.
+        assert output.startswith(apply_hunks(original[: tracker.frontier], hunks))
+    hunks += tracker.finish(output)
+    assert apply_hunks(original, hunks) == output
+    assert all(hunk.old_text != hunk.new_text for hunk in hunks)
+    assert all(a.end < b.start or (a.end == b.start and a.start < a.end) for a, b in itertools.pairwise(hunks))
+    assert all(original[h.start : h.end] == h.old_text for h in hunks)
+
+
+def test_final_text_must_continue_the_stream() -> None:
+    tracker = HunkTracker("a\n")
+    tracker.feed("b\n")
+    with pytest.raises(ValueError):
+        tracker.finish("c\n")
+
+
+# ----------------------------------------------------------------------------------- region tracker
+
+
+def test_region_tracker_reverts_exactly() -> None:
+    original = "one\ntwo\nthree\n"
+    region = RegionTracker(original, start=4)
+    region.add(Hunk(0, 4, 8, "two\n", ""))  # a deletion: an empty piece that can be reverted
+    region.mark_applied(0)
+    assert region.text() == "one\nthree\n"
+    assert region.applied_range(0) == (8, 8)
+    assert region.user_edit(0, 0, "§") is False
+    assert region.applied_range(0) == (9, 9)
+    region.mark_reverted(0)
+    assert region.text() == original
+
+
+def test_typing_inside_an_applied_hunk_makes_it_dirty_not_revertible() -> None:
+    region = RegionTracker("a\nb\n", start=0)
+    region.add(Hunk(0, 0, 2, "a\n", "A\n"))
+    region.mark_applied(0)
+    region.user_edit(1, 1, "§")
+    assert region.states[0] is HunkState.DIRTY
+    assert region.applied_range(0) is None
+    assert region.text() == "A§\nb\n"
+
+
+# ---------------------------------------------------------------------------------- delivery (sim)
+
+
+@dataclass
+class FakeEditor:
+    """An editor's copy of the document, behaving like VS Code or like Neovim."""
+
+    kind: Literal["vscode", "nvim"]
+    text: str
+    version: int = 1
+    unsent: list[Edit] = field(default_factory=list)
+
+    def change(self, edit: Edit, outbox: deque[Any]) -> None:
+        start, end, new_text = edit
+        self.text = self.text[:start] + new_text + self.text[end:]
+        self.version += 1
+        if self.kind == "vscode":
+            outbox.append(("change", self.version, [edit]))
+        else:
+            self.unsent.append(edit)
+
+    def apply(self, planned: PlannedEdit, outbox: deque[Any]) -> None:
+        if planned.version != self.version:  # stale
+            outbox.append(("response", planned, self.kind == "nvim"))
+            return
+        for start, end, _ in planned.edits:
+            assert "§" not in self.text[start:end], "the server clobbered the user's typing"
+        if self.kind == "vscode":
+            # One change per edit, last first, so that each is valid after the one before.
+            changes = list(reversed(planned.edits))
+            self.text = apply_edits(self.text, planned.edits)
+            self.version += 1
+            outbox.append(("change", self.version, changes))
+        else:
+            # Neovim reports the smallest change it can see, later, together with the user's typing.
+            after = apply_edits(self.text, planned.edits)
+            self.unsent.append(_minimal_change(self.text, after))
+            self.text = after
+            self.version += 3  # changedtick moves by more than one
+        outbox.append(("response", planned, True))
+
+    def flush(self, outbox: deque[Any]) -> None:
+        if self.unsent:
+            outbox.append(("change", self.version, self.unsent))
+            self.unsent = []
+
+
+def _minimal_change(before: str, after: str) -> Edit:
+    matcher = difflib.SequenceMatcher(None, before, after, autojunk=False)
+    opcodes = [op for op in matcher.get_opcodes() if op[0] != "equal"]
+    start, end = opcodes[0][1], opcodes[-1][2]
+    new_start, new_end = opcodes[0][3], opcodes[-1][4]
+    return start, end, after[new_start:new_end]
+
+
+class Simulation:
+    def __init__(
+        self,
+        data: st.DataObject,
+        kind: Literal["vscode", "nvim"],
+        prefix: str,
+        original: str,
+        suffix: str,
+        mode: Literal["live", "preview", "final"],
+        *,
+        typing_inside: bool = False,
+    ) -> None:
+        self.data = data
+        self.prefix, self.suffix = prefix, suffix
+        self.typing_inside = typing_inside
+        self.editor = FakeEditor(kind, prefix + original + suffix)
+        self.doc = DocumentState("file:///t.py", prefix + original + suffix, 1)
+        self.job = Job.start("r1", mode, original, len(prefix))
+        self.doc.jobs.append(self.job)
+        self.to_client: deque[PlannedEdit] = deque()
+        self.to_server: deque[Any] = deque()
+        self.user_edits_left = data.draw(st.integers(0, 8))
+
+    # one step of someone ---------------------------------------------------------------------------
+    def step(self, server_work: list[str]) -> bool:
+        actions: list[str] = []
+        if server_work:
+            actions.append("feed")
+        if self.doc.in_flight is None and self.doc.intents:
+            actions.append("send")
+        if self.to_client:
+            actions.append("client")
+        if self.to_server:
+            actions.append("server")
+        if self.editor.unsent:
+            actions.append("flush")
+        if self.user_edits_left:
+            actions.append("type")
+        edit = self.doc.in_flight
+        if edit is not None and edit.response is True and edit.echo is None and not self.to_server:
+            actions.append("expire")
+        if not actions:
+            return False
+        action = self.data.draw(st.sampled_from(actions))
+        if action == "feed":
+            chunk = server_work.pop(0)
+            self.doc.settled(self.job, self.job.feed(chunk))
+        elif action == "send":
+            planned = self.doc.plan()
+            if planned is not None:
+                self.to_client.append(planned)
+        elif action == "client":
+            self.editor.apply(self.to_client.popleft(), self.to_server)
+        elif action == "flush":
+            self.editor.flush(self.to_server)
+        elif action == "type":
+            self.user_types()
+        elif action == "expire":
+            assert edit is not None
+            self.doc.expire(edit)
+        else:
+            message = self.to_server.popleft()
+            if message[0] == "change":
+                self.doc.did_change(message[1], message[2])
+            else:
+                self.doc.on_response(message[1], message[2])
+        edit = self.doc.in_flight
+        if edit is not None and edit.resolved and edit.response is not None:
+            event(f"edit resolved: echo={edit.echo} response={edit.response}")
+            self.doc.finish(edit)
+        if self.job.region.conflict:
+            event("conflict")
+        return True
+
+    def user_types(self) -> None:
+        self.user_edits_left -= 1
+        text, draw = self.editor.text, self.data.draw
+        typed = draw(st.sampled_from(TYPED))
+        region_start, region_end = len(self.prefix), len(text) - len(self.suffix)
+        if self.typing_inside:
+            start = draw(st.integers(0, len(text)))
+            end = draw(st.integers(start, min(len(text), start + 3)))
+            self.editor.change((start, end, typed), self.to_server)
+            return
+        if draw(st.booleans()):  # in the text before the region (at its very start included)
+            start = draw(st.integers(0, region_start))
+            end = draw(st.integers(start, region_start))
+            self.prefix = self.prefix[:start] + typed + self.prefix[end:]
+        else:  # after it (at its very end included, unless the region is empty: that is "before")
+            low = region_end + (1 if region_start == region_end else 0)
+            if low > len(text):
+                return
+            start = draw(st.integers(low, len(text)))
+            end = draw(st.integers(start, len(text)))
+            at = start - region_end
+            self.suffix = self.suffix[:at] + typed + self.suffix[end - region_end :]
+        self.editor.change((start, end, typed), self.to_server)
+
+    def run(self, work: list[str]) -> None:
+        for _ in range(5000):
+            if not self.step(work):
+                break
+            if self.typing_inside:
+                continue
+            # Invariant: the pieces describe the server's copy exactly.
+            region = self.job.region
+            assert self.doc.text[region.start : region.end] == region.text()
+        else:
+            raise AssertionError("the simulation did not settle")
+        assert self.doc.in_flight is None and not self.doc.intents
+        assert self.doc.text == self.editor.text
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.data(),
+    kind=st.sampled_from(["vscode", "nvim"]),
+    mode=st.sampled_from(["live", "preview", "final"]),
+)
+def test_user_edits_plus_hunks_and_reject_restores(data: st.DataObject, kind: Any, mode: Any) -> None:
+    prefix = data.draw(documents())
+    original = data.draw(documents())
+    suffix = data.draw(documents())
+    output = data.draw(rewrites(original))
+    sim = Simulation(data, kind, prefix, original, suffix, mode)
+    sim.run(chunked(data.draw, output))
+    job, doc = sim.job, sim.doc
+    if mode != "live":
+        assert sim.editor.text == sim.prefix + original + sim.suffix  # nothing written yet
+    doc.settled(job, job.finish(output))
+    if mode != "live":
+        doc.queue(Intent(job, "apply"))  # the end of `final`, or `specedit.accept` after a preview
+    sim.run([])
+    assert not job.region.conflict
+    assert sim.editor.text == sim.prefix + output + sim.suffix
+    # Reject: the region exactly as it was, the user's typing kept.
+    doc.queue(Intent(job, "revert"))
+    sim.run([])
+    assert sim.editor.text == sim.prefix + original + sim.suffix
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), kind=st.sampled_from(["vscode", "nvim"]), mode=st.sampled_from(["live", "final"]))
+def test_typing_anywhere_is_never_clobbered(data: st.DataObject, kind: Any, mode: Any) -> None:
+    """The user types anywhere, the region included: what they type survives (FakeEditor checks every
+    edit), the copies agree, and the pieces still describe the region."""
+    prefix, original, suffix = data.draw(documents()), data.draw(documents(min_lines=1)), data.draw(documents())
+    output = data.draw(rewrites(original))
+    sim = Simulation(data, kind, prefix, original, suffix, mode, typing_inside=True)
+    sim.run(chunked(data.draw, output))
+    sim.doc.settled(sim.job, sim.job.finish(output))
+    if mode == "final":
+        sim.doc.queue(Intent(sim.job, "apply"))
+    sim.run([])
+    region = sim.job.region
+    assert sim.doc.text[region.start : region.end] == region.text()
+    sim.doc.queue(Intent(sim.job, "revert"))
+    sim.run([])
+    assert sim.doc.text[region.start : region.end] == region.text()
+
+
+def test_refused_edit_is_not_retried() -> None:
+    doc = DocumentState("file:///t.py", "a\nb\n", 1)
+    job = Job.start("r1", "final", "a\nb\n", 0)
+    doc.jobs.append(job)
+    doc.settled(job, job.finish("a\nB\n"))
+    intent = Intent(job, "apply")
+    doc.queue(intent)
+    planned = doc.plan()
+    assert planned is not None and planned.edits == [(2, 4, "B\n")]
+    doc.on_response(planned, False)  # the user said no in VS Code's refactor preview
+    doc.finish(planned)
+    assert intent.outcome is Outcome.REFUSED and doc.plan() is None

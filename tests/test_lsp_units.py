@@ -1,0 +1,119 @@
+"""The language server's boundary pieces: positions, settings, error mapping, the command line."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from lsprotocol import types
+from pygls.exceptions import JsonRpcContentModified, JsonRpcInvalidParams
+from pygls.workspace.position_codec import PositionCodec
+
+from specedit.engine.errors import ModelLoadError, RegionError
+from specedit.lsp import protocol
+from specedit.lsp.command import add_lsp_parser
+from specedit.lsp.config import Preset, Settings, section
+from specedit.lsp.documents import TextIndex, minimal_change
+from specedit.lsp.errors import REQUEST_FAILED, StaleVersionError, error_payload, to_jsonrpc
+from specedit.lsp.server import _instruction_comment, _overlap, overrides_from_args
+
+ENCODINGS = {"utf-8": 1, "utf-16": 2, "utf-32": 4}
+PIECES = [*"ab \t", "\n", "\r", "\r\n", "\u00e9", "e\u0301", "🙂", "\x0c", "\u2028"]
+texts = st.lists(st.sampled_from(PIECES), max_size=20).map("".join)
+
+
+def _units(text: str, encoding: str) -> int:
+    return len(text.encode(encoding.replace("utf-16", "utf-16-le").replace("utf-32", "utf-32-le"))) // (
+        1 if encoding == "utf-8" else ENCODINGS[encoding]
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=texts, data=st.data(), encoding=st.sampled_from(sorted(ENCODINGS)))
+def test_positions_round_trip(text: str, data: st.DataObject, encoding: str) -> None:
+    """offset -> position -> offset is the identity at every character boundary that does not split a
+    CRLF; only \\n, \\r\\n and \\r end lines (not \\x0c or \\u2028, which str.splitlines also splits at)."""
+    codec = PositionCodec(encoding)
+    index = TextIndex(text)
+    offset = data.draw(st.integers(0, len(text)))
+    if 0 < offset < len(text) and text[offset - 1] == "\r" and text[offset] == "\n":
+        offset -= 1
+    position = index.position_at(offset, codec)
+    breaks = [match.end() for match in re.finditer(r"\r\n|\r|\n", text) if match.end() <= offset]
+    assert position.line == len(breaks)
+    assert position.character == _units(text[(breaks[-1] if breaks else 0) : offset], encoding)
+    assert index.offset_at(position, codec) == offset
+
+
+def test_positions_past_the_end_clamp() -> None:
+    codec = PositionCodec(types.PositionEncodingKind.Utf16)
+    index = TextIndex("ab\r\ncd")
+    assert index.offset_at(types.Position(line=0, character=99), codec) == 2  # the line's end, before \r\n
+    assert index.offset_at(types.Position(line=9, character=0), codec) == 6
+    assert TextIndex("🙂").offset_at(types.Position(line=0, character=1), codec) == 0  # inside a pair
+
+
+@given(before=texts, after=texts)
+def test_minimal_change_rebuilds_the_text(before: str, after: str) -> None:
+    start, end, new_text = minimal_change(before, after)
+    assert before[:start] + new_text + before[end:] == after
+
+
+def test_settings_layers_and_bad_values() -> None:
+    base = Settings().merged({"delivery": "final", "model": "m1", "maxNewTokens": 64})
+    assert (base.delivery, base.model, base.max_new_tokens) == ("final", "m1", 64)
+    layered = base.merged({"delivery": "sideways", "presets": {"Shorter": "Make it shorter."}, "model": "m2"})
+    assert layered.delivery == "final"  # a bad value is skipped, not fatal
+    assert layered.presets == (Preset("Shorter", "Make it shorter."),)
+    assert layered.model == "m2"
+    assert section({"specedit": {"engine": "inprocess"}}) == {"engine": "inprocess"}
+    assert section({"engine": "inprocess"}) == {"engine": "inprocess"}
+    assert section(None) == {}
+
+
+def test_errors_map_in_one_place() -> None:
+    assert isinstance(to_jsonrpc(StaleVersionError("old")), JsonRpcContentModified)
+    assert isinstance(to_jsonrpc(RegionError("where")), JsonRpcInvalidParams)
+    failed = to_jsonrpc(ModelLoadError("no model"))
+    assert failed.code == REQUEST_FAILED and failed.data == {"kind": "ModelLoadError", "exitCode": 6}
+    assert error_payload(ValueError("boom"))["code"] == -32603
+
+
+def test_command_line_flags_become_overrides() -> None:
+    parser = argparse.ArgumentParser()
+    add_lsp_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["lsp", "--engine", "inprocess", "--model", "/m", "--draft", "none"])
+    assert overrides_from_args(args) == {"engine": "inprocess", "model": "/m", "draft": "none"}
+    assert Settings().merged(overrides_from_args(args)).engine == "inprocess"
+
+
+def test_small_helpers() -> None:
+    assert _instruction_comment("  -- specedit: use a loop") == "use a loop"
+    assert _instruction_comment("<!-- specedit: add alt text -->") == "add alt text"
+    assert _instruction_comment("# not for us") is None
+    assert _overlap(0, 5, 4, 9) and not _overlap(0, 5, 5, 9) and _overlap(3, 3, 0, 5)
+    assert protocol.NAMES["rewriteMethod"] == "specedit/rewrite"
+    assert set(protocol.NAMES["commands"]) == {
+        "specedit.rewrite",
+        "specedit.accept",
+        "specedit.reject",
+        "specedit.cancel",
+    }
+
+
+@pytest.mark.parametrize("line", ["# specedit:", "# specedit:   "])
+def test_an_empty_instruction_comment_offers_nothing(line: str) -> None:
+    assert _instruction_comment(line) is None
+
+
+@pytest.mark.parametrize("module", ["hunks", "documents", "server"])
+def test_docstring_examples(module: str) -> None:
+    """The worked examples in the docstrings are true."""
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(f"specedit.lsp.{module}"))
+    assert result.attempted > 0 and result.failed == 0
