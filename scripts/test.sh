@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Sets everything up, then runs the tests: fast unit tests first, then end-to-end, then the real model.
+# Sets everything up, then runs the tests: fast unit tests first, then end-to-end and editor tests
+# (the server over stdio, a headless Neovim, a headless VS Code), then the real default model.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+scripts/vscode-setup.sh  # a real VS Code (code-server) and chromium for the extension's tests
 exec .venv/bin/python -m pytest "$@"

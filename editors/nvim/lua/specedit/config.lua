@@ -1,0 +1,61 @@
+--- specedit's options: the defaults below, with whatever `require("specedit").setup(opts)` gives on top.
+local M = {}
+
+---@class specedit.Options
+M.defaults = {
+  --- The language server, started with `vim.lsp.start` (stdio). `specedit lsp` must be on the PATH, or give
+  --- the full command, e.g. { "/path/to/venv/bin/specedit", "lsp", "--model", "/models/coder" }.
+  cmd = { "specedit", "lsp" },
+  --- Filetypes whose buffers get the server as soon as they open (its code actions then show up in
+  --- `vim.lsp.buf.code_action()`). Empty: the server attaches to a buffer on its first rewrite, any filetype.
+  filetypes = {},
+  --- How a rewrite reaches the buffer, unless `rewrite({ delivery = ... })` says otherwise:
+  ---   "live"    the server writes the new lines while they are generated (one undo step per rewrite);
+  ---   "preview" the new lines show as virtual lines; :SpeceditAccept writes them, :SpeceditReject drops them;
+  ---   "final"   one edit at the end.
+  delivery = "live",
+  --- Server settings (the `specedit` section: engine, model, dtype, device, draft, presets, maxNewTokens),
+  --- sent as `initializationOptions` and answered to `workspace/configuration`. Flags in `cmd` win.
+  settings = {},
+  --- A short message (vim.notify) when a rewrite ends, with its speed and acceptance rate.
+  notify = true,
+  --- Milliseconds Neovim waits before sending buffer changes to the server. Live edits are confirmed by
+  --- their echo in didChange, so a live rewrite writes one hunk per this interval at most.
+  debounce_text_changes = 50,
+  --- Milliseconds to wait for the server to start and attach before a rewrite gives up.
+  start_timeout = 60000,
+  --- Highlight groups of the preview (linked to the Diff* groups unless you define them).
+  highlights = {
+    added = "SpeceditAdded", -- the new lines (virtual lines)
+    removed = "SpeceditRemoved", -- the lines they replace
+    hint = "SpeceditHint", -- the "accept / reject" hint
+  },
+}
+
+---@type specedit.Options
+M.options = vim.deepcopy(M.defaults)
+
+--- Merge `opts` over the defaults (not over earlier options: calling setup twice with the same options
+--- gives the same result).
+---@param opts? table
+function M.set(opts)
+  opts = opts or {}
+  for _, key in ipairs({ "cmd", "filetypes", "settings", "highlights" }) do
+    if opts[key] ~= nil and type(opts[key]) ~= "table" then
+      error(("specedit.setup: %s must be a table"):format(key), 3)
+    end
+  end
+  if opts.delivery ~= nil and not vim.tbl_contains({ "live", "preview", "final" }, opts.delivery) then
+    error("specedit.setup: delivery must be live, preview or final", 3)
+  end
+  M.options = vim.tbl_deep_extend("force", vim.deepcopy(M.defaults), opts)
+  if opts.cmd then
+    M.options.cmd = vim.deepcopy(opts.cmd) -- a list: replaced, never merged index by index
+  end
+  if opts.filetypes then
+    M.options.filetypes = vim.deepcopy(opts.filetypes)
+  end
+  return M.options
+end
+
+return M

@@ -1,0 +1,352 @@
+--- specedit for Neovim: rewrite a buffer or a range with a language model, streamed in by `specedit lsp`.
+---
+---   require("specedit").setup({ cmd = { "specedit", "lsp" } })       -- optional
+---   require("specedit").rewrite({ instruction = "Add type hints", range = { 10, 20 } })
+---   require("specedit").accept() / reject() / cancel()
+---
+--- The server does the work (generating, diffing into hunks, versioned edits, cancellation); this plugin
+--- starts it, forwards requests, and renders.
+local client = require("specedit.client")
+local config = require("specedit.config")
+local jobs = require("specedit.jobs")
+local preview = require("specedit.preview")
+local protocol = require("specedit.protocol")
+
+local M = {}
+
+local function notify(message, level)
+  if config.options.notify then
+    vim.notify(message, level or vim.log.levels.INFO, { title = "specedit" })
+  end
+end
+
+local function fire(pattern, data)
+  vim.api.nvim_exec_autocmds("User", { pattern = pattern, modeline = false, data = data })
+end
+
+--- Set the options (see `:help specedit-options`); optional. Calling it again replaces the options.
+---@param opts? table
+function M.setup(opts)
+  config.set(opts)
+  preview.define_highlights()
+  client.autostart()
+  return M
+end
+
+-- ------------------------------------------------------------------------------------------ rewrite
+
+-- The LSP range of lines `first`..`last` (1-based, inclusive): from the start of `first` to the start of
+-- the line after `last` (or the end of the buffer, when `last` is its last line and it has no final newline).
+local function line_range(bufnr, first, last, encoding)
+  local count = vim.api.nvim_buf_line_count(bufnr)
+  first, last = math.max(1, math.min(first, count)), math.max(1, math.min(last, count))
+  if first > last then
+    first, last = last, first
+  end
+  local stop = { line = last, character = 0 }
+  if last == count and not vim.bo[bufnr].eol then
+    local text = vim.api.nvim_buf_get_lines(bufnr, last - 1, last, true)[1]
+    local units = #text
+    if encoding == "utf-16" or encoding == "utf-32" then
+      if vim.fn.has("nvim-0.11") == 1 then
+        units = vim.str_utfindex(text, encoding)
+      else
+        local utf32, utf16 = vim.str_utfindex(text)
+        units = encoding == "utf-16" and utf16 or utf32
+      end
+    end
+    stop = { line = last - 1, character = units }
+  end
+  return { start = { line = first - 1, character = 0 }, ["end"] = stop }, first - 1, last - 1
+end
+
+local function finish(job, result)
+  if job.done then
+    return
+  end
+  job.done, job.result = true, result
+  job.stats = result.stats or job.stats
+  local status = result.status
+  local keeps_preview = job.delivery == "preview" and (status == "complete" or status == "conflict")
+  if not keeps_preview and not job.accepted then
+    preview.clear(job)
+  end
+  if job.delivery ~= "preview" or job.rejected then
+    jobs.undo_seq[job.bufnr] = nil
+  end
+  if job.rejected then
+    notify("specedit: rejected")
+  elseif status == "complete" then
+    local stats = job.stats or {}
+    local summary = ("%d tokens · %.0f tok/s · %.0f%% accepted"):format(
+      stats.generated_tokens or 0,
+      stats.tokens_per_second or 0,
+      100 * (stats.acceptance_rate or 0)
+    )
+    if job.delivery == "preview" and next(job.marks) ~= nil then
+      notify(("specedit: preview ready (:SpeceditAccept / :SpeceditReject) · %s"):format(summary))
+    else
+      notify(("specedit: done · %s"):format(summary))
+    end
+  elseif status == "conflict" then
+    notify(
+      ("specedit: %s; :SpeceditAccept writes the rest, :SpeceditReject restores the original"):format(
+        result.message or "conflict"
+      ),
+      vim.log.levels.WARN
+    )
+  elseif status == "error" then
+    notify(("specedit: error: %s"):format(result.message or "unknown"), vim.log.levels.ERROR)
+  else
+    notify(("specedit: %s"):format(status))
+  end
+  fire("SpeceditDone", { bufnr = job.bufnr, result = result })
+  if job.on_done then
+    local ok, problem = pcall(job.on_done, result)
+    if not ok then
+      vim.notify("specedit: on_done failed: " .. tostring(problem), vim.log.levels.ERROR)
+    end
+  end
+end
+
+--- A partial result of one of our requests (client.lua routes them here).
+function M._on_partial(job, value)
+  job.id = job.id or value.jobId
+  job.stats = value.stats or job.stats
+  local hunks = value.hunks or {}
+  vim.list_extend(job.hunks, hunks)
+  if job.delivery == "preview" and not job.rejected and #hunks > 0 then
+    preview.add(job, hunks)
+  end
+  fire("SpeceditProgress", { bufnr = job.bufnr, job_id = job.id, hunks = hunks, stats = value.stats })
+end
+
+--- The server exited: its running rewrites end (as errors) here, if Neovim did not answer them already.
+function M._on_exit(client_id, code, signal)
+  for _, job in pairs(jobs.latest) do
+    if job.client_id == client_id and not job.done then
+      local message = ("the server exited (code %s, signal %s)"):format(code, signal)
+      finish(job, { status = "error", message = message, stats = {} })
+    end
+  end
+end
+
+--- Rewrite the buffer, or a range of it, as instructed.
+---@param opts? { instruction?: string, sketch?: string, range?: integer[]|table, delivery?: string,
+---  bufnr?: integer, max_new_tokens?: integer, on_done?: fun(result: table) }
+---  `range`: { first, last } lines (1-based, inclusive), or an LSP range; none: the whole buffer.
+---  `on_done(result)` is called once the rewrite has ended, whatever its `status` (see :help specedit-lua).
+---@return specedit.Job? job
+function M.rewrite(opts)
+  opts = opts or {}
+  local bufnr = (opts.bufnr == nil or opts.bufnr == 0) and vim.api.nvim_get_current_buf() or opts.bufnr
+  if opts.instruction == nil and opts.sketch == nil then
+    vim.ui.input({ prompt = "specedit: " }, function(input)
+      if input and input:match("%S") then
+        M.rewrite(vim.tbl_extend("force", opts, { instruction = input, bufnr = bufnr }))
+      elseif opts.on_done then
+        opts.on_done({ status = "cancelled", message = "no instruction given", stats = {} })
+      end
+    end)
+    return nil
+  end
+  local delivery = opts.delivery or config.options.delivery
+  local previous = jobs.for_buffer(bufnr)
+  if previous and previous.done then
+    preview.clear(previous) -- the server forgets it once the new one overlaps it
+  end
+  local job = jobs.new(bufnr, delivery, opts.instruction, opts.on_done)
+  if vim.api.nvim_buf_get_name(bufnr) == "" then
+    local message = "the buffer has no name: save it first (its name tells the server the language)"
+    finish(job, { status = "error", message = message, stats = {} })
+    return job
+  end
+  client.ensure(bufnr, function(lsp_client, problem)
+    if not lsp_client then
+      return finish(job, { status = "error", message = problem, stats = {} })
+    end
+    job.client_id = lsp_client.id
+    local params = {
+      textDocument = { uri = vim.uri_from_bufnr(bufnr), version = vim.lsp.util.buf_versions[bufnr] },
+      instruction = opts.instruction,
+      sketch = opts.sketch,
+      delivery = delivery,
+      maxNewTokens = opts.max_new_tokens,
+      partialResultToken = job.partial_token,
+      workDoneToken = job.progress_token,
+    }
+    local first, last = 0, vim.api.nvim_buf_line_count(bufnr) - 1
+    if type(opts.range) == "table" and opts.range.start then
+      params.range = opts.range
+      first, last = opts.range.start.line, opts.range["end"].line
+    elseif type(opts.range) == "table" and opts.range[1] then
+      local from, to = opts.range[1], opts.range[2] or opts.range[1]
+      params.range, first, last = line_range(bufnr, from, to, lsp_client.offset_encoding)
+    end
+    if delivery == "preview" then
+      preview.anchor(job, first, last)
+    end
+    local ok, request_id = client.request(lsp_client, protocol.REWRITE, params, function(err, result)
+      if err then
+        local cancelled = err.code == -32800 -- RequestCancelled
+        result = { status = cancelled and "cancelled" or "error", message = err.message, error = err, stats = {} }
+      end
+      finish(job, result or { status = "error", message = "no result", stats = {} })
+    end, bufnr)
+    if not ok then
+      return finish(job, { status = "error", message = "the server has stopped", stats = {} })
+    end
+    job.request_id = request_id
+  end)
+  return job
+end
+
+-- ------------------------------------------------------------------------- accept / reject / cancel
+
+local function target(opts)
+  opts = opts or {}
+  local bufnr = (opts.bufnr == nil or opts.bufnr == 0) and vim.api.nvim_get_current_buf() or opts.bufnr
+  local job = jobs.for_buffer(bufnr)
+  local lsp_client = job and job.client_id and vim.lsp.get_client_by_id(job.client_id)
+  if not lsp_client then
+    notify("specedit: no rewrite in this buffer", vim.log.levels.WARN)
+    return nil
+  end
+  local selector = job.id and { jobId = job.id } or { uri = vim.uri_from_bufnr(bufnr) }
+  if opts.hunks then
+    selector.hunks = opts.hunks
+  end
+  return job, lsp_client, selector
+end
+
+local function report(job, what, err, result, on_done)
+  jobs.undo_seq[job.bufnr] = nil -- whatever the server writes next is another undo step
+  if err then
+    notify(("specedit: %s failed: %s"):format(what, err.message), vim.log.levels.ERROR)
+  elseif result and #(result.skipped or {}) > 0 then
+    notify(
+      ("specedit: %s: %d hunk(s) left alone (edited since)"):format(what, #result.skipped),
+      vim.log.levels.WARN
+    )
+  end
+  if on_done then
+    on_done(result or { error = err })
+  end
+end
+
+--- Write the latest rewrite's pending hunks (a preview, or what a conflict left unwritten).
+---@param opts? { bufnr?: integer, hunks?: integer[], on_done?: fun(result: table) }
+function M.accept(opts)
+  local job, lsp_client, selector = target(opts)
+  if not job then
+    return
+  end
+  jobs.undo_seq[job.bufnr] = nil -- the accepted hunks: one undo step of their own
+  client.execute(lsp_client, job.bufnr, protocol.COMMAND_ACCEPT, { selector }, function(err, result)
+    if result then
+      job.accepted = true
+      local handled = (opts or {}).hunks and vim.list_extend(vim.list_extend({}, result.applied), result.skipped)
+      preview.clear(job, handled or nil)
+    end
+    report(job, "accept", err, result, (opts or {}).on_done)
+  end)
+end
+
+--- Stop the latest rewrite and restore what it replaced (in live mode, the lines it has written).
+---@param opts? { bufnr?: integer, hunks?: integer[], on_done?: fun(result: table) }
+function M.reject(opts)
+  local job, lsp_client, selector = target(opts)
+  if not job then
+    return
+  end
+  job.rejected = not (opts or {}).hunks
+  local was_done = job.done -- else the end of the rewrite says "rejected"
+  jobs.undo_seq[job.bufnr] = nil
+  preview.clear(job, (opts or {}).hunks)
+  client.execute(lsp_client, job.bufnr, protocol.COMMAND_REJECT, { selector }, function(err, result)
+    report(job, "reject", err, result, (opts or {}).on_done)
+    if was_done and job.rejected then
+      notify("specedit: rejected")
+    end
+  end)
+end
+
+--- Stop the latest running rewrite (of this buffer, else of any). In live mode what it has written stays:
+--- :SpeceditReject restores it.
+---@param opts? { bufnr?: integer, on_done?: fun(result: table) }
+function M.cancel(opts)
+  opts = opts or {}
+  local bufnr = (opts.bufnr == nil or opts.bufnr == 0) and vim.api.nvim_get_current_buf() or opts.bufnr
+  local job = jobs.for_buffer(bufnr)
+  if not job or job.done then
+    job = jobs.any_running()
+  end
+  if not job then
+    notify("specedit: nothing to cancel", vim.log.levels.WARN)
+    return
+  end
+  local tries = 0
+  -- The server may not have started the job yet (its request still queued): then nothing is cancelled,
+  -- and we ask again, a few times, until the job is running or done.
+  local function send()
+    local lsp_client = job.client_id and vim.lsp.get_client_by_id(job.client_id)
+    if job.done or not lsp_client then
+      return
+    end
+    tries = tries + 1
+    local selector = job.id and { jobId = job.id } or { uri = vim.uri_from_bufnr(job.bufnr) }
+    client.execute(lsp_client, job.bufnr, protocol.COMMAND_CANCEL, { selector }, function(err, result)
+      local cancelled = result and result.cancelled or {}
+      if not err and #cancelled == 0 and not job.done and tries < 50 then
+        vim.defer_fn(send, 100)
+      elseif opts.on_done then
+        opts.on_done(result or { error = err })
+      end
+    end)
+  end
+  if job.client_id then
+    send()
+  else -- still starting the server: cancel as soon as the request is out
+    local timer = assert(vim.uv.new_timer())
+    local waited = 0
+    timer:start(20, 20, vim.schedule_wrap(function()
+      waited = waited + 20
+      if job.done or job.client_id or waited > config.options.start_timeout then
+        if not timer:is_closing() then
+          timer:close()
+        end
+        send()
+      end
+    end))
+  end
+end
+
+--- A short status of the current buffer's running rewrite, for a statusline ("" when none).
+function M.status(bufnr)
+  local job = jobs.for_buffer(bufnr or vim.api.nvim_get_current_buf())
+  if not job or job.done then
+    return ""
+  end
+  local stats = job.stats or {}
+  if not stats.lines_total then
+    return "specedit: starting"
+  end
+  local speed = stats.tokens_per_second or 0
+  return ("specedit: %d/%d lines · %.0f tok/s"):format(stats.lines_done, stats.lines_total, speed)
+end
+
+-- --------------------------------------------------------------------------------------- commands
+
+--- `:SpeceditRewrite[!] [instruction]` (plugin/specedit.lua): with a range, those lines; with !, a preview.
+function M._command_rewrite(args)
+  local instruction = args.args ~= "" and args.args or nil
+  local opts = { instruction = instruction, delivery = args.bang and "preview" or nil }
+  if args.range > 0 then
+    opts.range = { args.line1, args.line2 }
+  end
+  M.rewrite(opts)
+end
+
+preview.define_highlights()
+
+return M

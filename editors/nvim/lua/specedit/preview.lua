@@ -1,0 +1,130 @@
+--- Preview rendering: each hunk's new lines as virtual lines under the lines they replace, which are
+--- highlighted as removed. Nothing is written to the buffer until :SpeceditAccept.
+---
+--- Hunks come in the coordinates of the request's version. The user may type while the rewrite runs, so
+--- when a preview starts, every line of the region gets an anchor extmark; a hunk's line is looked up
+--- through its anchor, which Neovim moves along with the text.
+local config = require("specedit.config")
+
+local M = {}
+
+M.ns = vim.api.nvim_create_namespace("specedit")
+
+function M.define_highlights()
+  local groups = config.options.highlights
+  vim.api.nvim_set_hl(0, groups.added, { link = "DiffAdd", default = true })
+  vim.api.nvim_set_hl(0, groups.removed, { link = "DiffDelete", default = true })
+  vim.api.nvim_set_hl(0, groups.hint, { link = "Comment", default = true })
+end
+
+--- Anchor the lines `first`..`last` (0-based, inclusive) of the region, and the line after it.
+function M.anchor(job, first, last)
+  local count = vim.api.nvim_buf_line_count(job.bufnr)
+  job.anchors = {}
+  for line = first, math.min(last + 1, count - 1) do
+    job.anchors[line] = vim.api.nvim_buf_set_extmark(job.bufnr, M.ns, line, 0, {})
+  end
+end
+
+-- The current row of the request's line `line`.
+local function row_of(job, line)
+  local anchor = job.anchors and job.anchors[line]
+  if anchor then
+    local position = vim.api.nvim_buf_get_extmark_by_id(job.bufnr, M.ns, anchor, {})
+    if position[1] then
+      return position[1]
+    end
+  end
+  return line
+end
+
+local function text_lines(text)
+  local lines = vim.split(text, "\n", { plain = true })
+  if lines[#lines] == "" then
+    table.remove(lines)
+  end
+  for i, line in ipairs(lines) do
+    lines[i] = line:gsub("\r$", "")
+  end
+  return lines
+end
+
+--- Show the hunks (their ids become the keys of `job.marks`).
+function M.add(job, hunks)
+  local bufnr, groups = job.bufnr, config.options.highlights
+  if not vim.api.nvim_buf_is_valid(bufnr) then
+    return
+  end
+  local count = vim.api.nvim_buf_line_count(bufnr)
+  for _, hunk in ipairs(hunks) do
+    local marks = {}
+    local first = hunk.range.start.line
+    -- Whole-line hunks end at the start of the next line; at the end of a file without a final newline,
+    -- they end inside the last line.
+    local stop = hunk.range["end"].character > 0 and hunk.range["end"].line + 1 or hunk.range["end"].line
+    for line = first, stop - 1 do
+      local row = row_of(job, line)
+      if row < count then
+        marks[#marks + 1] = vim.api.nvim_buf_set_extmark(bufnr, M.ns, row, 0, {
+          line_hl_group = groups.removed,
+          priority = 200,
+        })
+      end
+    end
+    local virt_lines = {}
+    for _, line in ipairs(text_lines(hunk.newText)) do
+      virt_lines[#virt_lines + 1] = { { line, groups.added } }
+    end
+    if #virt_lines > 0 then
+      local row, above
+      if stop > first then
+        row, above = row_of(job, stop - 1), false -- under the lines it replaces
+      elseif first < count then
+        row, above = row_of(job, first), true -- a pure insertion before line `first`
+      else
+        row, above = count - 1, false -- an insertion at the end of the buffer
+      end
+      marks[#marks + 1] = vim.api.nvim_buf_set_extmark(bufnr, M.ns, math.min(row, count - 1), 0, {
+        virt_lines = virt_lines,
+        virt_lines_above = above,
+      })
+    end
+    if not job.hint then
+      job.hint = vim.api.nvim_buf_set_extmark(bufnr, M.ns, math.min(row_of(job, first), count - 1), 0, {
+        virt_text = { { "  specedit: :SpeceditAccept / :SpeceditReject", groups.hint } },
+        virt_text_pos = "eol",
+      })
+    end
+    job.marks[hunk.id] = marks
+  end
+end
+
+--- Remove the preview of some hunks (ids), or of the whole job (nil), anchors included.
+function M.clear(job, hunk_ids)
+  local bufnr = job.bufnr
+  if not vim.api.nvim_buf_is_valid(bufnr) then
+    job.marks = {}
+    return
+  end
+  local function delete(mark)
+    pcall(vim.api.nvim_buf_del_extmark, bufnr, M.ns, mark)
+  end
+  for _, id in ipairs(hunk_ids or vim.tbl_keys(job.marks)) do
+    for _, mark in ipairs(job.marks[id] or {}) do
+      delete(mark)
+    end
+    job.marks[id] = nil
+  end
+  if next(job.marks) == nil then
+    if job.hint then
+      delete(job.hint)
+      job.hint = nil
+    end
+    for _, anchor in pairs(job.anchors or {}) do
+      delete(anchor)
+    end
+    job.anchors = nil
+  end
+end
+
+return M

@@ -1,0 +1,269 @@
+-- Rewrites through the real server and a tiny model that memorised its answers (tests/conftest.py): each
+-- delivery mode ends with the buffer equal to what `specedit rewrite` wrote for the same input.
+local t = require("runner")
+local specedit = require("specedit")
+local settings = t.settings()
+
+specedit.setup({ cmd = settings.cmd, delivery = "live" })
+
+local TIMEOUT = 60000 -- the first rewrite starts the server and loads the model
+
+--- Run a rewrite and wait for its end; returns the result (on_done must be called exactly once).
+local function rewrite(opts)
+  local results = {}
+  opts.on_done = function(result)
+    results[#results + 1] = result
+  end
+  local job = specedit.rewrite(opts)
+  t.wait(TIMEOUT, function()
+    return #results > 0
+  end, "the rewrite to end")
+  t.sleep(100) -- a second on_done would come now
+  t.eq(1, #results, "on_done calls")
+  return results[1], job
+end
+
+local function preview_lines(bufnr)
+  local lines = {}
+  local ns = require("specedit.preview").ns
+  for _, mark in ipairs(vim.api.nvim_buf_get_extmarks(bufnr, ns, 0, -1, { details = true })) do
+    for _, virt_line in ipairs(mark[4].virt_lines or {}) do
+      lines[#lines + 1] = { mark[2], virt_line[1][1] }
+    end
+  end
+  return lines
+end
+
+local function marks(bufnr)
+  return #vim.api.nvim_buf_get_extmarks(bufnr, require("specedit.preview").ns, 0, -1, {})
+end
+
+t.it("live: the buffer ends as `specedit rewrite` wrote it, in one undo step", function()
+  local bufnr = t.open("live.py", settings.original)
+  -- Partial results go to the plugin, work-done progress to Neovim's handler (vim.lsp.status()).
+  local default_progress, tokens = vim.lsp.handlers["$/progress"], {}
+  vim.lsp.handlers["$/progress"] = function(err, params, ctx, config)
+    tokens[params.token] = true
+    return default_progress(err, params, ctx, config)
+  end
+  local result, job = rewrite({ instruction = settings.instruction, delivery = "live" })
+  vim.lsp.handlers["$/progress"] = default_progress
+  t.truthy(tokens[job.progress_token], "work-done progress reached Neovim's handler")
+  t.truthy(not tokens[job.partial_token], "partial results reached Neovim's handler")
+  t.truthy(#job.hunks > 0, "hunks in partial results")
+  t.eq("complete", result.status, "status")
+  t.eq(settings.expected, t.text(bufnr), "buffer after a live rewrite")
+  t.truthy(result.stats and result.stats.generated_tokens > 0, "the final stats")
+  vim.cmd.undo()
+  t.eq(settings.original, t.text(bufnr), "buffer after one undo")
+  vim.cmd.redo()
+  t.eq(settings.expected, t.text(bufnr), "buffer after redo")
+end)
+
+t.it("preview: virtual lines only, then :SpeceditAccept writes them", function()
+  local bufnr = t.open("preview.py", settings.original)
+  local result = rewrite({ instruction = settings.instruction, delivery = "preview" })
+  t.eq("complete", result.status, "status")
+  t.eq(settings.original, t.text(bufnr), "buffer while previewing")
+  t.eq({ { 0, "def plus(a, b):" } }, preview_lines(bufnr), "virtual lines (row, text)")
+  local accepted
+  specedit.accept({
+    on_done = function(edit)
+      accepted = edit
+    end,
+  })
+  t.wait(10000, function()
+    return accepted ~= nil
+  end, "accept")
+  t.truthy(#accepted.applied > 0, "hunks applied: " .. vim.inspect(accepted))
+  t.eq(settings.expected, t.text(bufnr), "buffer after accept")
+  t.eq(0, marks(bufnr), "extmarks left after accept")
+  vim.cmd.undo()
+  t.eq(settings.original, t.text(bufnr), "buffer after one undo")
+end)
+
+t.it("preview: :SpeceditReject leaves the buffer as it was", function()
+  local bufnr = t.open("reject.py", settings.original)
+  local result = rewrite({ instruction = settings.instruction, delivery = "preview" })
+  t.eq("complete", result.status, "status")
+  t.truthy(marks(bufnr) > 0, "a preview is shown")
+  vim.cmd("SpeceditReject")
+  t.wait(10000, function()
+    return marks(bufnr) == 0
+  end, "the preview to go")
+  t.sleep(300)
+  t.eq(settings.original, t.text(bufnr), "buffer after reject")
+end)
+
+local function answer_of(action, opts)
+  local answer
+  opts = vim.tbl_extend("force", opts or {}, {
+    on_done = function(result)
+      answer = result
+    end,
+  })
+  action(opts)
+  t.wait(3000, function()
+    return answer ~= nil
+  end, "the server's answer")
+  return answer
+end
+
+t.it("preview: reject answers", function()
+  local bufnr = t.open("reject_answer.py", settings.original)
+  t.eq("complete", rewrite({ instruction = settings.instruction, delivery = "preview" }).status, "status")
+  local answer = answer_of(specedit.reject)
+  t.eq({}, answer.applied, "restored hunks (none were written)")
+  t.eq(settings.original, t.text(bufnr), "buffer after reject")
+end)
+
+t.it("preview: accept leaves alone the lines the user edited meanwhile", function()
+  local bufnr = t.open("accept_edited.py", settings.original)
+  t.eq("complete", rewrite({ instruction = settings.instruction, delivery = "preview" }).status, "status")
+  vim.api.nvim_buf_set_lines(bufnr, 0, 1, true, { "def add(a, b):  # mine" })
+  t.sleep(200) -- past the didChange debounce
+  local answer = answer_of(specedit.accept)
+  t.eq({}, answer.applied, "hunks written")
+  t.eq(1, #answer.skipped, "hunks left alone")
+  t.eq("def add(a, b):  # mine\n    return a + b\n", t.text(bufnr), "buffer: the user's line stays")
+end)
+
+t.it("final (:1,$SpeceditRewrite, instruction asked for): one edit at the end", function()
+  specedit.setup({ cmd = settings.cmd, delivery = "final" })
+  local bufnr = t.open("final.py", settings.original)
+  local done
+  vim.api.nvim_create_autocmd("User", {
+    pattern = "SpeceditDone",
+    once = true,
+    callback = function(args)
+      done = args.data.result
+    end,
+  })
+  local ticks = {}
+  vim.api.nvim_buf_attach(bufnr, false, {
+    on_lines = function()
+      ticks[#ticks + 1] = vim.b[bufnr].changedtick
+    end,
+  })
+  -- A range, and no instruction: it is asked for.
+  local input = vim.ui.input
+  vim.ui.input = function(_, on_confirm)
+    on_confirm(settings.instruction)
+  end
+  vim.cmd("1,$SpeceditRewrite")
+  vim.ui.input = input
+  t.wait(TIMEOUT, function()
+    return done ~= nil
+  end, "SpeceditDone")
+  specedit.setup({ cmd = settings.cmd, delivery = "live" })
+  t.eq("complete", done.status, "status")
+  t.eq(settings.expected, t.text(bufnr), "buffer after a final rewrite")
+  t.eq(1, #ticks, "buffer changes (one edit)")
+end)
+
+t.it("live, then :SpeceditReject restores the original", function()
+  local bufnr = t.open("live_reject.py", settings.original)
+  local result = rewrite({ instruction = settings.instruction, delivery = "live" })
+  t.eq("complete", result.status, "status")
+  t.eq(settings.expected, t.text(bufnr), "buffer after the live rewrite")
+  local rejected
+  specedit.reject({
+    on_done = function(edit)
+      rejected = edit
+    end,
+  })
+  t.wait(10000, function()
+    return rejected ~= nil
+  end, "reject")
+  t.eq(settings.original, t.text(bufnr), "buffer after reject")
+end)
+
+t.it("live: what the user types elsewhere during the rewrite stays", function()
+  local bufnr = t.open("typing.py", settings.region_original)
+  local header_typed = false
+  local group = vim.api.nvim_create_augroup("typing_spec", { clear = true })
+  vim.api.nvim_create_autocmd("User", {
+    group = group,
+    pattern = "SpeceditProgress",
+    callback = function()
+      if not header_typed then -- a line above the region, while the model writes
+        header_typed = true
+        vim.api.nvim_buf_set_lines(bufnr, 0, 0, true, { "# typed above" })
+      end
+    end,
+  })
+  local results = {}
+  specedit.rewrite({
+    instruction = settings.instruction,
+    delivery = "live",
+    range = { 1, settings.region_lines },
+    on_done = function(result)
+      results[#results + 1] = result
+    end,
+  })
+  -- Right after the request, before any answer: a change below the region.
+  local last = vim.api.nvim_buf_line_count(bufnr)
+  vim.api.nvim_buf_set_lines(bufnr, last - 1, last, true, { settings.typed_line })
+  t.wait(TIMEOUT, function()
+    return #results > 0
+  end, "the rewrite to end")
+  vim.api.nvim_del_augroup_by_id(group)
+  t.eq("complete", results[1].status, "status")
+  io.stdout:write(("     (a line typed above the region during the rewrite: %s)\n"):format(header_typed))
+  local expected = settings.region_expected_typed
+  if header_typed then
+    expected = "# typed above\n" .. expected
+  end
+  t.eq(expected, t.text(bufnr), "buffer: the rewrite plus the user's lines")
+end)
+
+t.it("live: CRLF and non-ASCII text end as `specedit rewrite` wrote them", function()
+  local bufnr = t.open("crlf.py", settings.crlf_original)
+  t.eq("dos", vim.bo[bufnr].fileformat, "fileformat")
+  local result = rewrite({ instruction = settings.crlf_instruction, delivery = "live" })
+  t.eq("complete", result.status, "status")
+  t.eq(settings.crlf_expected, t.text(bufnr), "buffer after a live rewrite")
+end)
+
+t.it("consecutive server edits are one undo step; the user's change in between is not joined", function()
+  local bufnr = t.open("undo.py", "a\nb\nc\nd\n")
+  local lsp_client
+  require("specedit.client").ensure(bufnr, function(c)
+    lsp_client = c
+  end)
+  t.wait(TIMEOUT, function()
+    return lsp_client ~= nil
+  end, "the server")
+  local apply = require("specedit.client").handlers["workspace/applyEdit"]
+  local function server_edit(line, text)
+    local version = vim.lsp.util.buf_versions[bufnr]
+    local range = { start = { line = line, character = 0 }, ["end"] = { line = line + 1, character = 0 } }
+    local answer = apply(nil, {
+      edit = {
+        documentChanges = {
+          {
+            textDocument = { uri = vim.uri_from_bufnr(bufnr), version = version },
+            edits = { { range = range, newText = text } },
+          },
+        },
+      },
+    }, { client_id = lsp_client.id, method = "workspace/applyEdit" })
+    t.eq({ applied = true }, answer, "applyEdit answer")
+    t.sleep(30) -- back to the main loop between edits, as between server messages
+  end
+  require("specedit.jobs").undo_seq[bufnr] = nil -- as when a rewrite starts
+  server_edit(0, "A\n")
+  server_edit(1, "B\n")
+  server_edit(2, "C\n")
+  t.eq("A\nB\nC\nd\n", t.text(bufnr), "after three edits")
+  vim.cmd.undo()
+  t.eq("a\nb\nc\nd\n", t.text(bufnr), "one undo undoes all three")
+  vim.cmd.redo()
+  vim.api.nvim_buf_set_lines(bufnr, 3, 4, true, { "user" }) -- the user's change, between two server edits
+  t.sleep(30)
+  server_edit(0, "AA\n")
+  vim.cmd.undo()
+  t.eq("A\nB\nC\nuser\n", t.text(bufnr), "undo after the user's change: only the server's edit")
+  vim.cmd.undo()
+  t.eq("A\nB\nC\nd\n", t.text(bufnr), "the next undo: the user's change")
+end)

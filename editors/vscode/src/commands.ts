@@ -1,0 +1,79 @@
+/**
+ * The extension's commands. Each takes optional arguments, so that keybindings and other extensions can
+ * skip the input box: `specedit.rewriteSelection` with `{ "instruction": "...", "delivery": "preview" }`.
+ */
+import * as vscode from 'vscode';
+import * as config from './config';
+import { ACCEPT_HUNK, REJECT_HUNK } from './preview';
+import { RewriteArgs, Rewrites } from './rewrite';
+import { Server } from './server';
+
+export function registerCommands(rewrites: Rewrites, server: Server): vscode.Disposable[] {
+  const rewrite = (whole: boolean) => async (args?: RewriteArgs) => {
+    const editor = vscode.window.activeTextEditor;
+    if (!editor) return undefined;
+    const request = args?.instruction !== undefined || args?.sketch !== undefined ? args : await askInstruction(editor, args);
+    if (!request) return undefined;
+    try {
+      return await rewrites.rewrite(editor, whole ? undefined : selectedLines(editor), request);
+    } catch (error) {
+      if (!(error instanceof config.ServerSetupError)) {
+        void vscode.window.showErrorMessage(`specedit: ${error instanceof Error ? error.message : String(error)}`);
+      }
+      return undefined;
+    }
+  };
+  const activeUri = (): vscode.Uri | undefined => vscode.window.activeTextEditor?.document.uri;
+  return [
+    vscode.commands.registerCommand('specedit.rewriteSelection', rewrite(false)),
+    vscode.commands.registerCommand('specedit.rewriteFile', rewrite(true)),
+    vscode.commands.registerCommand('specedit.acceptRewrite', (uri?: vscode.Uri) => {
+      const target = uri ?? activeUri();
+      return target && rewrites.accept(target);
+    }),
+    vscode.commands.registerCommand('specedit.rejectRewrite', (uri?: vscode.Uri) => {
+      const target = uri ?? activeUri();
+      return target && rewrites.reject(target);
+    }),
+    vscode.commands.registerCommand('specedit.cancelRewrite', (uri?: vscode.Uri) =>
+      rewrites.cancelAll(uri ?? (rewrites.isRunning(activeUri()) ? activeUri() : undefined)),
+    ),
+    vscode.commands.registerCommand(ACCEPT_HUNK, (uri: string, _jobId: string, hunkId: number) =>
+      rewrites.accept(vscode.Uri.parse(uri), [hunkId]),
+    ),
+    vscode.commands.registerCommand(REJECT_HUNK, (uri: string, _jobId: string, hunkId: number) =>
+      rewrites.reject(vscode.Uri.parse(uri), [hunkId]),
+    ),
+    vscode.commands.registerCommand('specedit.restartServer', () => server.restart().catch(() => undefined)),
+    vscode.commands.registerCommand('specedit.showOutput', () => server.output.show()),
+  ];
+}
+
+/** The selection as whole lines (a selection ending at column 0 leaves that line out); empty: the cursor's line. */
+export function selectedLines(editor: vscode.TextEditor): vscode.Range {
+  const { start, end } = editor.selection;
+  const document = editor.document;
+  const last = end.line > start.line && end.character === 0 ? end.line - 1 : end.line;
+  const stop = last + 1 < document.lineCount ? new vscode.Position(last + 1, 0) : document.lineAt(last).range.end;
+  return new vscode.Range(start.line, 0, stop.line, stop.character);
+}
+
+/** The instruction box: type an instruction, or pick a preset. */
+async function askInstruction(editor: vscode.TextEditor, args?: RewriteArgs): Promise<RewriteArgs | undefined> {
+  const presets = config.presets(editor.document);
+  const pick = vscode.window.createQuickPick();
+  pick.title = 'specedit: rewrite';
+  pick.placeholder = 'How should the code change? (an instruction, or pick a preset)';
+  const presetItems = presets.map((preset) => ({ label: preset.title, detail: preset.instruction }));
+  pick.items = presetItems;
+  pick.onDidChangeValue((value) => {
+    pick.items = value.trim() ? [{ label: value, description: 'rewrite with this instruction', alwaysShow: true }, ...presetItems] : presetItems;
+  });
+  const instruction = await new Promise<string | undefined>((resolve) => {
+    pick.onDidAccept(() => resolve(pick.selectedItems[0]?.detail ?? pick.selectedItems[0]?.label ?? (pick.value || undefined)));
+    pick.onDidHide(() => resolve(undefined));
+    pick.show();
+  });
+  pick.dispose();
+  return instruction?.trim() ? { ...args, instruction: instruction.trim() } : undefined;
+}

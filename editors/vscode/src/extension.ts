@@ -1,0 +1,63 @@
+/**
+ * specedit for VS Code: starts the specedit language server, forwards rewrites to it, renders them.
+ *
+ * The server does the work (rewrite jobs, hunks, versioned edits); this extension starts it (server.ts),
+ * applies its edits as one undo step per rewrite (editApplier.ts), shows previews (preview.ts), and
+ * offers the commands (commands.ts), the progress (rewrite.ts) and the status bar item (statusBar.ts).
+ */
+import * as vscode from 'vscode';
+import { registerCommands } from './commands';
+import { needsRestart } from './config';
+import { EditApplier } from './editApplier';
+import { Previews } from './preview';
+import { RewriteEvent, Rewrites } from './rewrite';
+import { Server } from './server';
+import { StatusBar } from './statusBar';
+
+/** What `activate` returns: for other extensions, and for this extension's tests. */
+export interface SpeceditApi {
+  readonly onDidChangeRewrite: vscode.Event<RewriteEvent>;
+  readonly server: Server;
+  readonly rewrites: Rewrites;
+}
+
+let server: Server | undefined;
+
+export function activate(context: vscode.ExtensionContext): SpeceditApi {
+  const output = vscode.window.createOutputChannel('specedit', { log: true });
+  const applier = new EditApplier();
+  server = new Server(output, applier);
+  const status = new StatusBar(server);
+  const previews = new Previews();
+  const rewrites = new Rewrites(server, applier, previews, status);
+  const started = server;
+
+  context.subscriptions.push(
+    output,
+    server,
+    status,
+    previews,
+    rewrites,
+    vscode.languages.registerCodeLensProvider({ scheme: 'file' }, previews),
+    vscode.languages.registerCodeLensProvider({ scheme: 'untitled' }, previews),
+    ...registerCommands(rewrites, server),
+    vscode.workspace.onDidChangeConfiguration((event) => {
+      if (needsRestart(event) && started.state !== 'stopped') void started.restart().catch(() => undefined);
+    }),
+    vscode.window.onDidChangeActiveTextEditor((editor) => {
+      void vscode.commands.executeCommand('setContext', 'specedit.hasPreview', previews.has(editor?.document.uri));
+    }),
+  );
+
+  // Activated by a language (not by a command): start now, so that the code actions are there. A failure
+  // to start has been reported; commands try again.
+  if (vscode.window.visibleTextEditors.some((editor) => ['file', 'untitled'].includes(editor.document.uri.scheme))) {
+    server.ready().catch(() => undefined);
+  }
+  return { onDidChangeRewrite: rewrites.onDidChange, server, rewrites };
+}
+
+export async function deactivate(): Promise<void> {
+  await server?.stop();
+  server = undefined;
+}

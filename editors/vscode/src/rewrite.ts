@@ -1,0 +1,250 @@
+/**
+ * Rewrites: `specedit/rewrite` sent for a document, its progress and partial results followed, and the
+ * Accept / Reject / Cancel that act on it. The server does the work; this file forwards and reports.
+ *
+ * - live: the server writes hunks as they settle (see editApplier.ts: one undo step per rewrite).
+ * - preview: partial results carry the hunks; preview.ts shows them until accepted or rejected.
+ * - Cancel stops the rewrite and restores what it had written: the document is left as it was.
+ * - Reject after a finished live rewrite restores the original too.
+ */
+import { randomUUID } from 'crypto';
+import * as vscode from 'vscode';
+import {
+  ExecuteCommandRequest,
+  LanguageClient,
+  LSPErrorCodes,
+  ProgressType,
+  ResponseError,
+} from 'vscode-languageclient/node';
+import * as config from './config';
+import { EditApplier } from './editApplier';
+import { Previews } from './preview';
+import {
+  COMMAND_ACCEPT,
+  COMMAND_REJECT,
+  Delivery,
+  EditResult,
+  JobSelector,
+  LiveStats,
+  REWRITE_METHOD,
+  RewritePartialResult,
+  RewriteParams,
+  RewriteResult,
+} from './protocol';
+import { Server } from './server';
+import { StatusBar } from './statusBar';
+
+export interface RewriteArgs {
+  instruction?: string;
+  sketch?: string;
+  delivery?: Delivery;
+}
+
+/** What the extension's API tells listeners (and its tests) about rewrites. */
+export interface RewriteEvent {
+  uri: vscode.Uri;
+  kind: 'started' | 'report' | 'ended';
+  delivery: Delivery;
+  jobId?: string;
+  stats?: LiveStats;
+  result?: RewriteResult;
+}
+
+interface Running {
+  uri: vscode.Uri;
+  delivery: Delivery;
+  cancellation: vscode.CancellationTokenSource;
+  jobId?: string;
+  cancelled: boolean;
+  editsBefore: number; // edits applied to the document before the rewrite started
+}
+
+const partialResult = new ProgressType<RewritePartialResult>();
+const STALE_RETRIES = 3; // the document changed between reading its version and the server seeing it
+
+export class Rewrites implements vscode.Disposable {
+  private readonly running = new Set<Running>();
+  private readonly lastLiveJob = new Map<string, string>(); // uri -> its last live job, for Reject
+  private readonly events = new vscode.EventEmitter<RewriteEvent>();
+  readonly onDidChange = this.events.event;
+
+  constructor(
+    private readonly server: Server,
+    private readonly applier: EditApplier,
+    private readonly previews: Previews,
+    private readonly status: StatusBar,
+  ) {}
+
+  /** Rewrites `range` (whole lines; undefined: the file). Resolves when the rewrite has ended. */
+  async rewrite(editor: vscode.TextEditor, range: vscode.Range | undefined, args: RewriteArgs): Promise<RewriteResult | undefined> {
+    const client = await this.server.ready();
+    const document = editor.document;
+    const run: Running = {
+      uri: document.uri,
+      delivery: args.delivery ?? config.delivery(document),
+      cancellation: new vscode.CancellationTokenSource(),
+      cancelled: false,
+      editsBefore: this.applier.appliedCount(document.uri),
+    };
+    const token = `specedit-${randomUUID()}`;
+    const title = `specedit: ${args.instruction ?? 'merging the edit sketch'}`.slice(0, 80);
+    return vscode.window.withProgress(
+      { location: vscode.ProgressLocation.Notification, title, cancellable: true },
+      async (progress, cancel) => {
+        cancel.onCancellationRequested(() => void this.cancel(run));
+        let percent = 0;
+        const listener = client.onProgress(partialResult, token, (partial) => {
+          run.jobId = partial.jobId;
+          if (run.delivery === 'preview' && partial.hunks.length > 0) this.previews.add(run.uri, partial.jobId, partial.hunks);
+          const done = (100 * partial.stats.lines_done) / Math.max(partial.stats.lines_total, 1);
+          progress.report({ message: statsMessage(partial.stats), increment: Math.max(0, done - percent) });
+          percent = Math.max(percent, done);
+          this.status.rewriteReport(partial.stats);
+          this.events.fire({ uri: run.uri, kind: 'report', delivery: run.delivery, jobId: run.jobId, stats: partial.stats });
+        });
+        this.begin(run);
+        let result: RewriteResult | undefined;
+        try {
+          result = await this.send(client, document, range, args, run, token);
+          await this.conclude(client, run, result);
+          return result;
+        } finally {
+          listener.dispose();
+          this.end(run, result);
+        }
+      },
+    );
+  }
+
+  /** Stops running rewrites (of `uri`, or all) and restores what they wrote. */
+  async cancelAll(uri?: vscode.Uri): Promise<number> {
+    const runs = [...this.running].filter((run) => uri === undefined || run.uri.toString() === uri.toString());
+    await Promise.all(runs.map((run) => this.cancel(run)));
+    return runs.length;
+  }
+
+  isRunning(uri?: vscode.Uri): boolean {
+    return [...this.running].some((run) => uri === undefined || run.uri.toString() === uri.toString());
+  }
+
+  /** Writes the previewed hunks (all, or `hunkIds`). */
+  async accept(uri: vscode.Uri, hunkIds?: number[]): Promise<EditResult | undefined> {
+    const session = this.previews.get(uri);
+    if (!session) return undefined;
+    const result = await this.command(COMMAND_ACCEPT, { jobId: session.jobId, hunks: hunkIds ?? [...session.hunks.keys()] });
+    this.previews.remove(uri, [...result.applied, ...result.skipped]);
+    if (result.skipped.length > 0) {
+      void vscode.window.showWarningMessage(`specedit: ${result.skipped.length} change(s) left out: you had edited there.`);
+    }
+    return result;
+  }
+
+  /** Drops the previewed hunks (all, or `hunkIds`); with no preview, undoes the last live rewrite. */
+  async reject(uri: vscode.Uri, hunkIds?: number[]): Promise<EditResult | undefined> {
+    if (this.isRunning(uri)) {
+      await this.cancelAll(uri);
+      return undefined;
+    }
+    const session = this.previews.get(uri);
+    const jobId = session?.jobId ?? this.lastLiveJob.get(uri.toString());
+    if (jobId === undefined) return undefined;
+    const selector: JobSelector = { jobId };
+    if (session) selector.hunks = hunkIds ?? [...session.hunks.keys()];
+    const result = await this.command(COMMAND_REJECT, selector);
+    if (session) this.previews.remove(uri, selector.hunks ?? []);
+    else this.lastLiveJob.delete(uri.toString());
+    return result;
+  }
+
+  dispose(): void {
+    void this.cancelAll();
+    this.events.dispose();
+  }
+
+  private async send(
+    client: LanguageClient,
+    document: vscode.TextDocument,
+    range: vscode.Range | undefined,
+    args: RewriteArgs,
+    run: Running,
+    partialResultToken: string,
+  ): Promise<RewriteResult | undefined> {
+    for (let attempt = 0; ; attempt++) {
+      const params: RewriteParams = {
+        textDocument: { uri: client.code2ProtocolConverter.asUri(document.uri), version: document.version },
+        range: range && client.code2ProtocolConverter.asRange(range),
+        instruction: args.instruction,
+        sketch: args.sketch,
+        delivery: run.delivery,
+        maxNewTokens: config.maxNewTokens(document),
+        partialResultToken,
+      };
+      try {
+        return await client.sendRequest<RewriteResult>(REWRITE_METHOD, params, run.cancellation.token);
+      } catch (error) {
+        if (run.cancelled) return undefined;
+        if (error instanceof ResponseError && error.code === LSPErrorCodes.ContentModified && attempt < STALE_RETRIES) continue;
+        throw error;
+      }
+    }
+  }
+
+  /** Restores what a cancelled live rewrite wrote; tells the user how a rewrite ended, when it matters. */
+  private async conclude(client: LanguageClient, run: Running, result: RewriteResult | undefined): Promise<void> {
+    run.jobId = result?.jobId ?? run.jobId;
+    if (run.delivery === 'live' && run.jobId !== undefined) this.lastLiveJob.set(run.uri.toString(), run.jobId);
+    const wrote = this.applier.appliedCount(run.uri) > run.editsBefore;
+    if (run.cancelled && run.delivery === 'live' && run.jobId !== undefined && wrote) {
+      await this.command(COMMAND_REJECT, { jobId: run.jobId }, client);
+      this.lastLiveJob.delete(run.uri.toString());
+    }
+    if (result === undefined) {
+      if (run.delivery === 'preview' && run.jobId !== undefined) this.previews.clear(run.uri, run.jobId);
+      return;
+    }
+    if (run.delivery === 'preview' && result.status !== 'complete') this.previews.clear(run.uri, result.jobId);
+    if (result.status === 'complete' && run.delivery === 'preview' && !this.previews.has(run.uri)) {
+      void vscode.window.showInformationMessage('specedit: no changes.');
+    } else if (result.status === 'conflict') {
+      void vscode.window.showWarningMessage(`specedit: stopped: ${result.message ?? 'the document was edited where the rewrite had not written yet'}.`);
+    } else if (result.status === 'error') {
+      void vscode.window.showErrorMessage(`specedit: ${result.message ?? 'the rewrite failed'}`, 'Show Output').then((choice) => {
+        if (choice) this.server.output.show();
+      });
+    }
+  }
+
+  private async cancel(run: Running): Promise<void> {
+    if (run.cancelled) return;
+    run.cancelled = true;
+    run.cancellation.cancel(); // $/cancelRequest: the server ends the job within one engine step
+  }
+
+  private begin(run: Running): void {
+    this.running.add(run);
+    if (run.delivery === 'live') this.applier.open(run.uri);
+    this.status.rewriteStarted();
+    void vscode.commands.executeCommand('setContext', 'specedit.rewriting', true);
+    this.events.fire({ uri: run.uri, kind: 'started', delivery: run.delivery });
+  }
+
+  private end(run: Running, result: RewriteResult | undefined): void {
+    this.running.delete(run);
+    if (run.delivery === 'live') this.applier.close(run.uri);
+    this.status.rewriteEnded();
+    void vscode.commands.executeCommand('setContext', 'specedit.rewriting', this.running.size > 0);
+    this.events.fire({ uri: run.uri, kind: 'ended', delivery: run.delivery, jobId: run.jobId, result });
+  }
+
+  private async command(command: string, selector: JobSelector, client?: LanguageClient): Promise<EditResult> {
+    const ready = client ?? (await this.server.ready());
+    return ready.sendRequest(ExecuteCommandRequest.type, { command, arguments: [selector] }) as Promise<EditResult>;
+  }
+}
+
+export function statsMessage(stats: LiveStats): string {
+  return (
+    `${stats.lines_done}/${stats.lines_total} lines · ${Math.round(stats.tokens_per_second)} tok/s · ` +
+    `${Math.round(100 * stats.acceptance_rate)}% accepted`
+  );
+}

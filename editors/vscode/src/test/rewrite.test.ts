@@ -1,0 +1,219 @@
+/**
+ * The extension in a real VS Code, against the real specedit language server.
+ *
+ * scripts/vscode-test.sh sets `specedit.server.command` to `python -m specedit.lsp --engine inprocess
+ * --model <a tiny GPT-2 that memorised a few rewrites>` (tests/conftest.py, MEMORISED_REWRITES), so each
+ * rewrite below has one known answer. The cancel test switches to a tiny random model that never ends its
+ * answer ($SPECEDIT_VSCODE_ENDLESS_MODEL). Everything waits on events (command results, the extension's
+ * rewrite events, document changes), each with a timeout; nothing sleeps.
+ */
+import * as assert from 'assert';
+import * as fs from 'fs';
+import * as path from 'path';
+import * as vscode from 'vscode';
+import { checkServerCommand, ServerSetupError } from '../config';
+import type { SpeceditApi } from '../extension';
+import { NAMES, RewriteResult } from '../protocol';
+
+const ADD = { before: 'def add(a, b):\n    return a + b\n', instruction: 'Rename add to plus.', after: 'def plus(a, b):\n    return a + b\n' };
+const XY = { before: 'x = 1\ny = 2\n', instruction: 'Make y three.', after: 'x = 1\ny = 3\n' };
+const EMOJI = { before: "print('héllo 🙂')\r\nz = 0\r\n", instruction: 'Set z to 5.', after: "print('héllo 🙂')\r\nz = 5\r\n" };
+const REWRITE_TIMEOUT_MS = 45_000;
+
+let api: SpeceditApi;
+let fileNumber = 0;
+
+/** A new file in the workspace with `text`, open in the active editor. */
+async function openFile(text: string): Promise<vscode.TextEditor> {
+  const folder = vscode.workspace.workspaceFolders?.[0];
+  assert.ok(folder, 'the test runs in a workspace folder');
+  const file = path.join(folder.uri.fsPath, `sample_${process.pid}_${++fileNumber}.py`);
+  fs.writeFileSync(file, text);
+  const document = await vscode.workspace.openTextDocument(vscode.Uri.file(file));
+  return vscode.window.showTextDocument(document);
+}
+
+function within<T>(promise: Thenable<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms: ${what}`)), ms);
+  });
+  return Promise.race([Promise.resolve(promise), timeout]).finally(() => clearTimeout(timer));
+}
+
+async function rewriteFile(instruction: string, delivery: string): Promise<RewriteResult> {
+  const result = await within(
+    vscode.commands.executeCommand<RewriteResult | undefined>('specedit.rewriteFile', { instruction, delivery }),
+    REWRITE_TIMEOUT_MS,
+    `${delivery} rewrite "${instruction}"`,
+  );
+  assert.ok(result, 'the rewrite command returned no result (see the extension output)');
+  return result;
+}
+
+async function lensTitles(editor: vscode.TextEditor): Promise<string[]> {
+  const lenses = await vscode.commands.executeCommand<vscode.CodeLens[]>('vscode.executeCodeLensProvider', editor.document.uri);
+  return lenses.filter((lens) => lens.command?.command.startsWith('specedit.')).map((lens) => `${lens.range.start.line}:${lens.command?.title}`);
+}
+
+async function undo(editor: vscode.TextEditor): Promise<void> {
+  await vscode.window.showTextDocument(editor.document, editor.viewColumn);
+  await vscode.commands.executeCommand('undo');
+}
+
+suite('specedit in VS Code', () => {
+  suiteSetup(async function () {
+    this.timeout(REWRITE_TIMEOUT_MS);
+    const extension = vscode.extensions.getExtension<SpeceditApi>('specedit.specedit');
+    assert.ok(extension, 'the extension under test is loaded');
+    api = await extension.activate();
+  });
+
+  test('a live rewrite streams into the document and is one undo step', async () => {
+    const editor = await openFile(ADD.before);
+    const reports: number[] = [];
+    const listener = api.onDidChangeRewrite((event) => event.kind === 'report' && reports.push(event.stats?.generated_tokens ?? 0));
+    const result = await rewriteFile(ADD.instruction, 'live').finally(() => listener.dispose());
+    assert.strictEqual(result.status, 'complete', result.message);
+    assert.strictEqual(editor.document.getText(), ADD.after);
+    assert.ok(reports.length > 0, 'progress was reported while rewriting');
+    await undo(editor);
+    assert.strictEqual(editor.document.getText(), ADD.before, 'one undo takes the whole rewrite back');
+  });
+
+  test('Reject after a live rewrite restores the original', async () => {
+    const editor = await openFile(XY.before);
+    assert.strictEqual((await rewriteFile(XY.instruction, 'live')).status, 'complete');
+    assert.strictEqual(editor.document.getText(), XY.after);
+    await vscode.commands.executeCommand('specedit.rejectRewrite');
+    assert.strictEqual(editor.document.getText(), XY.before);
+  });
+
+  test('a live rewrite of a CRLF file with characters outside the BMP keeps its line ends', async () => {
+    // UTF-16 positions (VS Code's) after an emoji, and the original's CRLF kept in the new lines.
+    const editor = await openFile(EMOJI.before);
+    assert.strictEqual(editor.document.eol, vscode.EndOfLine.CRLF);
+    assert.strictEqual((await rewriteFile(EMOJI.instruction, 'live')).status, 'complete');
+    assert.strictEqual(editor.document.getText(), EMOJI.after);
+  });
+
+  test('a rewrite of the selection', async () => {
+    const editor = await openFile(ADD.before);
+    editor.selection = new vscode.Selection(0, 4, 1, 3); // any part of the two lines: rewrites whole lines
+    const result = await within(
+      vscode.commands.executeCommand<RewriteResult>('specedit.rewriteSelection', { instruction: ADD.instruction, delivery: 'live' }),
+      REWRITE_TIMEOUT_MS,
+      'rewrite of the selection',
+    );
+    assert.strictEqual(result?.status, 'complete');
+    assert.strictEqual(editor.document.getText(), ADD.after);
+  });
+
+  test('a preview changes nothing until accepted, and Accept is one undo step', async () => {
+    const editor = await openFile(XY.before);
+    const result = await rewriteFile(XY.instruction, 'preview');
+    assert.strictEqual(result.status, 'complete', result.message);
+    assert.strictEqual(editor.document.getText(), XY.before, 'a preview writes nothing');
+    assert.deepStrictEqual(await lensTitles(editor), ['1:$(check) Accept', '1:$(close) Reject']);
+    const accepted = await vscode.commands.executeCommand<{ applied: number[]; skipped: number[] }>('specedit.acceptRewrite');
+    assert.deepStrictEqual(accepted?.skipped, []);
+    assert.strictEqual(editor.document.getText(), XY.after);
+    assert.deepStrictEqual(await lensTitles(editor), [], 'no CodeLens left once accepted');
+    await undo(editor);
+    assert.strictEqual(editor.document.getText(), XY.before);
+  });
+
+  test('a preview follows typing above it, and Accept writes where the hunk went', async () => {
+    const editor = await openFile(XY.before);
+    assert.strictEqual((await rewriteFile(XY.instruction, 'preview')).status, 'complete');
+    assert.ok(await editor.edit((edit) => edit.insert(new vscode.Position(0, 0), '# typed meanwhile\n')));
+    assert.deepStrictEqual(await lensTitles(editor), ['2:$(check) Accept', '2:$(close) Reject']);
+    const accepted = await vscode.commands.executeCommand<{ applied: number[]; skipped: number[] }>('specedit.acceptRewrite');
+    assert.deepStrictEqual(accepted?.skipped, []);
+    assert.strictEqual(editor.document.getText(), '# typed meanwhile\n' + XY.after);
+  });
+
+  test("a previewed hunk accepted through its CodeLens", async () => {
+    const editor = await openFile(ADD.before);
+    assert.strictEqual((await rewriteFile(ADD.instruction, 'preview')).status, 'complete');
+    const lenses = await vscode.commands.executeCommand<vscode.CodeLens[]>('vscode.executeCodeLensProvider', editor.document.uri);
+    const accept = lenses.find((lens) => lens.command?.command === 'specedit.acceptHunk')?.command;
+    assert.ok(accept, 'an Accept CodeLens on the hunk');
+    await vscode.commands.executeCommand(accept.command, ...(accept.arguments ?? []));
+    assert.strictEqual(editor.document.getText(), ADD.after);
+  });
+
+  test('a preview rejected leaves the document as it was', async () => {
+    const editor = await openFile(XY.before);
+    assert.strictEqual((await rewriteFile(XY.instruction, 'preview')).status, 'complete');
+    assert.strictEqual((await lensTitles(editor)).length, 2);
+    await vscode.commands.executeCommand('specedit.rejectRewrite');
+    assert.strictEqual(editor.document.getText(), XY.before);
+    assert.deepStrictEqual(await lensTitles(editor), []);
+  });
+
+  test('a missing Python is reported with the command that fixes it', async () => {
+    const missing = path.join(vscode.workspace.workspaceFolders?.[0].uri.fsPath ?? '/', 'no-such-python');
+    await assert.rejects(
+      checkServerCommand({ command: missing, args: ['-m', 'specedit.lsp'], display: missing, python: missing }),
+      (error: unknown) => error instanceof ServerSetupError && /Python was not found/.test(error.message) && /pip install specedit/.test(error.fix),
+    );
+    await assert.rejects(
+      checkServerCommand({ command: 'specedit-no-such-program', args: ['lsp'], display: 'specedit-no-such-program lsp' }),
+      (error: unknown) => error instanceof ServerSetupError && /pip install specedit/.test(error.fix),
+    );
+  });
+
+  test('the protocol names are the ones the server declares', () => {
+    assert.deepStrictEqual(NAMES.commands, ['specedit.rewrite', 'specedit.accept', 'specedit.reject', 'specedit.cancel']);
+  });
+
+  // Last: it restarts the server on another model.
+  test('Cancel stops a running rewrite and leaves the document as it was', async function () {
+    const endless = process.env.SPECEDIT_VSCODE_ENDLESS_MODEL;
+    if (!endless) this.skip();
+    const config = vscode.workspace.getConfiguration('specedit');
+    const command = config.get<string[]>('server.command', []);
+    const modelAt = command.indexOf('--model') + 1;
+    assert.ok(modelAt > 0, 'specedit.server.command names a --model');
+    const restarted = new Promise<void>((resolve) => {
+      const listener = api.server.onDidChangeState((state) => state === 'running' && (listener.dispose(), resolve()));
+    });
+    await config.update('server.command', command.map((part, i) => (i === modelAt ? endless : part)), vscode.ConfigurationTarget.Global);
+    await within(restarted, REWRITE_TIMEOUT_MS, 'the server restarted on the endless model');
+
+    const editor = await openFile(ADD.before.repeat(3));
+    const running = new Promise<void>((resolve) => {
+      const listener = api.onDidChangeRewrite((event) => {
+        if (event.kind === 'report' && (event.stats?.generated_tokens ?? 0) > 0) (listener.dispose(), resolve());
+      });
+    });
+    const rewrite = vscode.commands.executeCommand<RewriteResult>('specedit.rewriteFile', { instruction: ADD.instruction, delivery: 'live' });
+    await within(running, REWRITE_TIMEOUT_MS, 'the endless rewrite is writing');
+    await vscode.commands.executeCommand('specedit.cancelRewrite');
+    const result = await within(rewrite, 10_000, 'the cancelled rewrite ended');
+    assert.strictEqual(result?.status, 'cancelled');
+    assert.ok((result.stepsAfterCancel ?? 0) <= 1, `the engine stopped within a step (${result.stepsAfterCancel})`);
+    assert.strictEqual(editor.document.getText(), ADD.before.repeat(3));
+  });
+
+  // After the cancel test: it breaks the server command.
+  test('a server command whose Python is missing fails with the fix, and a rewrite says so', async () => {
+    const missing = path.join(vscode.workspace.workspaceFolders?.[0].uri.fsPath ?? '/', 'no-such-python');
+    const failed = new Promise<void>((resolve) => {
+      const listener = api.server.onDidChangeState((state) => state === 'failed' && (listener.dispose(), resolve()));
+    });
+    const config = vscode.workspace.getConfiguration('specedit');
+    await config.update('server.command', [missing, '-m', 'specedit.lsp'], vscode.ConfigurationTarget.Global);
+    await within(failed, 20_000, 'the server failed to start');
+    assert.match(api.server.detail, /Python was not found/);
+    await openFile(XY.before);
+    const result = await within(
+      vscode.commands.executeCommand('specedit.rewriteFile', { instruction: XY.instruction }),
+      20_000,
+      'the rewrite gave up',
+    );
+    assert.strictEqual(result, undefined);
+    assert.strictEqual(api.server.state, 'failed');
+  });
+});
