@@ -271,6 +271,11 @@ class CopyDrafter:
         # (even one that got some accepted) must not drag the search window past the real continuation.
         self._confirmed = 0
         self._last_draft = 0  # length of the last proposal, until its feedback arrives
+        # The shortest match a re-anchor trusts. It doubles (up to `global_key`) with every draft the
+        # target rejects outright and halves with every draft it takes from: in new text (a stub turned
+        # into a solution) one-token matches are chance, and a draft on every one of them cost 6% over
+        # plain decoding on polyglot (measured 2026-11-29, Qwen2.5-Coder-0.5B, 0% of 322 drafts accepted).
+        self._min_match = 1
 
     @property
     def pointer(self) -> int:
@@ -307,6 +312,11 @@ class CopyDrafter:
         and the bonus from the context, the same way as tokens committed without a proposal."""
         if not 0 <= n_accepted <= self._last_draft:
             raise ValueError(f"{n_accepted} accepted of a {self._last_draft}-token draft")
+        if self._last_draft:
+            if n_accepted == 0:
+                self._min_match = min(2 * self._min_match, self._config.global_key)
+            else:
+                self._min_match = max(1, self._min_match // 2)
         self._last_draft = 0
 
     def _read(self, context: Sequence[int]) -> None:
@@ -327,7 +337,7 @@ class CopyDrafter:
         """Find where the output continues in the source; stay lost (no proposals) if nowhere."""
         tail = tuple(self._tail)
         anchor = find_anchor(self._index, tail, self._pointer, self._config.window, self._confirmed)
-        if anchor is not None:
+        if anchor is not None and anchor.match_length >= self._min_match:
             self._pointer = anchor.position
             self._in_sync = True
             self._extend_run(anchor.match_length)

@@ -47,7 +47,7 @@ from specedit.engine.protocol import (
 )
 
 if TYPE_CHECKING:
-    from specedit.engine.rewrite import RewriteRequest
+    from specedit.engine.requests import RewriteRequest
 
 DEFAULT_SPAWN_IDLE_TIMEOUT = 300.0  # a daemon a client started exits after 5 minutes without clients
 CONNECT_TIMEOUT = 10.0  # seconds for connect + hello, and for status / stop replies

@@ -69,7 +69,7 @@ from specedit.engine.protocol import (
 
 if TYPE_CHECKING:
     from specedit.engine.generate import Engine, StepInfo
-    from specedit.engine.rewrite import DraftMethod, RewriteRequest
+    from specedit.engine.requests import DraftMethod, RewriteRequest
 
 log = logging.getLogger(__name__)
 
@@ -902,8 +902,7 @@ def _bare_done(
 
 def _request_from(message: Rewrite) -> RewriteRequest:
     """The `RewriteRequest` a rewrite message carries; ValueError when it is not a valid request."""
-    from specedit.engine.rewrite import RewriteRequest
-    from specedit.engine.sampling import SamplingConfig
+    from specedit.engine.requests import RewriteRequest, SamplingConfig
 
     sampling = SamplingConfig(
         temperature=float(message["temperature"]), top_p=float(message["top_p"]), seed=message["seed"]

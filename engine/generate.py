@@ -17,7 +17,7 @@ from specedit.drafters.base import NO_DRAFT, Draft, Drafter, NoDrafter
 from specedit.engine import kv_cache
 from specedit.engine.detokenizer import IncrementalDetokenizer
 from specedit.engine.loading import LoadedModel
-from specedit.engine.sampling import SamplingConfig
+from specedit.engine.requests import SamplingConfig
 from specedit.engine.stats import Clock, Stats
 from specedit.engine.verify import verify
 

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from specedit.engine.errors import ModelLoadError
+from specedit.engine.requests import DTYPE_CHOICES
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +21,6 @@ DTYPES = {
     "float16": torch.float16,
     "float64": torch.float64,
 }
-DTYPE_CHOICES = ("auto", *DTYPES)
 
 
 def cpu_has_native_bf16() -> bool:

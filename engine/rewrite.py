@@ -7,35 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 from specedit.drafters.base import Drafter, NoDrafter
 from specedit.drafters.copy_drafter import CopyDrafter, CopyDrafterConfig
 from specedit.engine.errors import ContextLengthError
 from specedit.engine.generate import Engine, FinishReason, Generation, StepInfo
 from specedit.engine.prompts import AnswerStream, RewritePrompt, build_prompt
-from specedit.engine.sampling import SamplingConfig
+from specedit.engine.requests import DRAFT_METHODS, DraftMethod, RewriteRequest
 
-DraftMethod = Literal["copy", "none"]
-DRAFT_METHODS: tuple[DraftMethod, ...] = ("copy", "none")
-
-
-@dataclass(frozen=True)
-class RewriteRequest:
-    original: str  # the region to rewrite (whole file or a selection)
-    instruction: str | None = None
-    sketch: str | None = None
-    language: str = ""
-    draft: DraftMethod = "copy"
-    sampling: SamplingConfig = SamplingConfig()
-    max_new_tokens: int | None = None  # None: room for the original twice over, within the context
-
-    def __post_init__(self) -> None:
-        if self.draft not in DRAFT_METHODS:
-            raise ValueError(f"draft must be one of {DRAFT_METHODS}, got {self.draft!r}")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ValueError("max_new_tokens must be >= 1")
-        RewritePrompt(self.original, self.instruction, self.sketch, self.language)  # validates
+__all__ = ["DRAFT_METHODS", "DraftMethod", "RewriteRequest", "RewriteResult", "rewrite"]
 
 
 @dataclass

@@ -7,35 +7,16 @@ so with a fixed seed they sample the same text, token for token, not just the sa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
+
+from specedit.engine.requests import SamplingConfig
+
+__all__ = ["SamplingConfig", "draw_token", "draw_uniform", "target_probs"]
 
 # Streams of random numbers, so that different uses at one position never share a draw.
 SAMPLE_STREAM = 0
 ACCEPT_STREAM = 1
 RESIDUAL_STREAM = 2
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    """temperature 0 means greedy decoding (argmax), and then top_p and seed are unused."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.temperature >= 0.0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
 
 
 def target_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from specedit.engine.rewrite import RewriteRequest
+from specedit.engine.requests import RewriteRequest
 from specedit.lsp.config import INPROCESS, Settings
 
 if TYPE_CHECKING:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from specedit.engine.loading import DTYPE_CHOICES
-from specedit.engine.rewrite import DRAFT_METHODS
+from specedit.engine.requests import DRAFT_METHODS, DTYPE_CHOICES
 
 
 def add_lsp_arguments(parser: argparse.ArgumentParser) -> None:

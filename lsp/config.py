@@ -12,8 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from specedit.engine.loading import DTYPE_CHOICES
-from specedit.engine.rewrite import DRAFT_METHODS, DraftMethod
+from specedit.engine.requests import DRAFT_METHODS, DTYPE_CHOICES, DraftMethod
 from specedit.lsp.protocol import DELIVERIES, Delivery
 
 log = logging.getLogger(__name__)

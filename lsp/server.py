@@ -31,7 +31,7 @@ from pygls.lsp.server import LanguageServer
 
 from specedit.engine.errors import EngineUnavailableError, ModelLoadError, SpeceditError
 from specedit.engine.prompts import language_for_path
-from specedit.engine.rewrite import RewriteRequest
+from specedit.engine.requests import RewriteRequest
 from specedit.lsp import protocol
 from specedit.lsp.backend import BackendResult, RewriteBackend, StepReport, make_backend
 from specedit.lsp.config import Settings, section

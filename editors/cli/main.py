@@ -29,8 +29,7 @@ from specedit.cli.files import (
 from specedit.cli.progress import RewriteProgress
 from specedit.cli.serve_command import add_serve_parser, remote_rewrite, serve_command
 from specedit.engine.errors import IncompleteOutputError, InputError, SpeceditError
-from specedit.engine.loading import DTYPE_CHOICES
-from specedit.engine.rewrite import DRAFT_METHODS
+from specedit.engine.requests import DRAFT_METHODS, DTYPE_CHOICES
 from specedit.lsp.command import add_lsp_parser, lsp_command
 
 log = logging.getLogger("specedit")
@@ -162,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def rewrite_command(args: argparse.Namespace) -> int:
     from specedit.engine.prompts import language_for_path
-    from specedit.engine.rewrite import RewriteRequest
+    from specedit.engine.requests import RewriteRequest
     from specedit.engine.sampling import SamplingConfig
 
     if args.output and len(args.paths) > 1:

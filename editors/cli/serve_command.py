@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 from specedit.engine.client import EngineClient, RemoteResult, RemoteStep
 from specedit.engine.daemon import DaemonConfig, serve
 from specedit.engine.errors import EngineUnavailableError
-from specedit.engine.loading import DTYPE_CHOICES
 from specedit.engine.protocol import DEFAULT_MAX_FRAME_SIZE
+from specedit.engine.requests import DTYPE_CHOICES
 
 if TYPE_CHECKING:
-    from specedit.engine.rewrite import RewriteRequest
+    from specedit.engine.requests import RewriteRequest
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
