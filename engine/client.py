@@ -110,6 +110,11 @@ class RemoteStep:
     accepted_total: int
     seconds: float
 
+    @property
+    def generated_tokens(self) -> int:
+        """`StepInfo`'s name for `tokens`: output tokens so far."""
+        return self.tokens
+
 
 @dataclass(frozen=True)
 class RemoteResult:

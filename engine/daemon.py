@@ -767,7 +767,7 @@ class Daemon:
 
         assert self._loop is not None and self._engine is not None
         loop, connection = self._loop, job.connection
-        totals = {"tokens": 0, "drafted": 0, "accepted": 0}
+        totals = {"drafted": 0, "accepted": 0}
 
         def on_text(delta: str) -> None:
             frame = encode_frame(Text(type="text", id=job.id, delta=delta))
@@ -775,9 +775,6 @@ class Daemon:
 
         def on_step(info: StepInfo) -> None:
             job.steps = info.step
-            # Each step commits its accepted tokens and one bonus (the last step may commit fewer when
-            # EOS or the closing fence cuts it short; `done.stats` is exact).
-            totals["tokens"] += info.accepted + 1
             totals["drafted"] += info.drafted
             totals["accepted"] += info.accepted
             step = Step(
@@ -788,7 +785,7 @@ class Daemon:
                 cache_length=info.cache_length,
                 drafted=info.drafted,
                 accepted=info.accepted,
-                tokens=totals["tokens"],
+                tokens=info.generated_tokens,
                 drafted_total=totals["drafted"],
                 accepted_total=totals["accepted"],
                 seconds=round(time.monotonic() - (job.started_at or job.queued_at), 4),

@@ -33,6 +33,7 @@ class StepInfo:
     cache_length: int  # always committed_length - 1: the newest token is pending
     drafted: int
     accepted: int
+    generated_tokens: int  # output tokens so far (a step commits accepted + 1, or fewer at EOS or a stop)
 
 
 @dataclass
@@ -143,7 +144,16 @@ class Engine:
                     output.flush()  # the end: release text held back for an incomplete character
                 output.emit(on_text)
                 if on_step is not None:
-                    on_step(StepInfo(step, len(tokens), kv_cache.length(cache), len(draft), verdict.n_accepted))
+                    on_step(
+                        StepInfo(
+                            step,
+                            len(tokens),
+                            kv_cache.length(cache),
+                            len(draft),
+                            verdict.n_accepted,
+                            len(tokens) - output_start,
+                        )
+                    )
                 if finish != "length":
                     break
 

@@ -60,16 +60,13 @@ class LiveStats:
     steps: int = 0
     drafted: int = 0
     accepted: int = 0
-    prompt_tokens: int | None = None
     generated: int = 0
 
     def update(self, info: StepReport) -> None:
-        if self.prompt_tokens is None:
-            self.prompt_tokens = info.committed_length - info.accepted - 1
         self.steps = info.step
         self.drafted += info.drafted
         self.accepted += info.accepted
-        self.generated = info.committed_length - self.prompt_tokens
+        self.generated = info.generated_tokens
 
     def to_dict(self, lines_done: int, lines_total: int) -> dict[str, Any]:
         elapsed = time.perf_counter() - self.started

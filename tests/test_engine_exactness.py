@@ -49,7 +49,9 @@ def run(
     engine: Engine, prompt: list[int], drafter: object = None, **kwargs: object
 ) -> tuple[Generation, list[StepInfo]]:
     steps: list[StepInfo] = []
-    generation = engine.generate(prompt, drafter=drafter, on_step=steps.append, **kwargs)  # type: ignore[arg-type]
+    generation = engine.generate(prompt, drafter=drafter, on_step=steps.append, **kwargs)
+    if steps:
+        assert steps[-1].generated_tokens == len(generation.tokens)  # type: ignore[arg-type]
     return generation, steps
 
 

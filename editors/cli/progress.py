@@ -15,6 +15,7 @@ class Step(Protocol):
     committed_length: int
     drafted: int
     accepted: int
+    generated_tokens: int
 
 
 class RewriteProgress:
@@ -23,7 +24,6 @@ class RewriteProgress:
     def __init__(self, label: str, *, enabled: bool | None = None) -> None:
         self.enabled = sys.stderr.isatty() if enabled is None else enabled
         self._label = label
-        self._tokens = 0
         self._drafted = 0
         self._accepted = 0
         self._start = time.perf_counter()
@@ -48,10 +48,9 @@ class RewriteProgress:
     def step(self, info: Step) -> None:
         self._drafted += info.drafted
         self._accepted += info.accepted
-        self._tokens += info.accepted + 1  # each step commits the accepted draft and one token of its own
         if self._live is None:
             return
-        tokens = self._tokens
+        tokens = info.generated_tokens
         elapsed = time.perf_counter() - self._start
         acceptance = self._accepted / self._drafted if self._drafted else 0.0
         self._live.update(
