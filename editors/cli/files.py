@@ -89,36 +89,26 @@ def select_lines(text: str, start: int, end: int) -> Region:
 def write_atomically(path: Path, text: str, *, backup_suffix: str | None = None) -> None:
     """Replace `path` with `text` in one rename: readers see the old file or the new one, never a part.
 
-    The temporary file lives beside the target (same file system), is flushed to disk before the rename,
-    and takes the original's permission bits. With `backup_suffix`, the original is kept beside it.
+    With `backup_suffix`, the original is first kept beside it (written the same way). Both take the
+    original's permission bits.
     """
     path = path.resolve()
     mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o644
+    if backup_suffix and path.exists():
+        _replace(path.with_name(path.name + backup_suffix), path.read_bytes(), mode)
+    _replace(path, text.encode("utf-8"), mode)
+
+
+def _replace(path: Path, data: bytes, mode: int) -> None:
+    """Write `data` to a temporary file beside `path` (same file system), flush it to disk, rename it."""
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".specedit-tmp", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temporary, mode)
-        if backup_suffix and path.exists():
-            _copy_backup(path, path.with_name(path.name + backup_suffix))
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
-def _copy_backup(path: Path, backup: Path) -> None:
-    """Keep the original as `backup`, itself written atomically."""
-    data = path.read_bytes()
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{backup.name}.", suffix=".specedit-tmp", dir=path.parent)
     try:
         with os.fdopen(descriptor, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(temporary, backup)
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
