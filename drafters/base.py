@@ -16,11 +16,13 @@ class Draft:
     `p_draft is None` means a deterministic draft (copy drafts, greedy draft models): the verifier then
     accepts while a sample from the target equals the draft. Otherwise `p_draft` has shape
     (len(tokens), vocab) and the verifier uses the min(1, p_target/p_draft) rule.
-    An empty draft means "no proposal".
+    An empty draft means "no proposal". `source` names the drafter that proposed it (for the stats and
+    the cost governor; a chain's drafts carry the name of the link that proposed).
     """
 
     tokens: tuple[int, ...] = ()
     p_draft: torch.Tensor | None = field(default=None, compare=False)
+    source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if self.p_draft is not None and self.p_draft.shape[0] != len(self.tokens):

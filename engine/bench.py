@@ -3,7 +3,9 @@
 Methods:
 - `plain`: our loop without a drafter: one target forward per token, with a KV cache;
 - `prompt-lookup`: transformers' own `generate(prompt_lookup_num_tokens=N)`, the peer a user would pick;
-- `specedit`: our loop with the copy drafter;
+- `specedit`: our loop as configured by default: the copy drafter, then the fallback (a draft model or
+  layer skip, when one is configured), under the cost governor;
+- `specedit-copy`: the copy drafter alone; `specedit-fallback`: the fallback alone (both governed);
 - `llama-cpp`: llama.cpp on the GGUF the default model is assembled from, plain and with its prompt
   lookup (optional: needs `llama-cpp-python`; its output is compared with its own plain decoding).
 
@@ -25,11 +27,20 @@ from typing import Any
 
 import torch
 
-from specedit.drafters.copy_drafter import CopyDrafter
+from specedit.engine import kv_cache
+from specedit.engine.drafting import build_drafter
 from specedit.engine.generate import Engine, StepInfo
 from specedit.engine.prompts import AnswerStream, RewritePrompt, build_prompt, extract_code
+from specedit.engine.requests import DraftMethod, SamplingConfig
 
-METHODS = ("plain", "prompt-lookup", "specedit", "llama-cpp")
+METHODS = ("plain", "prompt-lookup", "specedit", "specedit-copy", "specedit-fallback", "llama-cpp")
+# Our methods, and the draft method each asks the engine for.
+DRAFT_OF: dict[str, DraftMethod] = {
+    "plain": "none",
+    "specedit": "auto",
+    "specedit-copy": "copy",
+    "specedit-fallback": "fallback",
+}
 DEFAULT_METHODS = ("plain", "prompt-lookup", "specedit")
 
 
@@ -58,6 +69,8 @@ class MethodRun:
     target_forwards: int
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    joules: float | None = None  # GPU energy (NVML), on CUDA only
+    drafters: dict[str, Any] = field(default_factory=dict)  # per drafter: drafted, accepted, wasted, ...
     identical_to_plain: bool | None = None
     first_difference: int | None = None  # index of the first token that differs from plain's, if any
     extra: dict[str, Any] = field(default_factory=dict)
@@ -111,17 +124,32 @@ class Timer:
 
 
 def run_ours(
-    engine: Engine, prompt_ids: list[int], original_ids: list[int], fence: str, max_new_tokens: int, *, copy: bool
+    engine: Engine,
+    prompt_ids: list[int],
+    original_ids: list[int],
+    fence: str,
+    max_new_tokens: int,
+    *,
+    draft: DraftMethod,
 ) -> MethodRun:
     answer = AnswerStream(fence)
-    drafter = CopyDrafter(original_ids, output_start=len(prompt_ids)) if copy else None
+    cache = kv_cache.new_cache()
     timer = Timer()
+    drafter, governor = build_drafter(
+        engine, draft, source_ids=original_ids, output_start=len(prompt_ids), sampling=SamplingConfig(), cache=cache
+    )
 
     def on_step(_: StepInfo) -> None:
         timer.mark_first()
 
     generation = engine.generate(
-        prompt_ids, max_new_tokens=max_new_tokens, drafter=drafter, stop=answer.feed, on_step=on_step
+        prompt_ids,
+        max_new_tokens=max_new_tokens,
+        drafter=drafter,
+        stop=answer.feed,
+        on_step=on_step,
+        governor=governor,
+        cache=cache,
     )
     wall, cpu, prefill, decode = timer.finish()
     stats = generation.stats
@@ -135,6 +163,8 @@ def run_ours(
         stats.target_forwards,
         stats.drafted_tokens,
         stats.accepted_tokens,
+        stats.joules,
+        stats.to_dict()["drafters"],
     )
 
 
@@ -192,6 +222,11 @@ def _median(values: Iterable[float]) -> float | None:
     return round(statistics.median(values), 3) if values else None
 
 
+def _min(values: Iterable[float]) -> float | None:
+    values = list(values)
+    return round(min(values), 3) if values else None
+
+
 def _geomean(values: Iterable[float]) -> float | None:
     values = [v for v in values if v > 0]
     return round(math.exp(sum(math.log(v) for v in values) / len(values)), 3) if values else None
@@ -210,8 +245,11 @@ def summarise(
         "speedup_vs_plain": {m: _median(ratios(m, "plain", "wall_seconds")) for m in others},
         "speedup_vs_plain_geomean": {m: _geomean(ratios(m, "plain", "wall_seconds")) for m in others},
         "decode_speedup_vs_plain": {m: _median(ratios(m, "plain", "decode_seconds")) for m in others},
+        "slower_than_plain": {m: sum(r < 1.0 for r in ratios(m, "plain", "wall_seconds")) for m in others},
+        "slowest_vs_plain": {m: _min(ratios(m, "plain", "wall_seconds")) for m in others},
         "identical_rate": {},
         "cpu_seconds_per_token": {},
+        "joules_per_token": {},
         "tokens_per_second_median": {},
         "load_average": {"before": list(load_before), "after": list(load_after)},
     }
@@ -225,10 +263,16 @@ def summarise(
         summary["cpu_seconds_per_token"][method] = (
             round(sum(r["cpu_seconds"] for r in runs) / tokens, 5) if tokens else None
         )
+        joules = [r["joules"] for r in runs if r.get("joules") is not None]
+        if tokens and len(joules) == len(runs):
+            summary["joules_per_token"][method] = round(sum(joules) / tokens, 5)
         summary["tokens_per_second_median"][method] = _median(r["tokens_per_second"] for r in runs)
     if "specedit" in methods and "prompt-lookup" in methods:
         summary["speedup_vs_prompt_lookup"] = _median(ratios("specedit", "prompt-lookup", "wall_seconds"))
         summary["speedup_vs_prompt_lookup_geomean"] = _geomean(ratios("specedit", "prompt-lookup", "wall_seconds"))
+    for variant in ("specedit-copy", "specedit-fallback"):
+        if "specedit" in methods and variant in methods:
+            summary.setdefault("speedup_vs_variant", {})[variant] = _median(ratios("specedit", variant, "wall_seconds"))
     if "specedit" in methods and "llama-cpp" in methods:
         summary["speedup_vs_llama_cpp"] = _median(ratios("specedit", "llama-cpp", "wall_seconds"))
     return summary
@@ -246,6 +290,8 @@ def run_bench(
     unknown = set(methods) - set(METHODS)
     if unknown:
         raise ValueError(f"unknown methods: {', '.join(sorted(unknown))}")
+    if "specedit-fallback" in methods and engine.fallback is None:
+        raise ValueError("specedit-fallback needs a fallback: --draft-model MODEL or --draft layers:LIST")
     ordered = ["plain", *[m for m in methods if m != "plain"]]  # plain is the reference of every pair
     load_before = os.getloadavg()
     results: list[dict[str, Any]] = []
@@ -263,10 +309,8 @@ def run_bench(
         budget = max_new_tokens or 2 * len(original_ids) + 256
         runs: dict[str, MethodRun] = {}
         for method in ordered:
-            if method == "plain":
-                runs[method] = run_ours(engine, prompt_ids, original_ids, prompt.fence, budget, copy=False)
-            elif method == "specedit":
-                runs[method] = run_ours(engine, prompt_ids, original_ids, prompt.fence, budget, copy=True)
+            if method in DRAFT_OF:
+                runs[method] = run_ours(engine, prompt_ids, original_ids, prompt.fence, budget, draft=DRAFT_OF[method])
             elif method == "prompt-lookup":
                 runs[method] = run_prompt_lookup(engine, prompt_ids, prompt.fence, budget, lookup_tokens)
             elif method == "llama-cpp" and llama is not None:
@@ -296,6 +340,7 @@ def run_bench(
             "dtype": str(engine.loaded.dtype).removeprefix("torch."),
             "device": str(engine.device),
             "model": engine.loaded.name,
+            "fallback": engine.fallback.describe() if engine.fallback is not None else None,
             "llama_cpp": "ran" if llama is not None else ("not installed" if "llama-cpp" in methods else "not asked"),
         },
     }

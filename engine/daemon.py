@@ -66,6 +66,7 @@ from specedit.engine.protocol import (
     parse_client_message,
     read_payload,
 )
+from specedit.engine.requests import FallbackOptions
 
 if TYPE_CHECKING:
     from specedit.engine.generate import Engine, StepInfo
@@ -143,6 +144,7 @@ class DaemonConfig:
     dtype: str = "auto"
     device: str | None = None
     threads: int | None = None  # torch CPU threads; None: torch's choice
+    fallback: FallbackOptions = field(default_factory=FallbackOptions)  # drafting where the copy has nothing
     idle_timeout: float | None = None  # seconds without any client before exiting; None: never
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
 
@@ -226,6 +228,14 @@ class DaemonConfig:
             args += ["--device", self.device]
         if self.threads is not None:
             args += ["--threads", str(self.threads)]
+        fallback = self.fallback
+        if fallback.draft_model is not None:
+            draft_model = Path(fallback.draft_model).expanduser()
+            args += ["--draft-model", str(draft_model.absolute()) if draft_model.exists() else fallback.draft_model]
+        if fallback.layers is not None:
+            args += ["--draft", f"layers:{fallback.layers}"]
+        if fallback.configured:
+            args += ["--p-min", repr(fallback.p_min)]
         if self.idle_timeout is not None:
             args += ["--idle-timeout", repr(float(self.idle_timeout))]
         if self.max_frame_size != DEFAULT_MAX_FRAME_SIZE:
@@ -753,13 +763,11 @@ class Daemon:
 
     def _load(self) -> Engine:
         """On the worker thread: the model this daemon serves."""
-        from specedit.engine.generate import Engine
-        from specedit.engine.loading import load_model
-        from specedit.engine.model_store import resolve_model
+        from specedit.engine.drafting import open_engine
 
         log.info("loading %s", self.config.model or "the default model")
-        path = resolve_model(self.config.model)
-        return Engine(load_model(path, dtype=self.config.dtype, device=self.config.device))
+        config = self.config
+        return open_engine(config.model, dtype=config.dtype, device=config.device, fallback=config.fallback)
 
     def _generate(self, job: _Job) -> Done:
         """On the worker thread: run one rewrite, streaming text and steps back through the loop."""
@@ -856,6 +864,7 @@ class Daemon:
             "model": engine.loaded.name if engine is not None else self.config.model or "default",
             "device": str(engine.device) if engine is not None else self.config.device,
             "dtype": dtype,
+            "fallback": engine.fallback.describe() if engine is not None and engine.fallback is not None else None,
             "uptime_seconds": round(time.monotonic() - self._started, 3),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self._started_wall)),
             "clients": len(self._connections),

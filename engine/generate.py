@@ -6,20 +6,24 @@ feedback to the drafter -> emit the committed text. See `engine.kv_cache` for th
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from specedit.drafters.base import NO_DRAFT, Draft, Drafter, NoDrafter
 from specedit.engine import kv_cache
 from specedit.engine.detokenizer import IncrementalDetokenizer
+from specedit.engine.energy import EnergyMeter
+from specedit.engine.governor import CostGovernor, StepCost
 from specedit.engine.loading import LoadedModel
 from specedit.engine.requests import SamplingConfig
-from specedit.engine.stats import Clock, Stats
+from specedit.engine.stats import Clock, DrafterStats, Stats
 from specedit.engine.verify import verify
+
+if TYPE_CHECKING:
+    from specedit.engine.drafting import FallbackConfig
 
 FinishReason = Literal["eos", "stop", "length", "cancelled"]
 
@@ -45,17 +49,20 @@ class Generation:
 
 
 class Engine:
-    """A loaded target model that generates, with or without a drafter."""
+    """A loaded target model that generates, with or without a drafter.
 
-    def __init__(self, loaded: LoadedModel) -> None:
+    `fallback` says what drafts where the copy drafter has nothing (see `engine.drafting`); None: plain
+    decoding there.
+    """
+
+    def __init__(self, loaded: LoadedModel, fallback: FallbackConfig | None = None) -> None:
         self.loaded = loaded
+        self.fallback = fallback
+        self.energy = EnergyMeter(loaded.device)
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.device = loaded.device
         self.eos_token_ids = _eos_token_ids(loaded.model, loaded.tokenizer)
-        # transformers 5.x renamed `past_key_values` to `cache` in the forward signatures.
-        parameters = inspect.signature(loaded.model.forward).parameters
-        self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
 
     @property
     def max_positions(self) -> int | None:
@@ -75,6 +82,8 @@ class Engine:
         on_text: Callable[[str], None] | None = None,
         cancel: Callable[[], bool] | None = None,
         on_step: Callable[[StepInfo], None] | None = None,
+        governor: CostGovernor | None = None,
+        cache: Any = None,
     ) -> Generation:
         """Continue `prompt_ids` by at most `max_new_tokens` tokens.
 
@@ -82,6 +91,8 @@ class Engine:
         `cancel` is checked before every step. The output is exactly what plain decoding of the
         target gives (greedy: token for token; sampling with a seed and a deterministic draft: also
         token for token, since draws are keyed by position).
+        `governor` hears what every step cost, to back off drafters that stop paying. `cache` is an
+        empty cache for the target, for a drafter that drafts on it (layer skip); by default a new one.
         """
         if not prompt_ids:
             raise ValueError("the prompt must hold at least one token")
@@ -89,18 +100,22 @@ class Engine:
             raise ValueError("max_new_tokens must be >= 0")
         drafter = drafter or NoDrafter()
         clock = Clock()
+        joules_at_start = self.energy.read()
         stats = Stats(prompt_tokens=len(prompt_ids))
         tokens = list(prompt_ids)  # committed: prompt, then output
         output_start = len(tokens)
         output = _OutputText(IncrementalDetokenizer(self.tokenizer, prompt_ids), stop)
         finish: FinishReason = "length"
-        cache = kv_cache.new_cache()
+        if cache is None:
+            cache = kv_cache.new_cache()
+        elif kv_cache.length(cache):
+            raise ValueError("generate needs an empty cache")
 
         with torch.inference_mode():
             # Prefill every prompt token but the last, which is pending: it is the first input of the
             # first step's forward, so the first step predicts the first output token.
             if len(tokens) > 1:
-                self._forward(tokens[:-1], cache, logits_to_keep=1)
+                self.loaded.forward(tokens[:-1], cache, logits_to_keep=1)
             stats.prefill_seconds = clock.wall()
 
             step = 0
@@ -108,12 +123,14 @@ class Engine:
                 if cancel is not None and cancel():
                     finish = "cancelled"
                     break
+                step_clock = Clock()
+                committed_before = len(tokens)
                 # 1. Draft: at most budget - 1 tokens, since the bonus takes one more slot.
                 draft = drafter.propose(tokens, budget - 1) if budget > 1 else NO_DRAFT
                 draft = _cap(draft, budget - 1)
 
                 # 2. One target forward over the pending token and the draft: (k + 1, V) logits.
-                logits = self._forward([tokens[-1], *draft.tokens], cache)
+                logits = self.loaded.forward([tokens[-1], *draft.tokens], cache)
 
                 # 3. Verify: the accepted prefix and the target's bonus token.
                 verdict = verify(draft, logits, sampling, position=len(tokens) - output_start)
@@ -130,13 +147,28 @@ class Engine:
                         break
                 kv_cache.rollback(cache, keep=len(tokens) - 1)
 
-                # 5. Feedback to the drafter.
+                # 5. Feedback: to the drafter, and what the step cost to the governor.
                 drafter.observe(verdict.n_accepted)
+                if governor is not None:
+                    governor.record(
+                        StepCost(
+                            draft.source,
+                            len(draft),
+                            verdict.n_accepted,
+                            len(tokens) - committed_before,
+                            step_clock.wall(),
+                            step_clock.cpu(),
+                            len(tokens),
+                        )
+                    )
                 step += 1
                 stats.target_forwards += 1
                 stats.drafted_tokens += len(draft)
                 stats.accepted_tokens += verdict.n_accepted
                 stats.accepted_length_histogram[verdict.n_accepted] += 1
+                if draft.tokens:
+                    by_drafter = stats.drafters.setdefault(draft.source or "draft", DrafterStats())
+                    by_drafter.add(len(draft), verdict.n_accepted)
 
                 # 6. Emit the committed text.
                 out_of_budget = len(tokens) - output_start >= max_new_tokens
@@ -161,14 +193,13 @@ class Engine:
         stats.wall_seconds = clock.wall()
         stats.decode_seconds = stats.wall_seconds - stats.prefill_seconds
         stats.cpu_seconds = clock.cpu()
+        if joules_at_start is not None:
+            stats.joules = (self.energy.read() or joules_at_start) - joules_at_start
+        if governor is not None:
+            for name, link in governor.links.items():
+                stats.drafters.setdefault(name, DrafterStats()).held_back_steps = link.suppressed
+            stats.cost_probes = governor.probes
         return Generation(tokens[output_start:], output.text, finish, stats)
-
-    def _forward(self, ids: Sequence[int], cache: Any, logits_to_keep: int = 0) -> torch.Tensor:
-        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # (1, T)
-        arguments = {self._cache_argument: cache, "use_cache": True, "logits_to_keep": logits_to_keep}
-        out = self.model(input_ids=input_ids, **arguments)
-        logits: torch.Tensor = out.logits[0]  # (T, V), or (logits_to_keep, V)
-        return logits
 
 
 class _OutputText:

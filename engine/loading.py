@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,12 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     name: str
+    _cache_argument: str = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # transformers 5.x renamed `past_key_values` to `cache` in the forward signatures.
+        parameters = inspect.signature(self.model.forward).parameters
+        self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
 
     @property
     def max_positions(self) -> int | None:
@@ -61,6 +69,16 @@ class LoadedModel:
             self.model.config, "n_positions", None
         )
         return int(value) if value else None
+
+    def forward(self, ids: Sequence[int], cache: Any, logits_to_keep: int = 0) -> torch.Tensor:
+        """One forward over `ids` after what `cache` holds; the cache grows by len(ids) positions.
+
+        Returns (T, V) logits, or only the last `logits_to_keep` rows.
+        """
+        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # (1, T)
+        arguments = {self._cache_argument: cache, "use_cache": True, "logits_to_keep": logits_to_keep}
+        logits: torch.Tensor = self.model(input_ids=input_ids, **arguments).logits[0]  # (T, V)
+        return logits
 
 
 def load_model(name_or_path: str, *, dtype: str = "auto", device: str | None = None) -> LoadedModel:

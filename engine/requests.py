@@ -13,8 +13,36 @@ from typing import Literal
 from specedit.engine.prompts import RewritePrompt
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "float64")
-DraftMethod = Literal["copy", "none"]
-DRAFT_METHODS: tuple[DraftMethod, ...] = ("copy", "none")
+# auto: copy, then the configured fallback; copy: the copy drafter alone; fallback: the fallback alone
+# (a draft model or layer skip); none: plain decoding. See `engine.drafting`.
+DraftMethod = Literal["auto", "copy", "fallback", "none"]
+DRAFT_METHODS: tuple[DraftMethod, ...] = ("auto", "copy", "fallback", "none")
+
+
+@dataclass(frozen=True)
+class FallbackOptions:
+    """What drafts where the copy has nothing, as a user configures it (see `engine.drafting`).
+
+    `draft_model`: a model folder, .gguf or known name with the target's tokenizer; `layers`: the target's
+    own layers to draft with, a list like `0-11,20-23` or `auto` (what `specedit calibrate` saved). At most
+    one of the two; neither means plain decoding where the copy has nothing.
+    """
+
+    draft_model: str | None = None
+    layers: str | None = None
+    # Stop drafting at the first token whose probability is below this (about 0.5 removed the energy
+    # penalty of long drafts on every task in the seed measurements).
+    p_min: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.draft_model is not None and self.layers is not None:
+            raise ValueError("choose a draft model or layer skip, not both")
+        if not 0.0 <= self.p_min < 1.0:
+            raise ValueError(f"p_min must be in [0, 1), got {self.p_min}")
+
+    @property
+    def configured(self) -> bool:
+        return self.draft_model is not None or self.layers is not None
 
 
 @dataclass(frozen=True)
@@ -44,7 +72,7 @@ class RewriteRequest:
     instruction: str | None = None
     sketch: str | None = None
     language: str = ""
-    draft: DraftMethod = "copy"
+    draft: DraftMethod = "auto"
     sampling: SamplingConfig = SamplingConfig()
     max_new_tokens: int | None = None  # None: room for the original twice over, within the context
 

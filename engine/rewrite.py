@@ -1,4 +1,4 @@
-"""One rewrite: prompt, copy drafter over the original, generate, and the code back out.
+"""One rewrite: prompt, drafters (the copy drafter over the original first), generate, the code back out.
 
 This is what the command line, the daemon and the language server all call.
 """
@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specedit.drafters.base import Drafter, NoDrafter
-from specedit.drafters.copy_drafter import CopyDrafter, CopyDrafterConfig
+from specedit.engine import kv_cache
+from specedit.engine.drafting import build_drafter
 from specedit.engine.errors import ContextLengthError
 from specedit.engine.generate import Engine, FinishReason, Generation, StepInfo
 from specedit.engine.prompts import AnswerStream, RewritePrompt, build_prompt
@@ -52,11 +52,17 @@ def rewrite(
     original_ids = engine.tokenize(original)
     max_new_tokens = _budget(engine, request, len(prompt_ids), len(original_ids))
 
-    drafter: Drafter = NoDrafter()
-    if request.draft == "copy":
-        # An edit sketch holds the new code: the answer copies from it as well as from the original.
-        source = original_ids + (engine.tokenize(prompt.sketch) if prompt.sketch is not None else [])
-        drafter = CopyDrafter(source, output_start=len(prompt_ids), config=CopyDrafterConfig())
+    # An edit sketch holds the new code: the answer copies from it as well as from the original.
+    source_ids = original_ids + (engine.tokenize(prompt.sketch) if prompt.sketch is not None else [])
+    cache = kv_cache.new_cache()
+    drafter, governor = build_drafter(
+        engine,
+        request.draft,
+        source_ids=source_ids,
+        output_start=len(prompt_ids),
+        sampling=request.sampling,
+        cache=cache,
+    )
 
     answer = AnswerStream(prompt.fence)
     trailing = _TrailingNewline(keep=original.endswith("\n") or not original)
@@ -75,6 +81,8 @@ def rewrite(
         on_text=emit,
         cancel=cancel,
         on_step=on_step,
+        governor=governor,
+        cache=cache,
     )
     emit("")
     code = trailing.finish(answer.code)

@@ -11,12 +11,13 @@ import torch
 
 from specedit.engine.requests import SamplingConfig
 
-__all__ = ["SamplingConfig", "draw_token", "draw_uniform", "target_probs"]
+__all__ = ["DRAFT_STREAM", "SamplingConfig", "draw_token", "draw_uniform", "target_probs"]
 
 # Streams of random numbers, so that different uses at one position never share a draw.
 SAMPLE_STREAM = 0
 ACCEPT_STREAM = 1
 RESIDUAL_STREAM = 2
+DRAFT_STREAM = 3  # a draft model sampling its own draft
 
 
 def target_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:

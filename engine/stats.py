@@ -9,6 +9,35 @@ from typing import Any
 
 
 @dataclass
+class DrafterStats:
+    """What one drafter proposed in a request, and how much of it the target kept."""
+
+    proposals: int = 0  # steps on which it drafted
+    drafted: int = 0
+    accepted: int = 0
+    held_back_steps: int = 0  # steps on which the cost governor held it back (backed off, or a probe)
+
+    @property
+    def wasted(self) -> int:
+        """Drafted tokens the target rejected: verified for nothing."""
+        return self.drafted - self.accepted
+
+    def add(self, drafted: int, accepted: int) -> None:
+        self.proposals += 1
+        self.drafted += drafted
+        self.accepted += accepted
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "proposals": self.proposals,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "wasted": self.wasted,
+            "held_back_steps": self.held_back_steps,
+        }
+
+
+@dataclass
 class Stats:
     """Counters of one generation. `target_forwards` counts decode forwards (prefill is timed apart).
 
@@ -26,6 +55,9 @@ class Stats:
     decode_seconds: float = 0.0
     wall_seconds: float = 0.0
     cpu_seconds: float = 0.0
+    joules: float | None = None  # the GPU's energy counter (NVML), on CUDA only
+    drafters: dict[str, DrafterStats] = field(default_factory=dict)  # by drafter name: copy, fallback
+    cost_probes: int = 0  # plain steps the cost governor took to measure plain decoding
 
     @property
     def acceptance_rate(self) -> float:
@@ -62,6 +94,9 @@ class Stats:
             "cpu_seconds": round(self.cpu_seconds, 4),
             "tokens_per_second": round(self.tokens_per_second, 2),
             "decode_tokens_per_second": round(self.decode_tokens_per_second, 2),
+            "joules": round(self.joules, 3) if self.joules is not None else None,
+            "drafters": {name: drafter.to_dict() for name, drafter in sorted(self.drafters.items())},
+            "cost_probes": self.cost_probes,
         }
 
 

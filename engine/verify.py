@@ -86,6 +86,9 @@ def _verify_stochastic(
     tokens: tuple[int, ...], probs: torch.Tensor, p_draft: torch.Tensor, seed: int, position: int
 ) -> Verdict:
     p_draft = p_draft.to(probs.dtype)
+    if p_draft.shape[-1] != probs.shape[-1]:  # a draft model whose embedding is padded differently
+        width = probs.shape[-1]
+        p_draft = torch.nn.functional.pad(p_draft[:, :width], (0, max(0, width - p_draft.shape[-1])))
     for i, token in enumerate(tokens):
         p_t, p_d = float(probs[i, token]), float(p_draft[i, token])
         if p_d > 0.0 and draw_uniform(seed, position + i) < min(1.0, p_t / p_d):

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from specedit.engine.requests import RewriteRequest
+from specedit.engine.requests import FallbackOptions, RewriteRequest
 from specedit.lsp.config import INPROCESS, Settings
 
 if TYPE_CHECKING:
@@ -66,8 +66,16 @@ class RewriteBackend(Protocol):
 class InProcessBackend:
     """Loads the model in this process, once, on first use; one rewrite at a time."""
 
-    def __init__(self, model: str | None, *, dtype: str = "auto", device: str | None = None) -> None:
+    def __init__(
+        self,
+        model: str | None,
+        *,
+        dtype: str = "auto",
+        device: str | None = None,
+        fallback: FallbackOptions | None = None,
+    ) -> None:
         self._model, self._dtype, self._device = model, dtype, device
+        self._fallback = fallback or FallbackOptions()
         self._engine: Engine | None = None
         self._load_lock = threading.Lock()
         self._run_lock = threading.Lock()
@@ -75,12 +83,10 @@ class InProcessBackend:
     def engine(self) -> Engine:
         with self._load_lock:
             if self._engine is None:
-                from specedit.engine.generate import Engine
-                from specedit.engine.loading import load_model
-                from specedit.engine.model_store import resolve_model
+                from specedit.engine.drafting import open_engine
 
                 log.info("loading model %s", self._model or "(default)")
-                self._engine = Engine(load_model(resolve_model(self._model), dtype=self._dtype, device=self._device))
+                self._engine = open_engine(self._model, dtype=self._dtype, device=self._device, fallback=self._fallback)
             return self._engine
 
     def run(
@@ -130,7 +136,10 @@ class DaemonBackend:
         name = f"specedit lsp pid {os.getpid()}"
         if self._address is not None:
             return EngineClient.connect(self._address, token_file=self._settings.engine_token_file, client_name=name)
-        config = DaemonConfig(model=self._settings.model, dtype=self._settings.dtype, device=self._settings.device)
+        settings = self._settings
+        config = DaemonConfig(
+            model=settings.model, dtype=settings.dtype, device=settings.device, fallback=settings.fallback
+        )
         return ensure_daemon(config, client_name=name)
 
     def run(
@@ -154,5 +163,7 @@ class DaemonBackend:
 
 def make_backend(settings: Settings) -> RewriteBackend:
     if settings.engine == INPROCESS:
-        return InProcessBackend(settings.model, dtype=settings.dtype, device=settings.device)
+        return InProcessBackend(
+            settings.model, dtype=settings.dtype, device=settings.device, fallback=settings.fallback
+        )
     return DaemonBackend(settings.engine, settings)

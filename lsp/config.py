@@ -1,8 +1,9 @@
 """Settings of the language server: defaults, then `initializationOptions`, then `workspace/configuration`
 (section `specedit`), then the command line, each overriding the one before.
 
-Keys as the editors spell them (camelCase): engine, engineTokenFile, model, dtype, device, draft, delivery,
-presets, maxNewTokens. `engine` is "inprocess", a daemon address, or absent: the shared daemon, started if none runs.
+Keys as the editors spell them (camelCase): engine, engineTokenFile, model, dtype, device, draft,
+draftModel, draftLayers, pMin, delivery, presets, maxNewTokens. `engine` is "inprocess", a daemon address, or
+absent: the shared daemon, started if none runs.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from specedit.engine.requests import DRAFT_METHODS, DTYPE_CHOICES, DraftMethod
+from specedit.engine.requests import DRAFT_METHODS, DTYPE_CHOICES, DraftMethod, FallbackOptions
 from specedit.lsp.protocol import DELIVERIES, Delivery
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,8 @@ class Settings:
     model: str | None = None
     dtype: str = "auto"
     device: str | None = None
-    draft: DraftMethod = "copy"
+    draft: DraftMethod = "auto"
+    fallback: FallbackOptions = field(default_factory=FallbackOptions)  # for the engine this server starts
     delivery: Delivery = "live"
     presets: tuple[Preset, ...] = field(default=DEFAULT_PRESETS)
     max_new_tokens: int | None = None
@@ -82,6 +84,12 @@ class Settings:
             return replace(self, dtype=value)
         if key == "draft" and value in DRAFT_METHODS:
             return replace(self, draft=value)
+        if key == "draftModel" and isinstance(value, str):
+            return replace(self, fallback=replace(self.fallback, draft_model=value or None))
+        if key == "draftLayers" and isinstance(value, str):
+            return replace(self, fallback=replace(self.fallback, layers=value or None))
+        if key == "pMin" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return replace(self, fallback=replace(self.fallback, p_min=float(value)))
         if key == "delivery" and value in DELIVERIES:
             return replace(self, delivery=value)
         if key == "maxNewTokens" and isinstance(value, int):

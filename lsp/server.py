@@ -875,6 +875,9 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "dtype": "dtype",
         "device": "device",
         "draft": "draft",
+        "draftModel": "draft_model",
+        "draftLayers": "draft_layers",
+        "pMin": "p_min",
     }
     return {key: getattr(args, attr) for key, attr in names.items() if getattr(args, attr, None) is not None}
 

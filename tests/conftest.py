@@ -55,7 +55,9 @@ def build_tokenizer(*, chat: bool = True, eos: bool = True) -> Any:
     return fast
 
 
-def build_model(architecture: str, vocab_size: int, *, seed: int = 0, dtype: torch.dtype = torch.float64) -> Any:
+def build_model(
+    architecture: str, vocab_size: int, *, seed: int = 0, dtype: torch.dtype = torch.float64, layers: int = 2
+) -> Any:
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
@@ -65,7 +67,7 @@ def build_model(architecture: str, vocab_size: int, *, seed: int = 0, dtype: tor
             vocab_size=vocab_size,
             n_positions=2048,
             n_embd=32,
-            n_layer=2,
+            n_layer=layers,
             n_head=4,
             initializer_range=0.3,
             bos_token_id=None,
@@ -77,7 +79,7 @@ def build_model(architecture: str, vocab_size: int, *, seed: int = 0, dtype: tor
             vocab_size=vocab_size,
             hidden_size=32,
             intermediate_size=64,
-            num_hidden_layers=2,
+            num_hidden_layers=layers,
             num_attention_heads=4,
             num_key_value_heads=2,
             max_position_embeddings=2048,
@@ -89,7 +91,7 @@ def build_model(architecture: str, vocab_size: int, *, seed: int = 0, dtype: tor
             vocab_size=vocab_size,
             hidden_size=32,
             intermediate_size=64,
-            num_hidden_layers=2,
+            num_hidden_layers=layers,
             num_attention_heads=4,
             num_key_value_heads=4,
             max_position_embeddings=2048,
@@ -115,10 +117,10 @@ class CharTokenizer:
         return [ord(c) - ord("A") for c in text]
 
 
-def tiny_engine(architecture: str, *, seed: int = 0, vocab_size: int | None = None) -> Engine:
+def tiny_engine(architecture: str, *, seed: int = 0, vocab_size: int | None = None, layers: int = 2) -> Engine:
     """An engine over a tiny random float64 model, without EOS; with `vocab_size`, a stand-in tokenizer."""
     tokenizer: Any = CharTokenizer() if vocab_size else build_tokenizer()
-    model = build_model(architecture, vocab_size or len(tokenizer), seed=seed)
+    model = build_model(architecture, vocab_size or len(tokenizer), seed=seed, layers=layers)
     engine = Engine(LoadedModel(model, tokenizer, torch.device("cpu"), torch.float64, f"tiny-{architecture}"))
     engine.eos_token_ids = frozenset()  # a random model: only the budget ends generation, unless a test says
     return engine

@@ -14,13 +14,8 @@ from specedit.engine.bench import first_difference, summarise
 from conftest import MEMORISED_REWRITES
 
 
-def test_bench_runs_every_method_on_every_case(
-    tmp_path: Path, memorising_model_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # llama.cpp is an optional extra (and runs on the real default GGUF): here it is missing, as in CI.
-    monkeypatch.setattr(bench_llama_cpp.LlamaCppRunner, "create", classmethod(lambda cls, threads=None: None))
-    cases = tmp_path / "cases.jsonl"
-    with cases.open("w") as handle:
+def write_cases(path: Path) -> Path:
+    with path.open("w") as handle:
         for index, (before, instruction, after) in enumerate(MEMORISED_REWRITES):
             record = {
                 "id": f"memorised/{index}",
@@ -31,6 +26,15 @@ def test_bench_runs_every_method_on_every_case(
                 "source": "tests",
             }
             handle.write(json.dumps(record) + "\n")
+    return path
+
+
+def test_bench_runs_every_method_on_every_case(
+    tmp_path: Path, memorising_model_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # llama.cpp is an optional extra (and runs on the real default GGUF): here it is missing, as in CI.
+    monkeypatch.setattr(bench_llama_cpp.LlamaCppRunner, "create", classmethod(lambda cls, threads=None: None))
+    cases = write_cases(tmp_path / "cases.jsonl")
     out = tmp_path / "bench.json"
     code = main(
         [
@@ -89,6 +93,30 @@ def test_bench_runs_every_method_on_every_case(
         c["methods"]["plain"]["wall_seconds"] / c["methods"]["specedit"]["wall_seconds"] for c in report["cases"]
     )
     assert summary["speedup_vs_plain"]["specedit"] == pytest.approx(ratios[1], abs=1e-3)
+
+
+def test_bench_compares_the_chain_with_each_of_its_drafters(tmp_path: Path, memorising_model_dir: Path) -> None:
+    """Layer skip as the fallback (the memorising model has two layers; the target drafts with the first)."""
+    out = tmp_path / "bench.json"
+    arguments = ["bench", "--cases", str(write_cases(tmp_path / "cases.jsonl")), "--model", str(memorising_model_dir)]
+    methods = "plain,specedit,specedit-copy,specedit-fallback"
+    code = main([*arguments, "--methods", methods, "--draft", "layers:0", "--p-min", "0", "--json", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    summary = report["summary"]
+    assert summary["identical_rate"] == dict.fromkeys(methods.split(","), 1.0)
+    assert set(summary["speedup_vs_variant"]) == {"specedit-copy", "specedit-fallback"}
+    assert set(summary["slower_than_plain"]) == {"specedit", "specedit-copy", "specedit-fallback"}
+    assert report["settings"]["fallback"] == "layers 0 (p_min 0.0)"
+    for case in report["cases"]:
+        runs = case["methods"]
+        assert set(runs["specedit"]["drafters"]) == {"copy", "context", "layers"}
+        assert set(runs["specedit-copy"]["drafters"]) == {"copy"}
+        assert set(runs["specedit-fallback"]["drafters"]) == {"layers"}
+        assert runs["specedit-fallback"]["drafters"]["layers"]["proposals"] > 0
+        assert runs["plain"]["drafters"] == {} and runs["plain"]["joules"] is None  # no GPU here
+    # The fallback alone needs a fallback.
+    assert main([*arguments, "--methods", "plain,specedit-fallback"]) == 2
 
 
 def test_summary_pairs_cases_not_totals() -> None:

@@ -96,12 +96,75 @@ def test_rewrite_prints_the_new_text(
 ) -> None:
     source = tmp_path / "add.py"
     source.write_text(ADD)
-    for draft in ("copy", "none"):
+    for draft in ("auto", "copy", "none"):
         assert (
             specedit("rewrite", source, "-i", ADD_INSTRUCTION, "--model", memorising_model_dir, "--draft", draft) == 0
         )
         assert capsys.readouterr().out == ADD_ANSWER
     assert source.read_text() == ADD
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--draft", "bogus"], "--draft must be one of auto, copy, fallback, none or layers:LIST"),
+        (["--draft", "layers:0", "--draft-model", "x"], "not both"),
+        (["--draft", "layers:0", "--p-min", "1.5"], "p_min must be in [0, 1)"),
+    ],
+)
+def test_bad_draft_options_fail_before_loading(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    source = tmp_path / "a.py"
+    source.write_text(ADD)
+    assert specedit("rewrite", source, "-i", "x", "--model", tmp_path / "never-loaded", *flags) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_layer_skip_bad_layers_and_a_missing_calibration(
+    tmp_path: Path, memorising_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "a.py"
+    source.write_text(ADD)
+    model = ["--model", memorising_model_dir]
+    assert specedit("rewrite", source, "-i", "x", *model, "--draft", "layers:1") == 6
+    assert "must keep layer 0" in capsys.readouterr().err
+    assert specedit("rewrite", source, "-i", "x", *model, "--draft", "layers:0-7") == 6
+    assert "layer numbers must be in 0..1" in capsys.readouterr().err
+    assert specedit("rewrite", source, "-i", "x", "--model", tmp_path, "--draft", "layers") == 6
+    assert "not a model folder" in capsys.readouterr().err
+
+
+def test_calibrate_then_rewrite_with_layer_skip(
+    tmp_path: Path, memorising_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(memorising_model_dir, model)
+    sample = tmp_path / "sample.py"
+    sample.write_text(ADD * 10)
+    assert specedit("rewrite", sample, "-i", "x", "--model", model, "--draft", "layers:auto") == 6
+    assert "run `specedit calibrate` first" in capsys.readouterr().err
+
+    assert specedit("calibrate", "--model", model, "--sample", sample, "--tokens", "64", "--p-min", "0") == 0
+    out = capsys.readouterr().out
+    assert out.startswith("layers 0: agreement") and "saved to" in out
+    saved = json.loads((model / "specedit-layers.json").read_text())
+    assert saved["layers"] == [0] and saved["sample_tokens"] == 64 and 0.0 <= saved["acceptance"] <= 1.0
+    assert saved["candidates"][0]["kept"] == "0"
+
+    source, stats = tmp_path / "add.py", tmp_path / "stats.json"
+    source.write_text(ADD)
+    arguments = ["-i", ADD_INSTRUCTION, "--model", model, "--p-min", "0", "--stats", stats]
+    assert specedit("rewrite", source, *arguments, "--draft", "layers:auto") == 0
+    assert capsys.readouterr().out == ADD_ANSWER  # the same answer
+    assert set(json.loads(stats.read_text())["drafters"]) == {"copy", "context", "layers"}
+
+
+def test_model_fetch_names_the_known_models(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert specedit("model", "fetch", "no-such-model") == 3
+    assert "known: qwen2.5-coder-0.5b-instruct, qwen2.5-coder-1.5b-instruct" in capsys.readouterr().err
 
 
 def test_in_place_keeps_a_backup_and_stats_are_written(tmp_path: Path, memorising_model_dir: Path) -> None:

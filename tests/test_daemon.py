@@ -32,6 +32,7 @@ from specedit.engine.errors import ContextLengthError, EngineUnavailableError
 from specedit.engine.generate import Engine
 from specedit.engine.loading import load_model
 from specedit.engine.protocol import PROTOCOL_VERSION, encode_frame, recv_payload
+from specedit.engine.requests import FallbackOptions
 from specedit.engine.rewrite import RewriteRequest, rewrite
 
 from conftest import MEMORISED_REWRITES
@@ -498,10 +499,14 @@ def test_command_line_round_trips_the_config(short_dir: Path) -> None:
     for config in (
         DaemonConfig(socket_path=short_dir / "e.sock", model=str(short_dir), dtype="float32", idle_timeout=30.0),
         DaemonConfig(host="127.0.0.1", port=7341, token_file=token, device="cpu", threads=2, max_frame_size=1 << 20),
+        DaemonConfig(socket_path=short_dir / "e.sock", fallback=FallbackOptions(layers="0-11,20-23", p_min=0.4)),
+        DaemonConfig(socket_path=short_dir / "e.sock", fallback=FallbackOptions(draft_model=str(short_dir))),
     ):
         assert config_from_args(serve_args(*config.command_line()[1:])) == config
     with pytest.raises(SystemExit):
         config_from_args(serve_args("--port", "1234"))  # TCP without a token file
+    with pytest.raises(SystemExit):
+        config_from_args(serve_args("--draft", "copy"))  # the daemon's --draft only configures layer skip
 
 
 def test_real_daemon_process_shared_by_two_starters(

@@ -88,6 +88,19 @@ def test_command_line_flags_become_overrides() -> None:
     args = parser.parse_args(["lsp", "--engine", "inprocess", "--model", "/m", "--draft", "none"])
     assert overrides_from_args(args) == {"engine": "inprocess", "model": "/m", "draft": "none"}
     assert Settings().merged(overrides_from_args(args)).engine == "inprocess"
+    args = parser.parse_args(["lsp", "--draft-layers", "auto", "--p-min", "0.3"])
+    settings = Settings().merged(overrides_from_args(args))
+    assert (settings.fallback.layers, settings.fallback.p_min, settings.draft) == ("auto", 0.3, "auto")
+
+
+def test_fallback_settings_from_the_editor() -> None:
+    settings = Settings().merged({"draftModel": "qwen2.5-coder-0.5b-instruct", "pMin": 0.6, "draft": "fallback"})
+    assert settings.fallback.draft_model == "qwen2.5-coder-0.5b-instruct" and settings.fallback.p_min == 0.6
+    assert settings.draft == "fallback"
+    # Both fallbacks at once, or a threshold out of range, are refused and the earlier value stays.
+    assert settings.merged({"draftLayers": "0-3"}).fallback.layers is None
+    assert settings.merged({"pMin": 1.5}).fallback.p_min == 0.6
+    assert Settings().merged({"draftLayers": "0-3"}).fallback.layers == "0-3"
 
 
 def test_small_helpers() -> None:

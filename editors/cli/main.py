@@ -29,7 +29,7 @@ from specedit.cli.files import (
 from specedit.cli.progress import RewriteProgress
 from specedit.cli.serve_command import add_serve_parser, remote_rewrite, serve_command
 from specedit.engine.errors import IncompleteOutputError, InputError, SpeceditError
-from specedit.engine.requests import DRAFT_METHODS, DTYPE_CHOICES
+from specedit.engine.requests import DRAFT_METHODS, DTYPE_CHOICES, DraftMethod, FallbackOptions
 from specedit.lsp.command import add_lsp_parser, lsp_command
 
 log = logging.getLogger("specedit")
@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--methods",
         default="plain,prompt-lookup,specedit",
-        help="comma-separated: plain, prompt-lookup, specedit, llama-cpp",
+        help="comma-separated: plain, prompt-lookup, specedit (the default chain), specedit-copy (the copy "
+        "drafter alone), specedit-fallback (the fallback alone), llama-cpp",
     )
     bench.add_argument(
         "--prompt-lookup-tokens",
@@ -95,6 +96,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--json", type=Path, help="write every figure as JSON")
     add_model_arguments(bench)
+
+    calibrate = commands.add_parser(
+        "calibrate",
+        help="choose the layers the target drafts with (--draft layers:auto) and save them next to the model",
+    )
+    calibrate.add_argument(
+        "--sample", nargs="+", type=Path, metavar="FILE", help="text to measure on (default: specedit's own source)"
+    )
+    calibrate.add_argument("--tokens", type=int, default=512, help="sample length in tokens (default: %(default)s)")
+    calibrate.add_argument("--model", help="a model folder, a .gguf file or a known name (default: the embedded one)")
+    calibrate.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
+    calibrate.add_argument("--device", help="cpu, cuda, ... (default: CUDA when available)")
+    calibrate.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
+    calibrate.add_argument("--p-min", type=float, default=FallbackOptions.p_min, help="the drafting threshold")
 
     add_serve_parser(commands)
     add_lsp_parser(commands)
@@ -114,9 +129,23 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--draft",
-        choices=DRAFT_METHODS,
-        default="copy",
-        help="copy: draft from the original (default); none: plain decoding",
+        default="auto",
+        metavar="METHOD",
+        help="auto (default): copy from the original, then the fallback (a draft model or layer skip) where "
+        "the copy has nothing; copy: the copy alone; fallback: the fallback alone; none: plain decoding; "
+        "layers:LIST: auto, with the target drafting on its layers LIST (e.g. 0-11,20-23), or layers:auto "
+        "for the list `specedit calibrate` saved",
+    )
+    parser.add_argument(
+        "--draft-model",
+        metavar="MODEL",
+        help="a small model with the target's tokenizer that drafts where the copy has nothing",
+    )
+    parser.add_argument(
+        "--p-min",
+        type=float,
+        default=FallbackOptions.p_min,
+        help="the fallback stops drafting at the first token below this probability (default: %(default)s)",
     )
     parser.add_argument(
         "--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: bf16 on CUDA and bf16-capable CPUs, else float32"
@@ -141,6 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return model_command(args)
         if args.command == "bench":
             return bench_command(args)
+        if args.command == "calibrate":
+            return calibrate_command(args)
         if args.command == "serve":
             return serve_command(args)
         if args.command == "lsp":
@@ -174,6 +205,7 @@ def rewrite_command(args: argparse.Namespace) -> int:
         sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     except ValueError as error:
         raise UsageError(str(error)) from None
+    fallback_options(args)  # a bad --draft fails before anything is read or loaded
     lines = parse_lines(args.lines) if args.lines else None
     sketch = read_source(args.sketch).text if args.sketch else None
 
@@ -184,8 +216,8 @@ def rewrite_command(args: argparse.Namespace) -> int:
         region = select_lines(source.text, *lines) if lines else Region("", source.text, "")
         jobs.append((source, region))
 
-    if args.engine and args.model:
-        log.warning("--model is ignored with --engine: the daemon serves its own model")
+    if args.engine and (args.model or args.draft_model or args.draft.startswith("layers")):
+        log.warning("--model, --draft-model and --draft layers are ignored with --engine: the daemon serves its own")
     run = remote_runner(args) if args.engine else local_runner(load_engine(args))
     all_stats: list[dict[str, Any]] = []
     stream_to_stdout = not (args.in_place or args.output or args.diff)
@@ -195,7 +227,7 @@ def rewrite_command(args: argparse.Namespace) -> int:
             instruction=args.instruction,
             sketch=sketch,
             language=args.language or language_for_path(source.name if source.name != STDIN else None),
-            draft=args.draft,
+            draft=draft_method(args),
             sampling=sampling,
             max_new_tokens=args.max_new_tokens,
         )
@@ -260,18 +292,38 @@ def remote_runner(args: argparse.Namespace) -> Runner:
     return run
 
 
+def draft_method(args: argparse.Namespace) -> DraftMethod:
+    """The per-request draft method of `--draft` (`layers:LIST` configures the engine and means auto)."""
+    return "auto" if args.draft.startswith("layers") else args.draft  # type: ignore[no-any-return]
+
+
+def fallback_options(args: argparse.Namespace) -> FallbackOptions:
+    """What `--draft`, `--draft-model` and `--p-min` configure; a bad combination is a usage error."""
+    value: str = args.draft
+    layers: str | None = None
+    if value == "layers" or value.startswith("layers:"):
+        layers = value.partition(":")[2] or "auto"
+    elif value not in DRAFT_METHODS:
+        raise UsageError(f"--draft must be one of {', '.join(DRAFT_METHODS)} or layers:LIST, got {value!r}")
+    try:
+        return FallbackOptions(draft_model=args.draft_model, layers=layers, p_min=args.p_min)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
 def load_engine(args: argparse.Namespace) -> Any:
     import torch
 
-    from specedit.engine.generate import Engine
-    from specedit.engine.loading import load_model
-    from specedit.engine.model_store import resolve_model
+    from specedit.engine.drafting import open_engine
 
+    fallback = fallback_options(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     with fetch_progress() as progress:
-        model = resolve_model(args.model, progress=progress)
-    return Engine(load_model(model, dtype=args.dtype, device=args.device))
+        engine = open_engine(args.model, dtype=args.dtype, device=args.device, fallback=fallback, progress=progress)
+    if engine.fallback is not None:
+        log.info("fallback drafter: %s", engine.fallback.describe())
+    return engine
 
 
 def write_stdout(text: str) -> None:
@@ -345,6 +397,8 @@ def bench_command(args: argparse.Namespace) -> int:
                 flush=True,
             )
 
+    if "specedit-fallback" in methods and engine.fallback is None:
+        raise UsageError("specedit-fallback needs a fallback: --draft-model MODEL or --draft layers:LIST")
     report = run_bench(
         engine,
         cases,
@@ -365,6 +419,12 @@ def bench_command(args: argparse.Namespace) -> int:
         "speed-up over plain, decode phase (median): "
         + ", ".join(f"{m} {v}x" for m, v in summary["decode_speedup_vs_plain"].items())
     )
+    print(
+        "cases slower than plain (slowest ratio): "
+        + ", ".join(f"{m} {n} ({summary['slowest_vs_plain'][m]}x)" for m, n in summary["slower_than_plain"].items())
+    )
+    for variant, ratio in summary.get("speedup_vs_variant", {}).items():
+        print(f"specedit over {variant} (median): {ratio}x")
     if "speedup_vs_prompt_lookup" in summary:
         print(f"specedit over prompt-lookup (median): {summary['speedup_vs_prompt_lookup']}x")
     if "speedup_vs_llama_cpp" in summary:
@@ -374,10 +434,62 @@ def bench_command(args: argparse.Namespace) -> int:
         + ", ".join(f"{m} {v:.0%}" for m, v in summary["identical_rate"].items() if v is not None)
     )
     print("CPU seconds per token: " + ", ".join(f"{m} {v}" for m, v in summary["cpu_seconds_per_token"].items()))
+    if summary["joules_per_token"]:
+        print("GPU joules per token: " + ", ".join(f"{m} {v}" for m, v in summary["joules_per_token"].items()))
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     print(f"load average after: {load}; llama.cpp: {report['settings']['llama_cpp']}")
     if args.json:
         write_atomically(args.json, json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------- calibrate
+
+
+def calibrate_command(args: argparse.Namespace) -> int:
+    import torch
+
+    from specedit.engine.calibrate import calibrate, calibration_record
+    from specedit.engine.drafting import calibration_path
+    from specedit.engine.loading import load_model
+    from specedit.engine.model_store import resolve_model
+
+    if args.tokens < 16:
+        raise UsageError("--tokens must be at least 16")
+    import specedit.drafters
+    import specedit.engine
+
+    own_source = [Path(package.__file__).parent for package in (specedit.engine, specedit.drafters)]
+    paths = args.sample or sorted(path for folder in own_source for path in folder.glob("*.py"))
+    sample = "\n".join(read_source(str(path)).text for path in paths)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with fetch_progress() as progress:
+        target = load_model(resolve_model(args.model, progress=progress), dtype=args.dtype, device=args.device)
+    sample_ids = target.tokenizer.encode(sample, add_special_tokens=False)[: args.tokens]
+    if len(sample_ids) < 16:
+        raise InputError("the sample is too short: give at least 16 tokens of text")
+    print(f"calibrating layer skip for {target.name} on {len(sample_ids)} tokens", file=sys.stderr)
+    try:
+        candidates = calibrate(
+            target, sample_ids, p_min=args.p_min, on_progress=lambda line: print(line, file=sys.stderr)
+        )
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    best = candidates[0]
+    record = calibration_record(target, candidates, sample_tokens=len(sample_ids), p_min=args.p_min)
+    path = calibration_path(target.name)
+    write_atomically(path, json.dumps(record, indent=2) + "\n")
+    print(
+        f"layers {best.kept}: agreement {best.acceptance:.0%}, cost {best.cost:.2f} of a full forward, "
+        f"expected {best.expected_speedup:.2f}x with {best.draft_length}-token drafts; saved to {path}"
+    )
+    if best.expected_speedup < 1.0:
+        print(
+            "specedit: note: layer skip is not expected to pay on this device; the cost governor will "
+            "switch it off where it does not",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -391,20 +503,19 @@ def torch_threads() -> int:
 
 
 def model_command(args: argparse.Namespace) -> int:
-    from specedit.engine.model_store import KNOWN_MODELS, ensure_model, list_cached
+    from specedit.engine.model_store import DEFAULT_MODEL, KNOWN_MODELS, ensure_model, list_cached
 
     if args.model_command == "fetch":
-        spec = next((s for s in KNOWN_MODELS if s.name == args.name), None) if args.name else KNOWN_MODELS[0]
+        spec = KNOWN_MODELS.get(args.name) if args.name else DEFAULT_MODEL
         if spec is None:
-            names = ", ".join(s.name for s in KNOWN_MODELS)
-            raise InputError(f"unknown model {args.name!r}; known: {names}")
+            raise InputError(f"unknown model {args.name!r}; known: {', '.join(KNOWN_MODELS)}")
         with fetch_progress(always=True) as progress:
             path = ensure_model(spec, progress=progress)
         print(path)
         return 0
     cached_models = list_cached()
     if not cached_models:
-        print(f"no models cached yet; `specedit model fetch` provisions {KNOWN_MODELS[0].name}", file=sys.stderr)
+        print(f"no models cached yet; `specedit model fetch` provisions {DEFAULT_MODEL.name}", file=sys.stderr)
     for cached in cached_models:
         state = f"converted ({cached.dtype})" if cached.converted else "not converted"
         print(f"{cached.name}  {cached.size_bytes / 1e9:.2f} GB  {state}")

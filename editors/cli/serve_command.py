@@ -18,7 +18,7 @@ from specedit.engine.client import EngineClient, RemoteResult, RemoteStep
 from specedit.engine.daemon import DaemonConfig, serve
 from specedit.engine.errors import EngineUnavailableError
 from specedit.engine.protocol import DEFAULT_MAX_FRAME_SIZE
-from specedit.engine.requests import DTYPE_CHOICES
+from specedit.engine.requests import DTYPE_CHOICES, FallbackOptions
 
 if TYPE_CHECKING:
     from specedit.engine.requests import RewriteRequest
@@ -42,6 +42,18 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     model.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: bf16 where native, else float32")
     model.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: CUDA when available)")
     model.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
+    model.add_argument(
+        "--draft-model",
+        metavar="MODEL",
+        help="a small model with the target's tokenizer, to draft where the copy has nothing",
+    )
+    model.add_argument(
+        "--draft",
+        metavar="layers:LIST",
+        help="draft where the copy has nothing with the target's own layers LIST (e.g. 0-11,20-23; layers:auto: "
+        "what `specedit calibrate` saved)",
+    )
+    model.add_argument("--p-min", type=float, default=FallbackOptions.p_min, help="the fallback's confidence threshold")
     serve_parser.add_argument(
         "--idle-timeout", type=float, metavar="SECONDS", help="exit after this long without any client (default: never)"
     )
@@ -63,6 +75,11 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
             raise ValueError("--socket and --host/--port/--token-file exclude each other")
         if tcp and (args.port is None or args.token_file is None):
             raise ValueError("TCP needs both --port and --token-file")
+        layers = None
+        if args.draft is not None:
+            if not (args.draft == "layers" or args.draft.startswith("layers:")):
+                raise ValueError("serve --draft takes layers:LIST (the request chooses its own draft method)")
+            layers = args.draft.partition(":")[2] or "auto"
         return DaemonConfig(
             socket_path=args.socket,
             host=args.host,
@@ -72,6 +89,7 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
             dtype=args.dtype,
             device=args.device,
             threads=args.threads,
+            fallback=FallbackOptions(draft_model=args.draft_model, layers=layers, p_min=args.p_min),
             idle_timeout=args.idle_timeout,
             max_frame_size=args.max_frame_size,
         )

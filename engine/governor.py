@@ -1,0 +1,218 @@
+"""Never slower, never costlier: the cost governor backs speculation off where it stops paying.
+
+Every step of the loop costs wall time and CPU time. A *plain* step (no draft) commits one token; its
+cost is the reference `P`, a running average on both clocks, first taken by a short *probe* (one step
+with drafting held back) as soon as a step needs judging. A drafted step that commits `c` tokens *paid*
+when it cost at most `c * P` on both clocks. Two cases need no clock: a draft rejected outright never
+pays (it cost a longer forward and committed one token), and a draft accepted whole always does (one
+forward over k + 1 tokens costs less than k + 1 forwards of one token on every device we measured).
+
+Each drafter (a *link*, by name) has a cap on its draft length, which it follows per request:
+- a step that did not pay halves the cap (from the length it drafted); a step that paid doubles it, up
+  to the link's maximum. So a copy run keeps its long drafts, and new text shrinks them within a few
+  steps: 64 -> 32 -> ... -> 1 -> off costs about as much as five plain tokens, once.
+- at cap 0 the link is *off*. A cheap link (the copy drafter: a proposal costs microseconds) keeps
+  proposing in the shadow; when a shadow draft would have been accepted (its first token is the token
+  the target wrote), the copy has found a match again and the cap comes back at 2. An expensive link
+  (a draft model, layer skip: a proposal costs forwards) is probed with a one-token draft after a
+  cool-down, which doubles every time a probe does not pay. When it is asked and proposes nothing (its
+  first token was below `p_min`), it spent a forward for nothing: that halves its cap too, and the step
+  does not count as a plain one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from specedit.drafters.base import NO_DRAFT, Draft, Drafter
+
+# The plain cost is a running average of plain steps: new ones weigh this much. Plain steps vary by
+# ~10% here (other processes share the cores); 0.3 follows the slow growth of the attention cost.
+PLAIN_COST_WEIGHT = 0.3
+# A plain-cost estimate older than this many committed tokens is re-probed before it judges a step.
+PLAIN_COST_AGE = 512
+FIRST_COOLDOWN = 4  # steps before an expensive link that was switched off is probed again
+MAX_COOLDOWN = 64
+REVIVED_CAP = 2  # the cap of a link that comes back on
+
+
+@dataclass
+class LinkState:
+    """The governor's view of one drafter."""
+
+    max_cap: int
+    cheap: bool
+    cap: int = 0
+    cooldown: int = FIRST_COOLDOWN  # the next cool-down of an expensive link
+    waiting: int = 0  # steps left before an expensive link that is off is probed
+    suppressed: int = 0  # steps on which the link was off or held back
+    backoffs: int = 0  # steps that did not pay
+
+    def __post_init__(self) -> None:
+        self.cap = self.max_cap
+
+
+@dataclass(frozen=True)
+class StepCost:
+    source: str  # the link that drafted, "" for a plain step
+    drafted: int
+    accepted: int
+    committed: int
+    wall_seconds: float
+    cpu_seconds: float
+    position: int  # committed length after the step
+
+
+class CostGovernor:
+    """Caps each drafter's drafts by what they saved so far in this request; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.links: dict[str, LinkState] = {}
+        self.plain_wall: float | None = None
+        self.plain_cpu: float | None = None
+        self._plain_position = 0  # committed length when the plain cost was last measured
+        self._probe = False  # hold all drafting back for one step, to measure the plain cost
+        self._unjudged: StepCost | None = None  # a step that needs the plain cost, until the probe
+        self._drafting_spent = False  # this step, an expensive link drafted and proposed nothing
+        self.probes = 0
+
+    def gate(self, drafter: Drafter, name: str, *, max_draft: int, cheap: bool) -> Drafter:
+        """`drafter` under this governor, as the link `name`; its drafts carry the name as their source."""
+        if name in self.links:
+            raise ValueError(f"a link named {name!r} is already governed")
+        self.links[name] = LinkState(max_cap=max_draft, cheap=cheap)
+        return GatedDrafter(drafter, name, self)
+
+    @property
+    def probing(self) -> bool:
+        return self._probe
+
+    def record(self, step: StepCost) -> None:
+        """The engine reports every step's cost; the drafting link's cap follows whether it paid."""
+        if step.drafted == 0:
+            if not self._drafting_spent:
+                self._record_plain(step)
+            self._drafting_spent = False
+            return
+        link = self.links.get(step.source)
+        if link is None:
+            return  # an ungoverned drafter
+        if step.accepted == 0:
+            self._judge(link, step, paid=False)
+        elif step.accepted == step.drafted:
+            self._judge(link, step, paid=True)
+        elif self.plain_wall is None or step.position - self._plain_position > PLAIN_COST_AGE:
+            self._unjudged = step  # judged by the probe that follows
+            self._probe = True
+        else:
+            self._judge(link, step, paid=self._paid(step))
+
+    def revive(self, name: str) -> None:
+        """A link that was off would have drafted well: back on, with a short cap."""
+        link = self.links[name]
+        link.cap = max(link.cap, min(REVIVED_CAP, link.max_cap))
+
+    def proposed_nothing(self, name: str) -> None:
+        """The link was asked and had no proposal; for an expensive link that cost a forward."""
+        link = self.links[name]
+        if not link.cheap:
+            self._drafting_spent = True
+            link.backoffs += 1
+            link.cap //= 2
+            if link.cap == 0:
+                self._switch_off(link)
+
+    def _record_plain(self, step: StepCost) -> None:
+        if self.plain_wall is None or self.plain_cpu is None:
+            self.plain_wall, self.plain_cpu = step.wall_seconds, step.cpu_seconds
+        else:
+            w = PLAIN_COST_WEIGHT
+            self.plain_wall = (1 - w) * self.plain_wall + w * step.wall_seconds
+            self.plain_cpu = (1 - w) * self.plain_cpu + w * step.cpu_seconds
+        self._plain_position = step.position
+        if self._probe:
+            self._probe = False
+            self.probes += 1
+        if self._unjudged is not None:
+            unjudged, self._unjudged = self._unjudged, None
+            link = self.links.get(unjudged.source)
+            if link is not None:
+                self._judge(link, unjudged, paid=self._paid(unjudged))
+
+    def _paid(self, step: StepCost) -> bool:
+        assert self.plain_wall is not None and self.plain_cpu is not None
+        return (
+            step.wall_seconds <= step.committed * self.plain_wall
+            and step.cpu_seconds <= step.committed * self.plain_cpu
+        )
+
+    def _judge(self, link: LinkState, step: StepCost, *, paid: bool) -> None:
+        if paid:
+            link.cap = min(link.max_cap, max(2 * link.cap, 2 * step.drafted))
+            link.cooldown = FIRST_COOLDOWN
+            return
+        link.backoffs += 1
+        link.cap = step.drafted // 2
+        if link.cap == 0:
+            self._switch_off(link)
+
+    @staticmethod
+    def _switch_off(link: LinkState) -> None:
+        if not link.cheap:
+            link.waiting = link.cooldown
+            link.cooldown = min(2 * link.cooldown, MAX_COOLDOWN)
+
+
+class GatedDrafter:
+    """A drafter under a `CostGovernor`: its proposals are cut to the link's cap, or held back."""
+
+    def __init__(self, inner: Drafter, name: str, governor: CostGovernor) -> None:
+        self.inner = inner
+        self.name = name
+        self._governor = governor
+        self._link = governor.links[name]
+        self._asked = False  # `inner` proposed this step and awaits its feedback
+        self._shadow: tuple[int, int] | None = None  # (position, first token) of a held-back proposal
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        self._settle_shadow(context)
+        link = self._link
+        if self._governor.probing:
+            link.suppressed += 1
+            return NO_DRAFT
+        if link.cap == 0:
+            link.suppressed += 1
+            if link.cheap:
+                shadow = self.inner.propose(context, k)
+                self._asked = False
+                self._shadow = (len(context), shadow.tokens[0]) if shadow.tokens else None
+                if self._shadow is None:
+                    self.inner.observe(0)
+                return NO_DRAFT
+            if link.waiting > 0:
+                link.waiting -= 1
+                return NO_DRAFT
+            link.cap = 1  # the probe
+        draft = self.inner.propose(context, min(k, link.cap))
+        self._asked = True
+        if not draft.tokens:
+            self._governor.proposed_nothing(self.name)
+            return draft
+        return replace(draft, source=self.name)
+
+    def observe(self, n_accepted: int) -> None:
+        if self._asked:
+            self._asked = False
+            self.inner.observe(n_accepted)
+
+    def _settle_shadow(self, context: Sequence[int]) -> None:
+        """Feedback for a held-back proposal: whether the target then wrote its first token."""
+        if self._shadow is None:
+            return
+        position, first = self._shadow
+        self._shadow = None
+        hit = len(context) > position and context[position] == first
+        self.inner.observe(1 if hit else 0)
+        if hit:
+            self._governor.revive(self.name)
