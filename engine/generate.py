@@ -241,7 +241,7 @@ def _cap(draft: Draft, k: int) -> Draft:
     if len(draft) <= k:
         return draft
     p_draft = draft.p_draft[:k] if draft.p_draft is not None else None
-    return Draft(draft.tokens[:k], p_draft)
+    return Draft(draft.tokens[:k], p_draft, draft.source)
 
 
 def _eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:

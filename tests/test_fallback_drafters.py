@@ -477,6 +477,19 @@ def test_the_governor_measures_plain_decoding_with_a_probe_and_judges_by_it() ->
     assert link.cap == 4
 
 
+def test_a_model_drafter_whose_whole_draft_is_accepted_may_still_not_pay() -> None:
+    """Its draft forwards count: 4 tokens accepted whole for 0.6 s against 0.1 s a plain token is a loss."""
+    governor = CostGovernor()
+    governor.gate(ScriptedDrafter([1] * 100, 0, 5), "layers", max_draft=8, cheap=False)
+    link = governor.links["layers"]
+    governor.record(_cost("layers", 4, 4, 0.6))  # needs the plain cost: a probe
+    assert governor.probing and link.cap == 8
+    governor.record(_cost("", 0, 0, 0.1))
+    assert link.cap == 2  # judged by the probe: 5 tokens for 0.6 s did not pay
+    governor.record(_cost("layers", 2, 2, 0.2))  # 3 tokens for 0.2 s: paid
+    assert link.cap == 4
+
+
 def test_an_expensive_link_that_stops_paying_is_probed_after_a_growing_cool_down() -> None:
     governor = CostGovernor()
     inner = ScriptedDrafter([1] * 1000, 0, 5)
@@ -549,3 +562,45 @@ def test_pairs_table_is_a_distribution() -> None:
     table = _pair_distribution(engine, [1, 2, 3])
     assert float(table.sum()) == pytest.approx(1.0)
     assert all(float(table[a, b]) > 0 for a, b in itertools.product(range(V), range(V)))
+
+
+# ---------------------------------------------------------------------------------------------- energy
+
+
+def test_joules_come_from_the_nvml_energy_counter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No GPU here: a stand-in NVML module counts millijoules; a request reports the joules it spanned."""
+    import sys
+    import types
+
+    from specedit.engine import energy
+
+    readings = iter(range(1_000_000, 10_000_000, 250_000))  # mJ, rising by 250 J a reading
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None, nvmlDeviceGetTotalEnergyConsumption=lambda handle: next(readings)
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(energy, "_nvml_handle", lambda pynvml, device: "gpu0")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    meter = energy.EnergyMeter(torch.device("cuda"))
+    assert meter.available
+    engine = tiny_engine("qwen2")
+    engine.energy = meter
+    generation = engine.generate(engine.tokenize("def add(a, b):\n"), max_new_tokens=3)
+    assert generation.stats.joules == pytest.approx(250.0)
+    assert generation.stats.to_dict()["joules"] == 250.0
+
+
+def test_no_energy_counter_on_the_cpu_or_without_a_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    from specedit.engine import energy
+
+    assert energy.EnergyMeter(torch.device("cpu")).read() is None
+
+    def no_driver() -> None:
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(nvmlInit=no_driver))
+    meter = energy.EnergyMeter(torch.device("cuda"))
+    assert not meter.available and meter.read() is None

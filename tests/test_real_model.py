@@ -67,3 +67,31 @@ def test_the_command_rewrites_a_file_in_place(tmp_path: Path, capsys: pytest.Cap
     assert main(["rewrite", str(source), "-i", "Rename merge to merge_configs.", "--in-place"]) == 0
     assert "def merge_configs(" in source.read_text()
     assert (tmp_path / "config.py.orig").read_text() == ORIGINAL
+
+
+def test_layer_skip_where_the_copy_runs_out_keeps_the_answer() -> None:
+    """The target drafts new code on half of its layers; in float32, so that no bf16 near-tie between a
+    forward over one token and one over several decides the comparison."""
+    from specedit.drafters.model_drafter import ModelDraftConfig
+    from specedit.engine.drafting import FallbackConfig
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        loaded = load_model(str(ensure_model()), dtype="float32")
+        kept = (*range(0, 12), *range(18, 24))  # 18 of 24 layers
+        engine = Engine(loaded, FallbackConfig(layers=kept, draft=ModelDraftConfig(p_min=0.5)))
+        request = RewriteRequest(
+            original=ORIGINAL,
+            instruction="Add a function deep_merge(base, override) that merges nested dictionaries recursively.",
+            language="python",
+            max_new_tokens=80,
+            draft="fallback",
+        )
+        speculative = rewrite(engine, request)
+        plain = rewrite(engine, dataclasses.replace(request, draft="none"))
+    finally:
+        torch.set_num_threads(threads)
+    assert speculative.generation.tokens == plain.generation.tokens
+    layers = speculative.generation.stats.drafters["layers"]
+    assert layers.proposals > 0 and layers.accepted > 0, speculative.generation.stats.to_dict()
