@@ -9,10 +9,16 @@ accepted whole always does (one forward over k + 1 tokens costs less than k + 1 
 every device we measured). A model drafter's whole draft may still not pay: its k draft forwards cost
 too (layer skip on a CPU: about 0.8 of a full forward each with 19 of 24 layers).
 
-Each drafter (a *link*, by name) has a cap on its draft length, which it follows per request:
-- a step that did not pay halves the cap (from the length it drafted); a step that paid doubles it, up
-  to the link's maximum. So a copy run keeps its long drafts, and new text shrinks them within a few
-  steps: 64 -> 32 -> ... -> 1 -> off costs about as much as five plain tokens, once.
+Each drafter (a *link*, by name) has a cap on its draft length, which it follows per request, and a
+*balance*: the time its recent steps saved against plain decoding (each step's saving, `c * P` minus
+what it cost, added to the balance, which decays by `BALANCE_DECAY` a step):
+- a step that did not pay, or any step while the balance is negative, halves the cap (from the length
+  it drafted); a step that paid, with the balance positive, doubles it, up to the link's maximum. So a
+  copy run keeps its long drafts, and new text shrinks them within a few steps: 64 -> 32 -> ... -> 1 ->
+  off costs about as much as five plain tokens, once. The balance keeps a drafter near break-even from
+  climbing back to long drafts on small wins and losing it all on one rejected long draft (layer skip
+  on a CPU, traced 2026-11-30: 4-token wins saved 20-50 ms each, an 8-token draft with 2 accepted lost
+  560 ms).
 - at cap 0 the link is *off*. A cheap link (the copy drafter: a proposal costs microseconds) keeps
   proposing in the shadow; when a shadow draft would have been accepted (its first token is the token
   the target wrote), the copy has found a match again and the cap comes back at 2. An expensive link
@@ -37,6 +43,7 @@ PLAIN_COST_AGE = 512
 FIRST_COOLDOWN = 4  # steps before an expensive link that was switched off is probed again
 MAX_COOLDOWN = 64
 REVIVED_CAP = 2  # the cap of a link that comes back on
+BALANCE_DECAY = 0.9  # per judged step: the balance remembers about the last ten steps
 
 
 @dataclass
@@ -50,6 +57,7 @@ class LinkState:
     waiting: int = 0  # steps left before an expensive link that is off is probed
     suppressed: int = 0  # steps on which the link was off or held back
     backoffs: int = 0  # steps that did not pay
+    balance: float = 0.0  # seconds its recent steps saved against plain decoding (decayed)
 
     def __post_init__(self) -> None:
         self.cap = self.max_cap
@@ -100,15 +108,16 @@ class CostGovernor:
         link = self.links.get(step.source)
         if link is None:
             return  # an ungoverned drafter
+        plain_known = self.plain_wall is not None and step.position - self._plain_position <= PLAIN_COST_AGE
         if step.accepted == 0:
             self._judge(link, step, paid=False)
-        elif step.accepted == step.drafted and link.cheap:
+        elif step.accepted == step.drafted and link.cheap and not plain_known:
             self._judge(link, step, paid=True)
-        elif self.plain_wall is None or step.position - self._plain_position > PLAIN_COST_AGE:
+        elif not plain_known:
             self._unjudged = step  # judged by the probe that follows
             self._probe = True
         else:
-            self._judge(link, step, paid=self._paid(step))
+            self._judge(link, step)
 
     def revive(self, name: str) -> None:
         """A link that was off would have drafted well: back on, with a short cap."""
@@ -140,17 +149,24 @@ class CostGovernor:
             unjudged, self._unjudged = self._unjudged, None
             link = self.links.get(unjudged.source)
             if link is not None:
-                self._judge(link, unjudged, paid=self._paid(unjudged))
+                self._judge(link, unjudged)
 
-    def _paid(self, step: StepCost) -> bool:
-        assert self.plain_wall is not None and self.plain_cpu is not None
-        return (
-            step.wall_seconds <= step.committed * self.plain_wall
-            and step.cpu_seconds <= step.committed * self.plain_cpu
-        )
+    def _saving(self, step: StepCost) -> float | None:
+        """Seconds the step saved against plain decoding of its committed tokens, on the worse of the
+        two clocks (CPU time scaled to wall time); None while the plain cost is unknown."""
+        if self.plain_wall is None or self.plain_cpu is None:
+            return None
+        wall = step.committed * self.plain_wall - step.wall_seconds
+        cpu = step.committed * self.plain_cpu - step.cpu_seconds
+        return min(wall, cpu * self.plain_wall / self.plain_cpu if self.plain_cpu > 0 else cpu)
 
-    def _judge(self, link: LinkState, step: StepCost, *, paid: bool) -> None:
-        if paid:
+    def _judge(self, link: LinkState, step: StepCost, *, paid: bool | None = None) -> None:
+        saving = self._saving(step)
+        if saving is not None:
+            link.balance = BALANCE_DECAY * link.balance + saving
+        if paid is None:
+            paid = saving is not None and saving >= 0
+        if paid and link.balance >= 0:
             link.cap = min(link.max_cap, max(2 * link.cap, 2 * step.drafted))
             link.cooldown = FIRST_COOLDOWN
             return
