@@ -11,7 +11,8 @@ too (layer skip on a CPU: about 0.8 of a full forward each with 19 of 24 layers)
 
 Each drafter (a *link*, by name) has a cap on its draft length, which it follows per request, and a
 *balance*: the time its recent steps saved against plain decoding (each step's saving, `c * P` minus
-what it cost, added to the balance, which decays by `BALANCE_DECAY` a step):
+what it cost, added to the balance; every step of the request, its own or not, decays it by
+`BALANCE_DECAY`, so a link that was switched off forgets its losses while its probes come back):
 - a step that did not pay, or any step while the balance is negative, halves the cap (from the length
   it drafted); a step that paid, with the balance positive, doubles it, up to the link's maximum. So a
   copy run keeps its long drafts, and new text shrinks them within a few steps: 64 -> 32 -> ... -> 1 ->
@@ -43,7 +44,7 @@ PLAIN_COST_AGE = 512
 FIRST_COOLDOWN = 4  # steps before an expensive link that was switched off is probed again
 MAX_COOLDOWN = 64
 REVIVED_CAP = 2  # the cap of a link that comes back on
-BALANCE_DECAY = 0.9  # per judged step: the balance remembers about the last ten steps
+BALANCE_DECAY = 0.9  # per step of the request: the balance remembers about the last ten steps
 
 
 @dataclass
@@ -100,6 +101,8 @@ class CostGovernor:
 
     def record(self, step: StepCost) -> None:
         """The engine reports every step's cost; the drafting link's cap follows whether it paid."""
+        for state in self.links.values():  # every step ages every balance, so a link that is off forgets
+            state.balance *= BALANCE_DECAY  # its losses and can come back after its probes pay
         if step.drafted == 0:
             if not self._drafting_spent:
                 self._record_plain(step)
@@ -163,7 +166,7 @@ class CostGovernor:
     def _judge(self, link: LinkState, step: StepCost, *, paid: bool | None = None) -> None:
         saving = self._saving(step)
         if saving is not None:
-            link.balance = BALANCE_DECAY * link.balance + saving
+            link.balance += saving
         if paid is None:
             paid = saving is not None and saving >= 0
         if paid and link.balance >= 0:
