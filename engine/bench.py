@@ -27,11 +27,10 @@ from typing import Any
 
 import torch
 
-from specedit.engine import kv_cache
-from specedit.engine.drafting import build_drafter
+from specedit.engine.drafting import generate_drafted
 from specedit.engine.generate import Engine, StepInfo
 from specedit.engine.prompts import AnswerStream, RewritePrompt, build_prompt, extract_code
-from specedit.engine.requests import DraftMethod, SamplingConfig
+from specedit.engine.requests import DraftMethod
 
 METHODS = ("plain", "prompt-lookup", "specedit", "specedit-copy", "specedit-fallback", "llama-cpp")
 # Our methods, and the draft method each asks the engine for.
@@ -133,23 +132,19 @@ def run_ours(
     draft: DraftMethod,
 ) -> MethodRun:
     answer = AnswerStream(fence)
-    cache = kv_cache.new_cache()
     timer = Timer()
-    drafter, governor = build_drafter(
-        engine, draft, source_ids=original_ids, output_start=len(prompt_ids), sampling=SamplingConfig(), cache=cache
-    )
 
     def on_step(_: StepInfo) -> None:
         timer.mark_first()
 
-    generation = engine.generate(
+    generation = generate_drafted(
+        engine,
         prompt_ids,
+        method=draft,
+        source_ids=original_ids,
         max_new_tokens=max_new_tokens,
-        drafter=drafter,
         stop=answer.feed,
         on_step=on_step,
-        governor=governor,
-        cache=cache,
     )
     wall, cpu, prefill, decode = timer.finish()
     stats = generation.stats
@@ -337,7 +332,7 @@ def run_bench(
             "max_new_tokens": max_new_tokens,
             "prompt_lookup_num_tokens": lookup_tokens,
             "threads": torch.get_num_threads(),
-            "dtype": str(engine.loaded.dtype).removeprefix("torch."),
+            "dtype": engine.loaded.dtype_name,
             "device": str(engine.device),
             "model": engine.loaded.name,
             "fallback": engine.fallback.describe() if engine.fallback is not None else None,

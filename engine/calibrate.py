@@ -122,7 +122,7 @@ def calibration_record(
         "p_min": p_min,
         "sample_tokens": sample_tokens,
         "device": str(target.device),
-        "dtype": str(target.dtype).removeprefix("torch."),
+        "dtype": target.dtype_name,
         "measured": time.strftime("%Y-%m-%d"),
         "candidates": [asdict(candidate) for candidate in candidates],
     }

@@ -855,7 +855,7 @@ class Daemon:
     def status_info(self) -> dict[str, Any]:
         engine = self._engine
         running = self._running
-        dtype = str(engine.loaded.dtype).removeprefix("torch.") if engine is not None else self.config.dtype
+        dtype = engine.loaded.dtype_name if engine is not None else self.config.dtype
         return {
             "pid": os.getpid(),
             "address": self.address,

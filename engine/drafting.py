@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,13 +31,14 @@ from specedit.drafters.model_drafter import (
     parse_layers,
     skipped_layers,
 )
+from specedit.engine import kv_cache
 from specedit.engine.errors import ModelLoadError, SpeceditError
 from specedit.engine.governor import CostGovernor
 from specedit.engine.loading import LoadedModel, load_model
 from specedit.engine.requests import DraftMethod, FallbackOptions, SamplingConfig
 
 if TYPE_CHECKING:
-    from specedit.engine.generate import Engine
+    from specedit.engine.generate import Engine, Generation, StepInfo
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,40 @@ def build_drafter(
     return (links[0] if len(links) == 1 else ChainDrafter(links)), governor
 
 
+def generate_drafted(
+    engine: Engine,
+    prompt_ids: Sequence[int],
+    *,
+    method: DraftMethod,
+    source_ids: Sequence[int],
+    max_new_tokens: int,
+    sampling: SamplingConfig | None = None,
+    stop: Callable[[str], bool] | None = None,
+    on_text: Callable[[str], None] | None = None,
+    cancel: Callable[[], bool] | None = None,
+    on_step: Callable[[StepInfo], None] | None = None,
+) -> Generation:
+    """`Engine.generate` with the drafters `method` asks for (see `build_drafter`), their governor, and the
+    target cache they share."""
+    sampling = sampling or SamplingConfig()
+    cache = kv_cache.new_cache()
+    drafter, governor = build_drafter(
+        engine, method, source_ids=source_ids, output_start=len(prompt_ids), sampling=sampling, cache=cache
+    )
+    return engine.generate(
+        prompt_ids,
+        max_new_tokens=max_new_tokens,
+        drafter=drafter,
+        sampling=sampling,
+        stop=stop,
+        on_text=on_text,
+        cancel=cancel,
+        on_step=on_step,
+        governor=governor,
+        cache=cache,
+    )
+
+
 def open_engine(
     model: str | None,
     *,
@@ -161,7 +196,7 @@ def load_fallback(
         from specedit.engine.model_store import resolve_model
 
         loaded = load_model(
-            resolve_model(draft_model, progress=progress), dtype=_dtype_name(target), device=str(target.device)
+            resolve_model(draft_model, progress=progress), dtype=target.dtype_name, device=str(target.device)
         )
         check_same_tokenizer(target.tokenizer, loaded.tokenizer)
         log.info("drafting with %s where the copy has nothing", draft_model)
@@ -197,7 +232,3 @@ def read_calibration(model_name: str) -> dict[str, Any]:
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ModelLoadError(f"cannot read the layer list in {path}: {error}") from None
     return record
-
-
-def _dtype_name(loaded: LoadedModel) -> str:
-    return str(loaded.dtype).removeprefix("torch.")

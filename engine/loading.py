@@ -64,6 +64,11 @@ class LoadedModel:
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
 
     @property
+    def dtype_name(self) -> str:
+        """The dtype as the command line spells it: `bfloat16`, `float32`, ..."""
+        return str(self.dtype).removeprefix("torch.")
+
+    @property
     def max_positions(self) -> int | None:
         value = getattr(self.model.config, "max_position_embeddings", None) or getattr(
             self.model.config, "n_positions", None

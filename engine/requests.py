@@ -45,6 +45,17 @@ class FallbackOptions:
         return self.draft_model is not None or self.layers is not None
 
 
+def layer_skip_option(value: str) -> str | None:
+    """The layer list a `--draft layers[:LIST]` value asks for (`auto` when bare); None for other values.
+
+    >>> layer_skip_option("layers:0-11,20-23"), layer_skip_option("layers"), layer_skip_option("copy")
+    ('0-11,20-23', 'auto', None)
+    """
+    if value != "layers" and not value.startswith("layers:"):
+        return None
+    return value.partition(":")[2] or "auto"
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """temperature 0 means greedy decoding (argmax), and then top_p and seed are unused."""

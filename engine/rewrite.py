@@ -8,8 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specedit.engine import kv_cache
-from specedit.engine.drafting import build_drafter
+from specedit.engine.drafting import generate_drafted
 from specedit.engine.errors import ContextLengthError
 from specedit.engine.generate import Engine, FinishReason, Generation, StepInfo
 from specedit.engine.prompts import AnswerStream, RewritePrompt, build_prompt
@@ -54,15 +53,6 @@ def rewrite(
 
     # An edit sketch holds the new code: the answer copies from it as well as from the original.
     source_ids = original_ids + (engine.tokenize(prompt.sketch) if prompt.sketch is not None else [])
-    cache = kv_cache.new_cache()
-    drafter, governor = build_drafter(
-        engine,
-        request.draft,
-        source_ids=source_ids,
-        output_start=len(prompt_ids),
-        sampling=request.sampling,
-        cache=cache,
-    )
 
     answer = AnswerStream(prompt.fence)
     trailing = _TrailingNewline(keep=original.endswith("\n") or not original)
@@ -72,17 +62,17 @@ def rewrite(
         if text and on_text is not None:
             on_text(text.replace("\n", "\r\n") if crlf else text)
 
-    generation = engine.generate(
+    generation = generate_drafted(
+        engine,
         prompt_ids,
+        method=request.draft,
+        source_ids=source_ids,
         max_new_tokens=max_new_tokens,
-        drafter=drafter,
         sampling=request.sampling,
         stop=answer.feed,
         on_text=emit,
         cancel=cancel,
         on_step=on_step,
-        governor=governor,
-        cache=cache,
     )
     emit("")
     code = trailing.finish(answer.code)

@@ -29,7 +29,7 @@ from specedit.cli.files import (
 from specedit.cli.progress import RewriteProgress
 from specedit.cli.serve_command import add_serve_parser, remote_rewrite, serve_command
 from specedit.engine.errors import IncompleteOutputError, InputError, SpeceditError
-from specedit.engine.requests import DRAFT_METHODS, DTYPE_CHOICES, DraftMethod, FallbackOptions
+from specedit.engine.requests import DRAFT_METHODS, DTYPE_CHOICES, DraftMethod, FallbackOptions, layer_skip_option
 from specedit.lsp.command import add_lsp_parser, lsp_command
 
 log = logging.getLogger("specedit")
@@ -216,7 +216,7 @@ def rewrite_command(args: argparse.Namespace) -> int:
         region = select_lines(source.text, *lines) if lines else Region("", source.text, "")
         jobs.append((source, region))
 
-    if args.engine and (args.model or args.draft_model or args.draft.startswith("layers")):
+    if args.engine and (args.model or args.draft_model or layer_skip_option(args.draft)):
         log.warning("--model, --draft-model and --draft layers are ignored with --engine: the daemon serves its own")
     run = remote_runner(args) if args.engine else local_runner(load_engine(args))
     all_stats: list[dict[str, Any]] = []
@@ -294,16 +294,14 @@ def remote_runner(args: argparse.Namespace) -> Runner:
 
 def draft_method(args: argparse.Namespace) -> DraftMethod:
     """The per-request draft method of `--draft` (`layers:LIST` configures the engine and means auto)."""
-    return "auto" if args.draft.startswith("layers") else args.draft  # type: ignore[no-any-return]
+    return "auto" if layer_skip_option(args.draft) else args.draft  # type: ignore[no-any-return]
 
 
 def fallback_options(args: argparse.Namespace) -> FallbackOptions:
     """What `--draft`, `--draft-model` and `--p-min` configure; a bad combination is a usage error."""
     value: str = args.draft
-    layers: str | None = None
-    if value == "layers" or value.startswith("layers:"):
-        layers = value.partition(":")[2] or "auto"
-    elif value not in DRAFT_METHODS:
+    layers = layer_skip_option(value)
+    if layers is None and value not in DRAFT_METHODS:
         raise UsageError(f"--draft must be one of {', '.join(DRAFT_METHODS)} or layers:LIST, got {value!r}")
     try:
         return FallbackOptions(draft_model=args.draft_model, layers=layers, p_min=args.p_min)
@@ -450,9 +448,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     import torch
 
     from specedit.engine.calibrate import calibrate, calibration_record
-    from specedit.engine.drafting import calibration_path
-    from specedit.engine.loading import load_model
-    from specedit.engine.model_store import resolve_model
+    from specedit.engine.drafting import calibration_path, open_engine
 
     if args.tokens < 16:
         raise UsageError("--tokens must be at least 16")
@@ -465,7 +461,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     with fetch_progress() as progress:
-        target = load_model(resolve_model(args.model, progress=progress), dtype=args.dtype, device=args.device)
+        target = open_engine(args.model, dtype=args.dtype, device=args.device, progress=progress).loaded
     sample_ids = target.tokenizer.encode(sample, add_special_tokens=False)[: args.tokens]
     if len(sample_ids) < 16:
         raise InputError("the sample is too short: give at least 16 tokens of text")

@@ -18,7 +18,7 @@ from specedit.engine.client import EngineClient, RemoteResult, RemoteStep
 from specedit.engine.daemon import DaemonConfig, serve
 from specedit.engine.errors import EngineUnavailableError
 from specedit.engine.protocol import DEFAULT_MAX_FRAME_SIZE
-from specedit.engine.requests import DTYPE_CHOICES, FallbackOptions
+from specedit.engine.requests import DTYPE_CHOICES, FallbackOptions, layer_skip_option
 
 if TYPE_CHECKING:
     from specedit.engine.requests import RewriteRequest
@@ -75,11 +75,9 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
             raise ValueError("--socket and --host/--port/--token-file exclude each other")
         if tcp and (args.port is None or args.token_file is None):
             raise ValueError("TCP needs both --port and --token-file")
-        layers = None
-        if args.draft is not None:
-            if not (args.draft == "layers" or args.draft.startswith("layers:")):
-                raise ValueError("serve --draft takes layers:LIST (the request chooses its own draft method)")
-            layers = args.draft.partition(":")[2] or "auto"
+        layers = layer_skip_option(args.draft) if args.draft is not None else None
+        if args.draft is not None and layers is None:
+            raise ValueError("serve --draft takes layers:LIST (the request chooses its own draft method)")
         return DaemonConfig(
             socket_path=args.socket,
             host=args.host,
