@@ -29,6 +29,7 @@ import torch
 
 from specedit.engine.drafting import generate_drafted
 from specedit.engine.generate import Engine, StepInfo
+from specedit.engine.invariant import transformers_attention
 from specedit.engine.prompts import AnswerStream, RewritePrompt, build_prompt, extract_code
 from specedit.engine.requests import DraftMethod
 
@@ -186,17 +187,18 @@ def run_prompt_lookup(
             pass
 
     input_ids = torch.tensor([prompt_ids], device=engine.device)
-    output = engine.model.generate(
-        input_ids,
-        attention_mask=torch.ones_like(input_ids),
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        prompt_lookup_num_tokens=lookup_tokens,
-        stop_strings=[f"\n{fence}\n"],
-        tokenizer=engine.tokenizer,
-        streamer=_Streamer(),
-        pad_token_id=engine.tokenizer.pad_token_id or engine.tokenizer.eos_token_id,
-    )
+    with transformers_attention(engine.model):  # the peer as a user runs it
+        output = engine.model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            prompt_lookup_num_tokens=lookup_tokens,
+            stop_strings=[f"\n{fence}\n"],
+            tokenizer=engine.tokenizer,
+            streamer=_Streamer(),
+            pad_token_id=engine.tokenizer.pad_token_id or engine.tokenizer.eos_token_id,
+        )
     wall, cpu, prefill, decode = timer.finish()
     tokens = [int(t) for t in output[0, len(prompt_ids) :].tolist()]
     text = engine.tokenizer.decode(tokens, skip_special_tokens=True)
@@ -333,6 +335,7 @@ def run_bench(
             "prompt_lookup_num_tokens": lookup_tokens,
             "threads": torch.get_num_threads(),
             "dtype": engine.loaded.dtype_name,
+            "row_invariant": engine.loaded.row_invariant,
             "device": str(engine.device),
             "model": engine.loaded.name,
             "fallback": engine.fallback.describe() if engine.fallback is not None else None,

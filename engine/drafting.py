@@ -196,7 +196,10 @@ def load_fallback(
         from specedit.engine.model_store import resolve_model
 
         loaded = load_model(
-            resolve_model(draft_model, progress=progress), dtype=target.dtype_name, device=str(target.device)
+            resolve_model(draft_model, progress=progress),
+            dtype=target.dtype_name,
+            device=str(target.device),
+            row_invariant=False,  # only the target's logits decide the output
         )
         check_same_tokenizer(target.tokenizer, loaded.tokenizer)
         log.info("drafting with %s where the copy has nothing", draft_model)

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from specedit.engine import invariant, kv_cache
 from specedit.engine.errors import ModelLoadError
 from specedit.engine.requests import DTYPE_CHOICES
 
@@ -56,6 +57,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     name: str
+    row_invariant: bool = False  # see `engine.invariant`: set by `load_model` where it installed it
     _cache_argument: str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -78,16 +80,31 @@ class LoadedModel:
     def forward(self, ids: Sequence[int], cache: Any, logits_to_keep: int = 0) -> torch.Tensor:
         """One forward over `ids` after what `cache` holds; the cache grows by len(ids) positions.
 
-        Returns (T, V) logits, or only the last `logits_to_keep` rows.
+        Returns (T, V) logits, or only the last `logits_to_keep` rows. With `row_invariant`, a row's logits
+        are the same whatever the number of rows; a linear layer takes another kernel for a single row, so
+        one token after the prompt runs as two rows (the token twice) and the second is dropped.
         """
+        if self.row_invariant and len(ids) == 1 and kv_cache.length(cache):
+            logits = self._run([ids[0], ids[0]], cache, 0)[:1]
+            kv_cache.rollback(cache, kv_cache.length(cache) - 1)
+            return logits
+        return self._run(ids, cache, logits_to_keep)
+
+    def _run(self, ids: Sequence[int], cache: Any, logits_to_keep: int) -> torch.Tensor:
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # (1, T)
         arguments = {self._cache_argument: cache, "use_cache": True, "logits_to_keep": logits_to_keep}
         logits: torch.Tensor = self.model(input_ids=input_ids, **arguments).logits[0]  # (T, V)
         return logits
 
 
-def load_model(name_or_path: str, *, dtype: str = "auto", device: str | None = None) -> LoadedModel:
-    """Load a model for inference. Any failure is a `ModelLoadError` that says what was tried."""
+def load_model(
+    name_or_path: str, *, dtype: str = "auto", device: str | None = None, row_invariant: bool = True
+) -> LoadedModel:
+    """Load a model for inference. Any failure is a `ModelLoadError` that says what was tried.
+
+    `row_invariant`: a target model's logits must not depend on the shape of the forward (see
+    `engine.invariant`); a draft model's may.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_device = torch.device(device) if device else default_device()
@@ -99,8 +116,9 @@ def load_model(name_or_path: str, *, dtype: str = "auto", device: str | None = N
     except Exception as error:  # transformers raises many kinds; all mean "did not load"
         raise ModelLoadError(f"could not load model {name_or_path!r}: {error}") from error
     model.to(torch_device).eval()
-    log.info("loaded %s on %s as %s", name_or_path, torch_device, torch_dtype)
-    return LoadedModel(model, tokenizer, torch_device, torch_dtype, name_or_path)
+    installed = row_invariant and invariant.install(model)
+    log.info("loaded %s on %s as %s%s", name_or_path, torch_device, torch_dtype, ", row-invariant" * installed)
+    return LoadedModel(model, tokenizer, torch_device, torch_dtype, name_or_path, installed)
 
 
 def _source(name_or_path: str) -> tuple[str, dict[str, Any]]:

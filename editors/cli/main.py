@@ -376,7 +376,8 @@ def bench_command(args: argparse.Namespace) -> int:
     engine = load_engine(args)
     print(
         f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}; {len(cases)} cases; "
-        f"model {engine.loaded.name} ({engine.loaded.dtype}, {engine.device}, {torch_threads()} threads)"
+        f"model {engine.loaded.name} ({engine.loaded.dtype}, {engine.device}, {torch_threads()} threads"
+        f"{', row-invariant' if engine.loaded.row_invariant else ''})"
     )
     columns = ("case", 32), ("method", 16), ("tokens", -6), ("wall s", -8), ("cpu s", -8), ("tok/s", -7), ("fwd", -5)
     header = " ".join(f"{name:<{width}}" if width > 0 else f"{name:>{-width}}" for name, width in columns)

@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""What row-invariant arithmetic (engine.invariant) costs: one target forward, with it and with
+transformers' own attention, side by side in one process (interleaved, median of the repeats).
+
+    .venv/bin/python scripts/forward_cost.py [--model NAME] [--threads 2] [--repeats 9]
+
+For each context length and forward size (1 token: plain decoding; 16 and 64: verification) it prints the
+median seconds of both and their ratio, and whether the logits of the forward's last row are the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+from specedit.engine import kv_cache
+from specedit.engine.invariant import transformers_attention
+from specedit.engine.loading import LoadedModel, load_model
+from specedit.engine.model_store import resolve_model
+
+
+def timed_forward(loaded: LoadedModel, cache: DynamicCache, ids: list[int]) -> tuple[float, torch.Tensor]:
+    """One forward over `ids` after the cache's context, which it leaves as it was."""
+    keep = kv_cache.length(cache)
+    start = time.perf_counter()
+    logits = loaded.forward(ids, cache)
+    seconds = time.perf_counter() - start
+    kv_cache.rollback(cache, keep)
+    return seconds, logits[-1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=9)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    loaded = load_model(resolve_model(args.model))
+    if not loaded.row_invariant:
+        raise SystemExit("row-invariant arithmetic is not installed for this model and device")
+    source = Path(__file__).resolve().parent.parent / "engine" / "generate.py"
+    ids = loaded.tokenizer.encode(source.read_text() * 4)
+    print(f"load average {os.getloadavg()[0]:.2f}; {args.model}, {loaded.dtype_name}, {args.threads} threads")
+    print("context  tokens  invariant s  transformers s  ratio  same last row")
+    for context_length in (500, 1500):
+        for size in (1, 16, 64):
+            forward_ids = ids[context_length : context_length + size]
+            invariant_times, stock_times = [], []
+            with torch.inference_mode():
+                cache = kv_cache.new_cache()
+                loaded.forward(ids[:context_length], cache, logits_to_keep=1)  # the same for both
+                for _ in range(args.repeats):
+                    seconds, invariant_row = timed_forward(loaded, cache, forward_ids)
+                    invariant_times.append(seconds)
+                    loaded.row_invariant = False
+                    with transformers_attention(loaded.model):
+                        seconds, stock_row = timed_forward(loaded, cache, forward_ids)
+                    loaded.row_invariant = True
+                    stock_times.append(seconds)
+            a, b = statistics.median(invariant_times), statistics.median(stock_times)
+            same = torch.equal(invariant_row, stock_row)
+            print(f"{context_length:7d} {size:7d} {a:12.4f} {b:15.4f} {a / b:6.3f}  {'yes' if same else 'no'}")
+    print(f"load average after {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
