@@ -72,22 +72,15 @@ def test_the_command_rewrites_a_file_in_place(tmp_path: Path, capsys: pytest.Cap
 def test_a_positions_logits_do_not_depend_on_the_forward_size(engine: Engine) -> None:
     """Row-invariant arithmetic (engine.invariant) on the real model in bf16, after a context that crosses
     the attention kernel's 512-key block; with transformers' attention these differ by up to 0.3."""
-    from specedit.engine import kv_cache
+    from test_invariant import chunked_logits
 
     loaded = engine.loaded
     assert loaded.row_invariant
     ids = engine.tokenize(ORIGINAL * 16)[:600]
     assert len(ids) == 600
-
-    def logits(chunk: int) -> torch.Tensor:
-        cache = kv_cache.new_cache()
-        with torch.inference_mode():
-            loaded.forward(ids[:480], cache, logits_to_keep=1)
-            return torch.cat([loaded.forward(ids[i : i + chunk], cache) for i in range(480, 600, chunk)])
-
-    reference = logits(1)
+    reference = chunked_logits(loaded, ids[:480], ids[480:], 1)
     for chunk in (3, 16, 33, 65):
-        assert torch.equal(logits(chunk), reference), chunk
+        assert torch.equal(chunked_logits(loaded, ids[:480], ids[480:], chunk), reference), chunk
 
 
 def test_layer_skip_where_the_copy_runs_out_keeps_the_answer(engine: Engine) -> None:
