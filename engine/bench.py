@@ -1,7 +1,12 @@
 """`specedit bench`: the same model, prompt and greedy decoding under each method, side by side.
 
 Methods:
-- `plain`: our loop without a drafter: one target forward per token, with a KV cache;
+- `plain`: our loop without a drafter: one target forward per token, with a KV cache, on the kernels the
+  self-check chose (`engine.exactness`): the arithmetic speculation keeps bit for bit, the reference of
+  `identical`;
+- `plain-stock`: the same loop on the model as transformers runs it (its attention, ATen's linear
+  kernels, one row per step): what a user of transformers would decode at. Where it is faster than `plain`,
+  it is the reference of `speedup_vs_fastest_plain` (the summary takes the faster of the two, case by case);
 - `prompt-lookup`: transformers' own `generate(prompt_lookup_num_tokens=N)`, the peer a user would pick;
 - `specedit`: our loop as configured by default: the copy drafter, then the fallback (a draft model or
   layer skip, when one is configured), under the cost governor;
@@ -20,7 +25,8 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,19 +35,21 @@ import torch
 
 from specedit.engine.drafting import generate_drafted
 from specedit.engine.generate import Engine, StepInfo
-from specedit.engine.invariant import transformers_attention
+from specedit.engine.invariant import stock_kernels
 from specedit.engine.prompts import AnswerStream, RewritePrompt, build_prompt, extract_code
 from specedit.engine.requests import DraftMethod
 
-METHODS = ("plain", "prompt-lookup", "specedit", "specedit-copy", "specedit-fallback", "llama-cpp")
+METHODS = ("plain", "plain-stock", "prompt-lookup", "specedit", "specedit-copy", "specedit-fallback", "llama-cpp")
 # Our methods, and the draft method each asks the engine for.
 DRAFT_OF: dict[str, DraftMethod] = {
     "plain": "none",
+    "plain-stock": "none",
     "specedit": "auto",
     "specedit-copy": "copy",
     "specedit-fallback": "fallback",
 }
-DEFAULT_METHODS = ("plain", "prompt-lookup", "specedit")
+DEFAULT_METHODS = ("plain", "plain-stock", "prompt-lookup", "specedit")
+PLAIN_METHODS = ("plain", "plain-stock")
 
 
 @dataclass(frozen=True)
@@ -164,6 +172,18 @@ def run_ours(
     )
 
 
+@contextmanager
+def as_transformers_runs_it(engine: Engine) -> Iterator[None]:
+    """The target on transformers' attention and ATen's linear kernels, one row per step, while inside."""
+    rows = engine.loaded.step_rows
+    engine.loaded.step_rows = 1
+    try:
+        with stock_kernels(engine.model):
+            yield
+    finally:
+        engine.loaded.step_rows = rows
+
+
 def run_prompt_lookup(
     engine: Engine, prompt_ids: list[int], fence: str, max_new_tokens: int, lookup_tokens: int
 ) -> MethodRun:
@@ -187,7 +207,7 @@ def run_prompt_lookup(
             pass
 
     input_ids = torch.tensor([prompt_ids], device=engine.device)
-    with transformers_attention(engine.model):  # the peer as a user runs it
+    with as_transformers_runs_it(engine):  # the peer as a user runs it
         output = engine.model.generate(
             input_ids,
             attention_mask=torch.ones_like(input_ids),
@@ -236,13 +256,25 @@ def summarise(
         pairs = [c["methods"] for c in cases if method in c["methods"] and over in c["methods"]]
         return [p[over][key] / p[method][key] for p in pairs if p[method][key] > 0]
 
+    def fastest_plain_ratios(method: str, key: str) -> list[float]:
+        """Over the faster of `plain` and `plain-stock`, case by case."""
+        pairs = [c["methods"] for c in cases if method in c["methods"] and "plain" in c["methods"]]
+        return [
+            min(p[plain][key] for plain in PLAIN_METHODS if plain in p) / p[method][key]
+            for p in pairs
+            if p[method][key] > 0
+        ]
+
     others = [m for m in methods if m != "plain"]
     summary: dict[str, Any] = {
         "cases": len(cases),
         "speedup_vs_plain": {m: _median(ratios(m, "plain", "wall_seconds")) for m in others},
         "speedup_vs_plain_geomean": {m: _geomean(ratios(m, "plain", "wall_seconds")) for m in others},
         "decode_speedup_vs_plain": {m: _median(ratios(m, "plain", "decode_seconds")) for m in others},
+        "speedup_vs_fastest_plain": {m: _median(fastest_plain_ratios(m, "wall_seconds")) for m in others},
+        "decode_speedup_vs_fastest_plain": {m: _median(fastest_plain_ratios(m, "decode_seconds")) for m in others},
         "slower_than_plain": {m: sum(r < 1.0 for r in ratios(m, "plain", "wall_seconds")) for m in others},
+        "slower_than_fastest_plain": {m: sum(r < 1.0 for r in fastest_plain_ratios(m, "wall_seconds")) for m in others},
         "slowest_vs_plain": {m: _min(ratios(m, "plain", "wall_seconds")) for m in others},
         "identical_rate": {},
         "cpu_seconds_per_token": {},
@@ -306,7 +338,10 @@ def run_bench(
         budget = max_new_tokens or 2 * len(original_ids) + 256
         runs: dict[str, MethodRun] = {}
         for method in ordered:
-            if method in DRAFT_OF:
+            if method == "plain-stock":
+                with as_transformers_runs_it(engine):
+                    runs[method] = run_ours(engine, prompt_ids, original_ids, prompt.fence, budget, draft="none")
+            elif method in DRAFT_OF:
                 runs[method] = run_ours(engine, prompt_ids, original_ids, prompt.fence, budget, draft=DRAFT_OF[method])
             elif method == "prompt-lookup":
                 runs[method] = run_prompt_lookup(engine, prompt_ids, prompt.fence, budget, lookup_tokens)
@@ -335,7 +370,7 @@ def run_bench(
             "prompt_lookup_num_tokens": lookup_tokens,
             "threads": torch.get_num_threads(),
             "dtype": engine.loaded.dtype_name,
-            "row_invariant": engine.loaded.row_invariant,
+            "exactness": engine.loaded.exactness.to_dict() if engine.loaded.exactness is not None else None,
             "device": str(engine.device),
             "model": engine.loaded.name,
             "fallback": engine.fallback.describe() if engine.fallback is not None else None,

@@ -163,9 +163,11 @@ def open_engine(
     """The engine the command line, the daemon and the language server run: the target (provisioned if
     it is a known model), and the fallback drafter the user configured."""
     from specedit.engine.generate import Engine
-    from specedit.engine.model_store import resolve_model
+    from specedit.engine.model_store import cache_dir, resolve_model
 
-    target = load_model(resolve_model(model, progress=progress), dtype=dtype, device=device)
+    target = load_model(
+        resolve_model(model, progress=progress), dtype=dtype, device=device, verdicts=cache_dir() / "exactness"
+    )
     options = fallback or FallbackOptions()
     return Engine(
         target,
@@ -199,7 +201,7 @@ def load_fallback(
             resolve_model(draft_model, progress=progress),
             dtype=target.dtype_name,
             device=str(target.device),
-            row_invariant=False,  # only the target's logits decide the output
+            target=False,  # only the target's logits decide the output
         )
         check_same_tokenizer(target.tokenizer, loaded.tokenizer)
         log.info("drafting with %s where the copy has nothing", draft_model)

@@ -102,6 +102,8 @@ class Engine:
         clock = Clock()
         joules_at_start = self.energy.read()
         stats = Stats(prompt_tokens=len(prompt_ids))
+        if self.loaded.exactness is not None:
+            stats.exactness = self.loaded.exactness.to_dict()
         tokens = list(prompt_ids)  # committed: prompt, then output
         output_start = len(tokens)
         output = _OutputText(IncrementalDetokenizer(self.tokenizer, prompt_ids), stop)

@@ -2,15 +2,20 @@
 
 Speculative decoding is exact only if the target's verdict on a position is the same whether a forward
 computes that position alone (plain decoding: one token per forward) or among a draft of k tokens
-(verification). In exact arithmetic it is; in bf16 on a CPU it was not: kernels are chosen by the shape of
-the call and sum in another order, and a near-tie between the two best tokens flips now and then (measured
-on Qwen2.5-Coder-0.5B, 2 cores, torch 2.13: logits differ by up to 0.3 between a 1-token and a 16-token
+(verification). In exact arithmetic it is; on a CPU it was not: kernels are chosen by the shape of the
+call and sum in another order, and a near-tie between the two best tokens flips now and then (measured on
+Qwen2.5-Coder-0.5B, 2 cores, torch 2.13: bf16 logits differ by up to 0.3 between a 1-token and a 16-token
 forward; 1 whole-file rewrite in 30, 3 polyglot edits in 10 and 5 docstrings in 10 came out different).
 Thinking Machines' "Defeating Nondeterminism in LLM Inference" (2025) calls this batch invariance.
 
-What varies, measured on this CPU (oneDNN bf16 kernels, 1 and 2 threads):
-- a linear layer: a 1-row product differs from the same row in a product of 2 or more rows; products of
-  2..200 rows agree row for row. So a 1-token forward runs as 2 rows (`LoadedModel.forward`).
+What varies depends on the CPU class (measured with torch 2.13, 1 and 2 threads, 2026-11):
+- a linear layer. AVX512-BF16, bf16 (oneDNN): a 1-row product differs from the same row in a product of
+  2 or more rows; 2..200 rows agree. AVX2, float32 (MKL sgemm): rows agree only among products of 4+
+  rows on one thread, and with 2 threads products of 5 and 9 rows differ again; AVX2, bf16 (ATen's own
+  kernel): every size agrees. oneDNN's *prepacked* float32 linear (`PackedLinear`: the weights reordered
+  once at load, as Inductor's freezing does) agrees row for row from 1 to 200 rows on AVX2, and is faster
+  there too: 97 ms for a 1-row forward of the 0.5B model's linears where MKL takes 168, 583 ms for 64
+  rows where MKL takes 856 (2 threads).
 - attention (`scaled_dot_product_attention`'s CPU flash kernel): a row's result depends on the length of
   the keys it is given (masked or not) and on the rows beside it: calls of 1, of 2-3 and of 4 or more query
   rows give three different answers, and the kernel works through the queries in blocks of 32 rows.
@@ -19,8 +24,9 @@ What varies, measured on this CPU (oneDNN bf16 kernels, 1 and 2 threads):
 0 .. `_kv_length(p)` - 1, a length that depends on p alone (p + 1 rounded up to `KV_BUCKET`; the keys past
 the cache are zeros, masked), in calls of 4 to 32 query rows (a short call repeats its last row). The
 prefill (a forward on an empty cache) is the same forward for every method and keeps transformers' own
-attention. On CUDA none of this holds as such (cuBLAS picks kernels by shape too, differently): `install`
-leaves other devices alone.
+attention. Which linear kernel and whether a one-token step must run as two rows is not assumed: the
+self-check at load (`engine.exactness`) asks the machine. On CUDA none of this holds as such (cuBLAS
+picks kernels by shape too, differently): the kernels here are for the CPU only.
 """
 
 from __future__ import annotations
@@ -42,12 +48,11 @@ MIN_QUERY_ROWS = 4  # calls of 1 and of 2-3 query rows take other code paths in 
 MAX_QUERY_ROWS = 32  # the kernel's query block below 192 rows; a call of 33 ends with a 1-row block
 
 
-def install(model: Any) -> bool:
+def install_attention(model: Any) -> bool:
     """Make `model` (a transformers model on the CPU) compute attention row-invariantly.
 
     Returns False, changing nothing, where it does not apply: a model off the CPU, or one whose attention
-    does not go through transformers' attention interface (then its logits may differ between plain and
-    speculative decoding in low precision, as they did before).
+    does not go through transformers' attention interface.
     """
     if model.device.type != "cpu" or not model._can_set_attn_implementation():
         return False
@@ -57,17 +62,102 @@ def install(model: Any) -> bool:
     return True
 
 
+class PackedLinear(torch.nn.Module):
+    """A linear layer on oneDNN's prepacked weights (`torch.ops.mkldnn`, the kernel Inductor's freezing
+    uses on the CPU): the weights are reordered once into the kernel's blocked layout, so a forward of a
+    few rows streams them once instead of packing them again on every call."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:  # weight: (out, in)
+        super().__init__()
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)  # opaque oneDNN layout
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
+        output: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return output
+
+    def unpacked(self) -> torch.nn.Linear:
+        """The plain `nn.Linear` with the same weights, bit for bit (a reorder only moves numbers)."""
+        linear = torch.nn.Linear(self.in_features, self.out_features, bias=self.bias is not None)
+        linear.weight = torch.nn.Parameter(self.packed.to_dense(), requires_grad=False)
+        if self.bias is not None:
+            linear.bias = torch.nn.Parameter(self.bias.detach(), requires_grad=False)
+        return linear.to(self.packed.dtype)
+
+
+def can_pack(dtype: torch.dtype) -> bool:
+    """True where oneDNN has a linear kernel for `dtype` on this CPU (float32; bf16 with AVX-512 or
+    AVX-NE-CONVERT). float64 and float16 stay on ATen's kernels."""
+    if dtype not in (torch.float32, torch.bfloat16) or not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+        return False
+    try:
+        PackedLinear(torch.ones(8, 8, dtype=dtype), None)(torch.ones(2, 8, dtype=dtype))
+    except RuntimeError:  # "bf16 path needs the cpu support avx_ne_convert or avx512bw, ..."
+        return False
+    return True
+
+
+def pack_linears(model: Any, dtype: torch.dtype | None = None) -> int:
+    """Replace every `nn.Linear` (and GPT-2's `Conv1D`, its transpose) of a CPU model by a `PackedLinear`,
+    its weights converted to `dtype` on the way (a model loaded in the dtype it was stored in is upcast
+    layer by layer: one copy of its weights in memory, not two; then `model.to(dtype)` for the rest).
+
+    A weight shared with another module (an output layer tied to the embeddings) stays where it is, so
+    that the embedding keeps it; any other original weight is freed. Returns how many were packed.
+    """
+    packed = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                weight = child.weight  # (out, in)
+            elif type(child).__name__ == "Conv1D":  # transformers' GPT-2 layer: y = x @ W + b, W: (in, out)
+                weight = child.weight.t().contiguous()
+            else:
+                continue
+            bias = child.bias
+            if dtype is not None and bias is not None:
+                bias = torch.nn.Parameter(bias.detach().to(dtype), requires_grad=False)
+            setattr(parent, name, PackedLinear(weight.to(dtype) if dtype is not None else weight, bias))
+            packed += 1
+    return packed
+
+
+def unpack_linears(model: Any) -> int:
+    """Undo `pack_linears` (a GPT-2 `Conv1D` comes back as the `nn.Linear` it is equal to)."""
+    unpacked = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, PackedLinear):
+                setattr(parent, name, child.unpacked())
+                unpacked += 1
+    return unpacked
+
+
 @contextmanager
-def transformers_attention(model: Any) -> Iterator[None]:
-    """transformers' own SDPA attention while inside: for a peer's baseline (`specedit bench`)."""
-    if model.config._attn_implementation != ATTENTION_NAME:
-        yield
-        return
-    model.set_attn_implementation("sdpa")
+def stock_kernels(model: Any) -> Iterator[None]:
+    """transformers' own attention and ATen's linear kernels while inside: the model as a user of
+    transformers runs it, for a peer's baseline (`specedit bench`). Its weights are materialised in the
+    plain layout for the while (for the 0.5B model in float32: about 2 GB more, for a few milliseconds
+    of reordering)."""
+    attention = model.config._attn_implementation
+    packed = {
+        (parent, name): child
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, PackedLinear)
+    }
+    for (parent, name), child in packed.items():
+        setattr(parent, name, child.unpacked())
+    if attention == ATTENTION_NAME:
+        model.set_attn_implementation("sdpa")
     try:
         yield
     finally:
-        model.set_attn_implementation(ATTENTION_NAME)
+        if attention == ATTENTION_NAME:
+            model.set_attn_implementation(ATTENTION_NAME)
+        for (parent, name), child in packed.items():
+            setattr(parent, name, child)
 
 
 def invariant_attention(

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""What row-invariant arithmetic (engine.invariant) costs: one target forward, with it and with
-transformers' own attention, side by side in one process (interleaved, median of the repeats).
+"""The machine's forward cost curve: one target forward of k tokens on the kernels the self-check chose
+(engine.exactness) and on the model as transformers runs it, side by side in one process (interleaved,
+median of the repeats).
 
-    .venv/bin/python scripts/forward_cost.py [--model NAME] [--threads 2] [--repeats 9]
+    .venv/bin/python scripts/forward_cost.py [--model NAME] [--dtype auto] [--threads 2] [--repeats 5]
 
-For each context length and forward size (1 token: plain decoding; 16 and 64: verification) it prints the
+For each context length and forward size (1 token: plain decoding; more: verification) it prints the
 median seconds of both and their ratio, and whether the logits of the forward's last row are the same.
 """
 
@@ -20,7 +21,8 @@ import torch
 from transformers import DynamicCache
 
 from specedit.engine import kv_cache
-from specedit.engine.invariant import transformers_attention
+from specedit.engine.bench import as_transformers_runs_it
+from specedit.engine.generate import Engine
 from specedit.engine.loading import LoadedModel, load_model
 from specedit.engine.model_store import resolve_model
 
@@ -38,19 +40,23 @@ def timed_forward(loaded: LoadedModel, cache: DynamicCache, ids: list[int]) -> t
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
+    parser.add_argument("--dtype", default="auto")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--sizes", default="1,2,4,8,16,32,64")
+    parser.add_argument("--contexts", default="500,1500")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    loaded = load_model(resolve_model(args.model))
-    if not loaded.row_invariant:
-        raise SystemExit("row-invariant arithmetic is not installed for this model and device")
+    loaded = load_model(resolve_model(args.model), dtype=args.dtype)
+    engine = Engine(loaded)
+    assert loaded.exactness is not None
     source = Path(__file__).resolve().parent.parent / "engine" / "generate.py"
     ids = loaded.tokenizer.encode(source.read_text() * 4)
     print(f"load average {os.getloadavg()[0]:.2f}; {args.model}, {loaded.dtype_name}, {args.threads} threads")
-    print("context  tokens  invariant s  transformers s  ratio  same last row")
-    for context_length in (500, 1500):
-        for size in (1, 16, 64):
+    print(loaded.exactness.describe())
+    print("context  tokens   checked s  transformers s  ratio  same last row")
+    for context_length in (int(value) for value in args.contexts.split(",")):
+        for size in (int(value) for value in args.sizes.split(",")):
             forward_ids = ids[context_length : context_length + size]
             invariant_times, stock_times = [], []
             with torch.inference_mode():
@@ -59,10 +65,8 @@ def main() -> None:
                 for _ in range(args.repeats):
                     seconds, invariant_row = timed_forward(loaded, cache, forward_ids)
                     invariant_times.append(seconds)
-                    loaded.row_invariant = False
-                    with transformers_attention(loaded.model):
+                    with as_transformers_runs_it(engine):
                         seconds, stock_row = timed_forward(loaded, cache, forward_ids)
-                    loaded.row_invariant = True
                     stock_times.append(seconds)
             a, b = statistics.median(invariant_times), statistics.median(stock_times)
             same = torch.equal(invariant_row, stock_row)

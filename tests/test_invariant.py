@@ -1,6 +1,7 @@
 """Row-invariant arithmetic (engine.invariant): a position's logits are the same whatever the forward's size.
 
-The slow tier checks the property on the real model in bf16, where transformers' own attention breaks it.
+The kernels are chosen by the self-check (engine.exactness, tested in test_exactness.py); here, the
+attention and the packed linear layers themselves. The slow tier checks the property on the real model.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import pytest
 import torch
 from test_engine_exactness import NoisyOracleDrafter
 
-from specedit.engine import invariant, kv_cache
+from specedit.engine import exactness, invariant, kv_cache
 from specedit.engine.generate import Engine
 from specedit.engine.loading import LoadedModel, load_model
 
@@ -36,7 +37,7 @@ def test_query_calls_split_by_key_length_and_block(first: int, end: int, calls: 
 
 
 def _installed(model: Any) -> Any:
-    assert invariant.install(model)
+    assert invariant.install_attention(model)
     return model
 
 
@@ -50,9 +51,11 @@ def chunked_logits(loaded: LoadedModel, context: list[int], continuation: list[i
     return torch.cat(rows)
 
 
+@pytest.mark.parametrize("step_rows", [1, 2])
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
-def test_invariant_attention_computes_what_transformers_computes(architecture: str) -> None:
-    """Same arithmetic up to rounding (float64): padding keys and repeating query rows change nothing."""
+def test_invariant_attention_computes_what_transformers_computes(architecture: str, step_rows: int) -> None:
+    """Same arithmetic up to rounding (float64): padding keys, repeating query rows and running one token
+    as two rows change nothing."""
     stock = build_model(architecture, 300, seed=1)
     patched = _installed(build_model(architecture, 300, seed=1))
     ids = torch.randint(0, 300, (160,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -61,7 +64,7 @@ def test_invariant_attention_computes_what_transformers_computes(architecture: s
             LoadedModel(stock, None, torch.device("cpu"), torch.float64, "stock"), ids[:50], ids[50:], chunk
         )
         got = chunked_logits(
-            LoadedModel(patched, None, torch.device("cpu"), torch.float64, "patched", row_invariant=True),
+            LoadedModel(patched, None, torch.device("cpu"), torch.float64, "patched", step_rows=step_rows),
             ids[:50],
             ids[50:],
             chunk,
@@ -69,9 +72,10 @@ def test_invariant_attention_computes_what_transformers_computes(architecture: s
         torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-9)
 
 
-def _bf16_model(vocab_size: int) -> LoadedModel:
-    """Wide enough for oneDNN's shape-dependent kernels to show (hidden 256): without `install`, these
-    tests fail here (logits differ between a 1-row and a many-row forward)."""
+def wide_model(vocab_size: int, dtype: torch.dtype) -> LoadedModel:
+    """Wide enough for the CPU's shape-dependent kernels to show (hidden 256): with ATen's linear layers in
+    float32 on AVX2, or transformers' attention, a 1-row and a many-row forward give different logits here.
+    Its kernels are chosen by the self-check, as `load_model` does for a target."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
@@ -84,23 +88,29 @@ def _bf16_model(vocab_size: int) -> LoadedModel:
         num_key_value_heads=2,
         max_position_embeddings=1024,
     )
-    model = _installed(Qwen2ForCausalLM(config).to(torch.bfloat16).eval())
-    return LoadedModel(model, CharTokenizer(), torch.device("cpu"), torch.bfloat16, "bf16", row_invariant=True)
+    loaded = LoadedModel(Qwen2ForCausalLM(config).to(dtype).eval(), CharTokenizer(), torch.device("cpu"), dtype, "wide")
+    loaded.exactness = exactness.settle(loaded)
+    return loaded
 
 
-def test_bf16_logits_do_not_depend_on_the_forward_size() -> None:
-    loaded = _bf16_model(512)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_logits_do_not_depend_on_the_forward_size(dtype: torch.dtype) -> None:
+    loaded = wide_model(512, dtype)
+    assert loaded.row_invariant, loaded.exactness
     ids = torch.randint(0, 512, (300,), generator=torch.Generator().manual_seed(1)).tolist()
     reference = chunked_logits(loaded, ids[:200], ids[200:], 1)
     for chunk in (2, 3, 5, 17, 33, 65):
         assert torch.equal(chunked_logits(loaded, ids[:200], ids[200:], chunk), reference), chunk
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("prompt_seed", [0, 1])
-def test_speculation_keeps_the_answer_in_bf16(prompt_seed: int) -> None:
-    """Greedy decoding with drafts of 0 to 64 tokens gives plain decoding's tokens in bf16, not only in
-    float64 (test_engine_exactness). With transformers' attention, 5 of these 6 runs differ."""
-    engine = Engine(_bf16_model(512))
+def test_speculation_keeps_the_answer_in_low_precision(prompt_seed: int, dtype: torch.dtype) -> None:
+    """Greedy decoding with drafts of 0 to 64 tokens gives plain decoding's tokens in bf16 and float32, not
+    only in float64 (test_engine_exactness). With transformers' kernels, 3 of the 6 bf16 runs differ here
+    (AVX2, 2026-11); float32's differences are too small to flip this random model's choices, and are
+    caught by the logits test above instead."""
+    engine = Engine(wide_model(512, dtype))
     engine.eos_token_ids = frozenset()
     prompt = torch.randint(0, 512, (150,), generator=torch.Generator().manual_seed(prompt_seed)).tolist()
     plain = engine.generate(prompt, max_new_tokens=200)
@@ -115,7 +125,7 @@ def test_a_one_token_forward_leaves_one_position_in_the_cache() -> None:
     engine = tiny_engine("qwen2")
     loaded = engine.loaded
     _installed(loaded.model)
-    loaded.row_invariant = True
+    loaded.step_rows = 2
     cache = kv_cache.new_cache()
     with torch.inference_mode():
         loaded.forward([1, 2, 3], cache)
@@ -124,15 +134,34 @@ def test_a_one_token_forward_leaves_one_position_in_the_cache() -> None:
     assert kv_cache.layer_lengths(cache) == [4, 4]
 
 
-def test_load_model_installs_it_for_a_target_and_not_for_a_draft(tiny_model_dir: Any) -> None:
+def test_load_model_settles_a_target_and_packs_a_draft(tiny_model_dir: Any) -> None:
     target = load_model(str(tiny_model_dir), dtype="float32", device="cpu")
-    draft = load_model(str(tiny_model_dir), dtype="float32", device="cpu", row_invariant=False)
-    assert target.row_invariant and target.model.config._attn_implementation == invariant.ATTENTION_NAME
-    assert not draft.row_invariant and draft.model.config._attn_implementation == "sdpa"
+    draft = load_model(str(tiny_model_dir), dtype="float32", device="cpu", target=False)
+    assert target.exactness is not None and target.model.config._attn_implementation == invariant.ATTENTION_NAME
+    assert draft.exactness is None and draft.model.config._attn_implementation == "sdpa"
+    if invariant.can_pack(torch.float32):  # a draft's kernels are simply the fastest
+        assert any(isinstance(module, invariant.PackedLinear) for module in draft.model.modules())
 
 
-def test_the_peer_baseline_runs_on_transformers_attention_and_gives_it_back(tiny_model_dir: Any) -> None:
+def test_packing_keeps_the_weights_bit_for_bit() -> None:
+    if not invariant.can_pack(torch.float32):
+        pytest.skip("oneDNN has no float32 linear kernel on this CPU")
+    stock = build_model("gpt2", 300, seed=2, dtype=torch.float32)  # GPT-2's Conv1D holds its weight transposed
+    packed = build_model("gpt2", 300, seed=2, dtype=torch.float32)
+    assert invariant.pack_linears(packed) == 2 * 4 + 1  # per layer: qkv, proj, fc, proj; the output layer
+    ids = torch.tensor([list(range(40))])
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(ids).logits, stock(ids).logits, rtol=1e-5, atol=1e-5)
+    assert invariant.unpack_linears(packed) == 9
+    first = packed.transformer.h[0].attn.c_attn
+    assert torch.equal(first.weight, stock.transformer.h[0].attn.c_attn.weight.t())
+
+
+def test_the_peer_baseline_runs_on_stock_kernels_and_gives_them_back(tiny_model_dir: Any) -> None:
     target = load_model(str(tiny_model_dir), dtype="float32", device="cpu")
-    with invariant.transformers_attention(target.model):
+    packed_before = [m for m in target.model.modules() if isinstance(m, invariant.PackedLinear)]
+    with invariant.stock_kernels(target.model):
         assert target.model.config._attn_implementation == "sdpa"
+        assert not any(isinstance(m, invariant.PackedLinear) for m in target.model.modules())
     assert target.model.config._attn_implementation == invariant.ATTENTION_NAME
+    assert [m for m in target.model.modules() if isinstance(m, invariant.PackedLinear)] == packed_before

@@ -7,7 +7,10 @@ folder in seconds. These run last (see conftest.py).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,17 +73,43 @@ def test_the_command_rewrites_a_file_in_place(tmp_path: Path, capsys: pytest.Cap
 
 
 def test_a_positions_logits_do_not_depend_on_the_forward_size(engine: Engine) -> None:
-    """Row-invariant arithmetic (engine.invariant) on the real model in bf16, after a context that crosses
-    the attention kernel's 512-key block; with transformers' attention these differ by up to 0.3."""
+    """Row-invariant arithmetic (engine.invariant) on the real model, in the dtype `auto` picks on this CPU
+    (bf16 on AVX512-BF16, float32 on AVX2), after a context that crosses the attention kernel's 512-key
+    block; with transformers' kernels these differ (by up to 0.3 in bf16, 3e-5 in float32)."""
     from test_invariant import chunked_logits
 
     loaded = engine.loaded
-    assert loaded.row_invariant
+    assert loaded.row_invariant, loaded.exactness
     ids = engine.tokenize(ORIGINAL * 16)[:600]
     assert len(ids) == 600
     reference = chunked_logits(loaded, ids[:480], ids[480:], 1)
     for chunk in (3, 16, 33, 65):
         assert torch.equal(chunked_logits(loaded, ids[:480], ids[480:], chunk), reference), chunk
+
+
+def test_the_command_is_exact_with_kernels_steered_to_avx2(tmp_path: Path) -> None:
+    """The class most users have, wherever the tests run: `specedit rewrite` with oneDNN, ATen and MKL
+    steered to AVX2 (float32, as `auto` picks there) writes plain decoding's answer, and says so."""
+    from test_exactness import STEERING
+
+    source = tmp_path / "config.py"
+    source.write_text(ORIGINAL)
+    environment = {**os.environ, **STEERING["AVX2"]}
+    outputs, stats = {}, {}
+    for draft in ("none", "auto"):
+        completed = subprocess.run(
+            [sys.executable, "-m", "specedit.cli.main", "rewrite", str(source), "-i", "Rename merge to merge_configs.",
+             "--draft", draft, "--threads", "2", "--stats", str(tmp_path / f"{draft}.json")],
+            env=environment, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert completed.returncode == 0, completed.stderr[-2000:]
+        outputs[draft] = completed.stdout
+        stats[draft] = json.loads((tmp_path / f"{draft}.json").read_text())
+    assert outputs["auto"] == outputs["none"] and "def merge_configs(base, override):" in outputs["auto"]
+    assert stats["auto"]["target_forwards"] < stats["none"]["target_forwards"] / 3
+    verdict = stats["auto"]["exactness"]
+    assert verdict["claim"] == "bitwise" and verdict["dtype"] == "float32"
+    assert "ONEDNN_MAX_CPU_ISA=AVX2" in verdict["kernels"]
 
 
 def test_layer_skip_where_the_copy_runs_out_keeps_the_answer(engine: Engine) -> None:

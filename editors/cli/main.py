@@ -84,9 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-new-tokens", type=int, help="output budget per case (default: twice the original)")
     bench.add_argument(
         "--methods",
-        default="plain,prompt-lookup,specedit",
-        help="comma-separated: plain, prompt-lookup, specedit (the default chain), specedit-copy (the copy "
-        "drafter alone), specedit-fallback (the fallback alone), llama-cpp",
+        default="plain,plain-stock,prompt-lookup,specedit",
+        help="comma-separated: plain (on the self-checked kernels), plain-stock (on transformers' own), "
+        "prompt-lookup, specedit (the default chain), specedit-copy (the copy drafter alone), "
+        "specedit-fallback (the fallback alone), llama-cpp",
     )
     bench.add_argument(
         "--prompt-lookup-tokens",
@@ -113,6 +114,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_parser(commands)
     add_lsp_parser(commands)
+
+    doctor = commands.add_parser(
+        "doctor", help="what this machine runs: the CPU class, the kernels, and whether speculation is bitwise exact"
+    )
+    doctor.add_argument("--model", help="a model folder, a .gguf file or a known name (default: the embedded one)")
+    doctor.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
+    doctor.add_argument("--device", help="cpu, cuda, ... (default: CUDA when available)")
+    doctor.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
+    doctor.add_argument("--json", action="store_true", help="print the verdict and the forward costs as JSON")
 
     model = commands.add_parser("model", help="provision and list the embedded models")
     model_commands = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
@@ -176,6 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return serve_command(args)
         if args.command == "lsp":
             return lsp_command(args)
+        if args.command == "doctor":
+            return doctor_command(args)
         raise UsageError(f"unknown command {args.command!r}")
     except SpeceditError as error:
         print(f"specedit: error: {error}", file=sys.stderr)
@@ -376,9 +388,10 @@ def bench_command(args: argparse.Namespace) -> int:
     engine = load_engine(args)
     print(
         f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}; {len(cases)} cases; "
-        f"model {engine.loaded.name} ({engine.loaded.dtype}, {engine.device}, {torch_threads()} threads"
-        f"{', row-invariant' if engine.loaded.row_invariant else ''})"
+        f"model {engine.loaded.name} ({engine.loaded.dtype}, {engine.device}, {torch_threads()} threads)"
     )
+    if engine.loaded.exactness is not None:
+        print(f"speculation: {engine.loaded.exactness.describe()}")
     columns = ("case", 32), ("method", 16), ("tokens", -6), ("wall s", -8), ("cpu s", -8), ("tok/s", -7), ("fwd", -5)
     header = " ".join(f"{name:<{width}}" if width > 0 else f"{name:>{-width}}" for name, width in columns)
     header += f" {'acc':>6} identical"
@@ -418,6 +431,15 @@ def bench_command(args: argparse.Namespace) -> int:
         "speed-up over plain, decode phase (median): "
         + ", ".join(f"{m} {v}x" for m, v in summary["decode_speedup_vs_plain"].items())
     )
+    if any(v is not None for v in summary["speedup_vs_fastest_plain"].values()) and "plain-stock" in methods:
+        print(
+            "speed-up over the faster of plain and plain-stock, case by case (end to end / decode phase): "
+            + ", ".join(
+                f"{m} {v}x / {summary['decode_speedup_vs_fastest_plain'][m]}x"
+                for m, v in summary["speedup_vs_fastest_plain"].items()
+                if m != "plain-stock"
+            )
+        )
     print(
         "cases slower than plain (slowest ratio): "
         + ", ".join(f"{m} {n} ({summary['slowest_vs_plain'][m]}x)" for m, n in summary["slower_than_plain"].items())
@@ -487,6 +509,36 @@ def calibrate_command(args: argparse.Namespace) -> int:
             "switch it off where it does not",
             file=sys.stderr,
         )
+    return 0
+
+
+# -------------------------------------------------------------------------------------------- doctor
+
+
+def doctor_command(args: argparse.Namespace) -> int:
+    """Load the model, run the self-check afresh (and remember its verdict), measure a few forwards."""
+    import torch
+
+    from specedit.engine import exactness
+    from specedit.engine.loading import forward_costs, load_model
+    from specedit.engine.model_store import cache_dir, resolve_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with fetch_progress() as progress:
+        loaded = load_model(resolve_model(args.model, progress=progress), dtype=args.dtype, device=args.device)
+    assert loaded.exactness is not None
+    exactness.remember(loaded, cache_dir() / "exactness")
+    costs = forward_costs(loaded, sizes=(1, 8, 32))
+    verdict = loaded.exactness
+    if args.json:
+        print(json.dumps({"model": loaded.name, "exactness": verdict.to_dict(), "forward_seconds": costs}, indent=2))
+        return 0
+    print(f"cpu: {exactness.cpu_description()}")
+    print(f"torch {torch.__version__}; kernels {verdict.kernels}; {verdict.threads} threads")
+    print(f"model: {loaded.name} ({verdict.dtype} on {verdict.device})")
+    print(f"speculation: {verdict.describe()}; self-check {verdict.probe_seconds:.1f} s")
+    print("one forward after 100 tokens: " + ", ".join(f"{k} tokens {s * 1000:.0f} ms" for k, s in costs.items()))
     return 0
 
 

@@ -1,0 +1,273 @@
+"""The self-check at load: on this machine, does speculation give plain decoding's answer bit for bit?
+
+Whether a position's logits depend on the size of the forward that computes them is a property of the
+kernels, and the kernels differ by CPU class, dtype, thread count and library version (see
+`engine.invariant` for what was measured on AVX512-BF16 and on AVX2). So nothing is assumed: `settle`
+runs a fixed probe through the loaded model (a context, then six positions computed one per forward, all
+in one forward, and in chunks of 2+4 and 3+3, across a key-length bucket of the row-invariant attention),
+compares the logits bitwise, and takes the first path that holds, cheapest first:
+
+1. oneDNN's prepacked linear (where it has a kernel for the dtype), a one-token step as one row;
+2. the same, a one-token step as two rows (the token twice, the second row dropped);
+3. and 4. the same two with ATen's linear kernels.
+
+Where none holds (or on CUDA, where the row-invariant attention does not apply), the model keeps the
+fastest path and the verdict says the output is identical to plain decoding "up to near-ties": a position
+whose two best tokens are within rounding of each other may come out differently.
+
+The probe costs about 2 s for the 0.5B model in float32 on 2 AVX2 cores (12 forwards), so the command
+line and the daemon remember a verdict in the cache (`verdicts`), keyed by everything that chooses the
+kernels: the model's shapes, dtype, device, thread count, the CPU's model and flags, the steering
+variables, the versions of torch and transformers, and the source of this module and of
+`engine.invariant`. Anything changed, and the probe runs again; `specedit doctor` always runs it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from specedit.engine import invariant, kv_cache
+
+log = logging.getLogger(__name__)
+
+Linear = Literal["onednn-packed", "aten"]
+
+# Environment variables that steer the CPU kernels (read once, when the libraries start).
+KERNEL_ENV = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR")
+
+PROBE_CONTEXT = 61  # the probe's positions 61..66 cross the attention's 64-key bucket
+PROBE_SPLITS = ((1, 1, 1, 1, 1, 1), (6,), (2, 4), (3, 3))  # the first is the reference: plain decoding
+
+
+@dataclass(frozen=True)
+class Exactness:
+    """What the self-check found for one loaded model. `bitwise`: speculative output is plain decoding's
+    bit for bit; otherwise identical up to near-ties."""
+
+    bitwise: bool
+    linear: Linear
+    step_rows: int  # the rows a one-token step runs as: 1, or 2 where a 1-row product takes another kernel
+    attention: Literal["row-invariant", "transformers"]
+    dtype: str
+    device: str
+    cpu_class: str  # from the CPU's flags: AMX, AVX512-BF16, AVX512, AVX2 or baseline
+    kernels: str  # what torch dispatches to (its CPU capability), and any steering in the environment
+    threads: int
+    probe_seconds: float
+
+    @property
+    def claim(self) -> str:
+        return "bitwise" if self.bitwise else "up to near-ties"
+
+    def describe(self) -> str:
+        """One line for people: `identical to plain decoding bit for bit (AVX2, float32, ...)`."""
+        how = "bit for bit" if self.bitwise else "up to near-ties (the self-check found a shape-dependent kernel)"
+        rows = "1-row" if self.step_rows == 1 else "2-row"
+        return (
+            f"identical to plain decoding {how} ({self.cpu_class}, kernels {self.kernels}, {self.dtype}, "
+            f"{self.threads} threads, {self.linear} linear, {self.attention} attention, {rows} steps)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        record = asdict(self)
+        record["claim"] = self.claim
+        record["probe_seconds"] = round(self.probe_seconds, 3)
+        return record
+
+
+def settle(loaded: Any, verdicts: Path | None = None) -> Exactness:
+    """Choose `loaded`'s kernels by the probe (see the module docstring) and return the verdict.
+
+    `loaded` is a `LoadedModel` whose `step_rows` this sets; its model's linear layers end up packed
+    where oneDNN can (the fastest path), unless only ATen's kernels keep the answer. With `verdicts` (a
+    folder), a verdict found there for the same fingerprint is used instead of the probe, and a new one is
+    saved there.
+    """
+    start = time.perf_counter()
+    model = loaded.model
+    on_cpu = loaded.device.type == "cpu"
+    attention = on_cpu and invariant.install_attention(model)
+    packable = on_cpu and invariant.can_pack(loaded.dtype)
+    candidates: list[tuple[Linear, int]] = [
+        *((("onednn-packed", rows) for rows in (1, 2)) if packable else ()),
+        *(("aten", rows) for rows in (1, 2)),
+    ]
+    if not attention:
+        candidates = []  # without the invariant attention, one kernel that varies is enough to break it
+    fastest: tuple[Linear, int] = ("onednn-packed" if packable else "aten", 1)
+    remembered = verdicts / f"{fingerprint(loaded)}.json" if verdicts is not None else None
+    known = _read_verdict(remembered) if remembered is not None else None
+    if known is not None and known[1] in (*candidates, fastest):
+        bitwise, (linear, rows) = known
+    else:
+        known = None
+        for linear, rows in candidates:
+            _use_linear(model, linear)
+            loaded.step_rows = rows
+            if probe_holds(loaded):
+                bitwise = True
+                break
+        else:  # the fastest path, with the weaker claim
+            bitwise, (linear, rows) = False, fastest
+    _use_linear(model, linear)
+    loaded.step_rows = rows
+    verdict = Exactness(
+        bitwise=bitwise,
+        linear=linear,
+        step_rows=rows,
+        attention="row-invariant" if attention else "transformers",
+        dtype=str(loaded.dtype).removeprefix("torch."),
+        device=str(loaded.device),
+        cpu_class=cpu_class() if on_cpu else torch.cuda.get_device_name(loaded.device),
+        kernels=kernel_description() if on_cpu else f"torch {torch.__version__}",
+        threads=torch.get_num_threads(),
+        probe_seconds=time.perf_counter() - start,
+    )
+    log.info("%s; self-check took %.2f s", verdict.describe(), verdict.probe_seconds)
+    if remembered is not None and known is None:
+        _write_verdict(remembered, verdict)
+    return verdict
+
+
+def remember(loaded: Any, verdicts: Path) -> None:
+    """Save `loaded`'s verdict in the `verdicts` folder, for the next load with the same fingerprint."""
+    if loaded.exactness is not None:
+        _write_verdict(verdicts / f"{fingerprint(loaded)}.json", loaded.exactness)
+
+
+def fingerprint(loaded: Any) -> str:
+    """A digest of everything that chooses the kernels a forward of `loaded` runs (module docstring)."""
+    import transformers
+
+    sources = [Path(path).read_bytes() for path in (invariant.__file__, __file__) if path]
+    config = {key: value for key, value in loaded.model.config.to_dict().items() if key != "_name_or_path"}
+    described = {
+        "config": config,  # the shapes; not the name: the same shapes on the same machine take the same kernels
+        "dtype": str(loaded.dtype),
+        "device": str(loaded.device),
+        "threads": torch.get_num_threads(),
+        "cpu": _cpu_model() + " " + " ".join(sorted(_cpu_flags())),
+        "kernels": kernel_description(),
+        "steering": {name: os.environ.get(name) for name in KERNEL_ENV},
+        "versions": [torch.__version__, transformers.__version__],
+        "sources": [hashlib.sha256(source).hexdigest() for source in sources],
+    }
+    return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _read_verdict(path: Path) -> tuple[bool, tuple[Linear, int]] | None:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        bitwise, linear, rows = record["bitwise"], record["linear"], record["step_rows"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # none yet, or unreadable: the probe decides
+    if not isinstance(bitwise, bool) or linear not in ("onednn-packed", "aten") or rows not in (1, 2):
+        return None
+    return bitwise, (linear, rows)
+
+
+def _write_verdict(path: Path, verdict: Exactness) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+        temporary.write_text(json.dumps(verdict.to_dict(), indent=1), encoding="utf-8")
+        temporary.replace(path)
+    except OSError as error:  # a read-only cache only costs the probe next time
+        log.warning("could not remember the self-check's verdict in %s: %s", path, error)
+
+
+def probe_ids(vocab_size: int, length: int) -> list[int]:
+    """Fixed token ids spread over the vocabulary: the kernels do not read them, any ids would do."""
+    return [(index * 7919 + 13) % vocab_size for index in range(length)]
+
+
+def probe_holds(loaded: Any) -> bool:
+    """True when every split of the probe gives the reference's logits, bitwise."""
+    ids = probe_ids(int(loaded.model.config.vocab_size), PROBE_CONTEXT + sum(PROBE_SPLITS[0]))
+    cache = kv_cache.new_cache()
+    with torch.inference_mode():
+        loaded.forward(ids[:PROBE_CONTEXT], cache, logits_to_keep=1)
+        reference = _split_logits(loaded, ids, PROBE_SPLITS[0], cache)
+        return all(torch.equal(_split_logits(loaded, ids, split, cache), reference) for split in PROBE_SPLITS[1:])
+
+
+def _split_logits(loaded: Any, ids: Sequence[int], split: Sequence[int], cache: Any) -> torch.Tensor:
+    """The probe's continuation, `split[i]` tokens per forward; the cache is left holding the context."""
+    rows, position = [], PROBE_CONTEXT
+    for size in split:
+        rows.append(loaded.forward(ids[position : position + size], cache))
+        position += size
+    kv_cache.rollback(cache, PROBE_CONTEXT)
+    return torch.cat(rows)  # (sum(split), V)
+
+
+def _use_linear(model: Any, linear: Linear) -> None:
+    if linear == "onednn-packed":
+        invariant.pack_linears(model)
+    else:
+        invariant.unpack_linears(model)
+
+
+@cache
+def cpu_class() -> str:
+    """The CPU's class as its flags say (`lscpu`): AMX, AVX512-BF16, AVX512, AVX2 or baseline."""
+    flags = set(_cpu_flags())  # x86 names; on other CPUs: baseline
+    for flag, name in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"), ("avx512f", "AVX512"), ("avx2", "AVX2")):
+        if flag in flags:
+            return name
+    return "baseline"
+
+
+def cpu_description() -> str:
+    """The CPU's model, class and the flags that choose kernels, as `lscpu` shows them."""
+    wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_bf16", "avx_ne_convert")
+    flags = [flag for flag in wanted if flag in set(_cpu_flags())]
+    model = _cpu_model() or "unknown"
+    return f"{model} ({cpu_class()}: {' '.join(flags) or 'no vector flags'}), {os.cpu_count()} cores"
+
+
+def kernel_description() -> str:
+    """torch's CPU capability (what ATen dispatches to), and the steering variables that are set."""
+    steering = [f"{name}={os.environ[name]}" for name in KERNEL_ENV if os.environ.get(name)]
+    return " ".join([torch.backends.cpu.get_cpu_capability(), *steering])
+
+
+def native_bf16() -> bool:
+    """True where bf16 arithmetic is native (AVX512-BF16 or AMX) and oneDNN is not steered below it."""
+    steered = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    if steered and steered not in ("ALL", "DEFAULT") and "BF16" not in steered and "AMX" not in steered:
+        return False
+    return cpu_class() in ("AMX", "AVX512-BF16")
+
+
+def _cpu_flags() -> list[str]:
+    return _cpuinfo_field("flags").split()
+
+
+def _cpu_model() -> str:
+    return _cpuinfo_field("model name")
+
+
+@cache
+def _cpuinfo_field(name: str) -> str:
+    """The first processor's `name` line in /proc/cpuinfo ('' where there is none: not Linux)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == name:
+            return value.strip()
+    return ""
