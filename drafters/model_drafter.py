@@ -26,10 +26,10 @@ from typing import Any
 import torch
 
 from specedit.drafters.base import NO_DRAFT, Draft
-from specedit.engine import kv_cache
 from specedit.engine.errors import ModelLoadError
-from specedit.engine.loading import LoadedModel
-from specedit.engine.sampling import DRAFT_STREAM, SamplingConfig, draw_token, target_probs
+from specedit.engine.loop.sampling import DRAFT_STREAM, SamplingConfig, draw_token, target_probs
+from specedit.engine.model import kv_cache
+from specedit.engine.model.loading import LoadedModel
 
 
 @dataclass(frozen=True)

@@ -1,59 +1,22 @@
-"""What a rewrite asks for: plain frozen dataclasses, with no torch import.
+"""What a rewrite asks for and what it reports: plain frozen dataclasses, with no torch import.
 
-The language server, the daemon's clients and the command line's parser import these; keeping torch out
-of them lets an editor's language server start in a fraction of a second when the model runs in the
-shared daemon.
+One request (`RewriteRequest`), one step report (`StepInfo`) and one result (`RewriteOutcome`), the same
+in process and on both sides of the daemon's socket (`serving.protocol` sends them field for field). The
+language server, the daemon's clients and the command line import these; keeping torch out of them lets
+an editor's language server start in a fraction of a second when the model runs in the shared daemon.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from specedit.engine.prompts import RewritePrompt
 
-DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "float64")
 # auto: copy, then the configured fallback; copy: the copy drafter alone; fallback: the fallback alone
-# (a draft model or layer skip); none: plain decoding. See `engine.drafting`.
+# (a draft model or layer skip); none: plain decoding. See `loop.drafting`.
 DraftMethod = Literal["auto", "copy", "fallback", "none"]
 DRAFT_METHODS: tuple[DraftMethod, ...] = ("auto", "copy", "fallback", "none")
-
-
-@dataclass(frozen=True)
-class FallbackOptions:
-    """What drafts where the copy has nothing, as a user configures it (see `engine.drafting`).
-
-    `draft_model`: a model folder, .gguf or known name with the target's tokenizer; `layers`: the target's
-    own layers to draft with, a list like `0-11,20-23` or `auto` (what `specedit calibrate` saved). At most
-    one of the two; neither means plain decoding where the copy has nothing.
-    """
-
-    draft_model: str | None = None
-    layers: str | None = None
-    # Stop drafting at the first token whose probability is below this (about 0.5 removed the energy
-    # penalty of long drafts on every task in the seed measurements).
-    p_min: float = 0.5
-
-    def __post_init__(self) -> None:
-        if self.draft_model is not None and self.layers is not None:
-            raise ValueError("choose a draft model or layer skip, not both")
-        if not 0.0 <= self.p_min < 1.0:
-            raise ValueError(f"p_min must be in [0, 1), got {self.p_min}")
-
-    @property
-    def configured(self) -> bool:
-        return self.draft_model is not None or self.layers is not None
-
-
-def layer_skip_option(value: str) -> str | None:
-    """The layer list a `--draft layers[:LIST]` value asks for (`auto` when bare); None for other values.
-
-    >>> layer_skip_option("layers:0-11,20-23"), layer_skip_option("layers"), layer_skip_option("copy")
-    ('0-11,20-23', 'auto', None)
-    """
-    if value != "layers" and not value.startswith("layers:"):
-        return None
-    return value.partition(":")[2] or "auto"
 
 
 @dataclass(frozen=True)
@@ -93,3 +56,56 @@ class RewriteRequest:
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
         RewritePrompt(self.original, self.instruction, self.sketch, self.language)  # validates
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """One speculative step, reported after it committed: for progress, tests and profiling."""
+
+    step: int  # 1, 2, ...: the target forwards so far
+    committed_length: int  # prompt + output tokens
+    cache_length: int  # always committed_length - 1: the newest token is pending
+    drafted: int  # this step's draft length
+    accepted: int  # this step's accepted draft tokens
+    generated_tokens: int  # output tokens so far (a step commits accepted + 1, or fewer at EOS or a stop)
+    drafted_total: int  # drafted tokens over all steps so far
+    accepted_total: int  # accepted tokens over all steps so far
+    seconds: float  # since the rewrite started running (prefill included)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_total / self.drafted_total if self.drafted_total else 0.0
+
+
+FinishReason = Literal["eos", "stop", "length", "cancelled"]
+OutcomeStatus = Literal["complete", "incomplete", "cancelled"]
+
+
+def status_of(finish_reason: FinishReason) -> OutcomeStatus:
+    """The one mapping from the loop's finish reason to a status: the model closing its code block
+    (`stop`) or ending its answer (`eos`) completes the rewrite; running out of budget does not."""
+    if finish_reason in ("eos", "stop"):
+        return "complete"
+    return "incomplete" if finish_reason == "length" else "cancelled"
+
+
+@dataclass(frozen=True)
+class RewriteOutcome:
+    """How a rewrite ended, wherever it ran. Errors are raised, not returned."""
+
+    text: str  # the rewritten region, in the original's line endings
+    status: OutcomeStatus  # incomplete: the token budget ran out before the code was finished
+    finish_reason: FinishReason | None  # None: cancelled before it ran
+    stats: dict[str, Any]  # `Stats.to_dict()`; through the daemon also queue_seconds (and steps_after_cancel)
+
+    @classmethod
+    def finished(cls, text: str, finish_reason: FinishReason, stats: dict[str, Any]) -> RewriteOutcome:
+        return cls(text, status_of(finish_reason), finish_reason, stats)
+
+    @classmethod
+    def cancelled_before_start(cls, stats: dict[str, Any] | None = None) -> RewriteOutcome:
+        return cls("", "cancelled", None, stats or {})
+
+    @property
+    def complete(self) -> bool:
+        return self.status == "complete"

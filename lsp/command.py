@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from specedit.engine.requests import DRAFT_METHODS, DTYPE_CHOICES
+from specedit.engine.options import add_engine_arguments
+from specedit.engine.requests import DRAFT_METHODS
 
 
 def add_lsp_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,26 +18,12 @@ def add_lsp_arguments(parser: argparse.ArgumentParser) -> None:
         "(default) the shared daemon, started when none runs",
     )
     parser.add_argument("--engine-token-file", metavar="FILE", help="the daemon's token file, for a tcp:// --engine")
-    parser.add_argument("--model", help="a model folder, a .gguf file, a hub id, or a known name")
-    parser.add_argument("--dtype", choices=DTYPE_CHOICES, help="model dtype (default: auto)")
     parser.add_argument(
         "--draft",
         choices=DRAFT_METHODS,
         help="auto (default): copy from the original, then the fallback; copy; fallback; none",
     )
-    parser.add_argument(
-        "--draft-model",
-        metavar="MODEL",
-        help="a small model with the target's tokenizer, drafting where the copy has nothing",
-    )
-    parser.add_argument(
-        "--draft-layers",
-        metavar="LIST",
-        help="draft where the copy has nothing with these layers of the target (or auto)",
-    )
-    parser.add_argument("--p-min", type=float, help="the fallback's confidence threshold (default 0.5)")
-    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: CUDA when available)")
-    parser.add_argument("--threads", type=int, help="CPU threads for torch (in-process engine)")
+    add_engine_arguments(parser.add_argument_group("engine (in process, or a daemon this server starts)"))
     # Clients pass --stdio by convention (vscode-languageclient's stdio transport does); it is the only one.
     parser.add_argument("--stdio", action="store_true", help=argparse.SUPPRESS)
 

@@ -1,24 +1,32 @@
 """Settings of the language server: defaults, then `initializationOptions`, then `workspace/configuration`
 (section `specedit`), then the command line, each overriding the one before.
 
-Keys as the editors spell them (camelCase): engine, engineTokenFile, model, dtype, device, draft,
+Keys as the editors spell them (camelCase): engine, engineTokenFile, model, dtype, device, threads, draft,
 draftModel, draftLayers, pMin, delivery, presets, maxNewTokens. `engine` is "inprocess", a daemon address, or
-absent: the shared daemon, started if none runs.
+absent: the shared daemon, started if none runs. The engine's own settings are an `EngineOptions`
+(`ENGINE_KEYS`: the editors' names of its fields).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from specedit.engine.requests import DRAFT_METHODS, DTYPE_CHOICES, DraftMethod, FallbackOptions
+from specedit.engine.options import EngineOptions, setting_names
+from specedit.engine.requests import DRAFT_METHODS, DraftMethod
+from specedit.engine.session import LocalSession, RemoteSession, Session
 from specedit.lsp.protocol import DELIVERIES, Delivery
 
 log = logging.getLogger(__name__)
 
 INPROCESS = "inprocess"
+
+# The editors' names of the engine's settings (`draftLayers`) -> the `EngineOptions` fields (`draft_layers`).
+ENGINE_KEYS = setting_names()
 
 
 @dataclass(frozen=True)
@@ -40,18 +48,13 @@ DEFAULT_PRESETS = (
 class Settings:
     engine: str | None = None  # None: the shared daemon; "inprocess"; or a daemon address
     engine_token_file: str | None = None  # for a tcp:// daemon address
-    model: str | None = None
-    dtype: str = "auto"
-    device: str | None = None
+    engine_options: EngineOptions = field(default_factory=EngineOptions)  # for the engine this server starts
     draft: DraftMethod = "auto"
-    fallback: FallbackOptions = field(default_factory=FallbackOptions)  # for the engine this server starts
     delivery: Delivery = "live"
     presets: tuple[Preset, ...] = field(default=DEFAULT_PRESETS)
     max_new_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPE_CHOICES:
-            raise ValueError(f"dtype must be one of {DTYPE_CHOICES}")
         if self.draft not in DRAFT_METHODS:
             raise ValueError(f"draft must be one of {DRAFT_METHODS}")
         if self.delivery not in DELIVERIES:
@@ -76,20 +79,10 @@ class Settings:
             return replace(self, engine=value or None)
         if key == "engineTokenFile" and isinstance(value, str):
             return replace(self, engine_token_file=value or None)
-        if key == "model" and isinstance(value, str):
-            return replace(self, model=value or None)
-        if key == "device" and isinstance(value, str):
-            return replace(self, device=value or None)
-        if key == "dtype" and isinstance(value, str):
-            return replace(self, dtype=value)
+        if key in ENGINE_KEYS:
+            return replace(self, engine_options=_engine_option(self.engine_options, ENGINE_KEYS[key], value))
         if key == "draft" and value in DRAFT_METHODS:
             return replace(self, draft=value)
-        if key == "draftModel" and isinstance(value, str):
-            return replace(self, fallback=replace(self.fallback, draft_model=value or None))
-        if key == "draftLayers" and isinstance(value, str):
-            return replace(self, fallback=replace(self.fallback, layers=value or None))
-        if key == "pMin" and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return replace(self, fallback=replace(self.fallback, p_min=float(value)))
         if key == "delivery" and value in DELIVERIES:
             return replace(self, delivery=value)
         if key == "maxNewTokens" and isinstance(value, int):
@@ -99,6 +92,24 @@ class Settings:
         if key in ("trace", "server", "serverCommand", "pythonPath"):
             return self  # settings of the editor plugins, not of the server
         raise ValueError("unknown setting, or a value of the wrong type")
+
+
+def _engine_option(options: EngineOptions, name: str, value: Any) -> EngineOptions:
+    """`options` with the field `name` set from an editor's JSON value, checked against the field's type
+    ("" sets a text field back to its default); `EngineOptions` validates the result."""
+    hint = typing.get_type_hints(EngineOptions)[name]
+    if float in (hint, *typing.get_args(hint)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise TypeError("a number")
+        value = float(value)
+    elif int in (hint, *typing.get_args(hint)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError("a whole number")
+    elif not isinstance(value, str):
+        raise TypeError("a string")
+    elif not value:
+        value = getattr(EngineOptions(), name)
+    return replace(options, **{name: value})
 
 
 def _presets(value: Any) -> tuple[Preset, ...]:
@@ -127,3 +138,16 @@ def section(values: Any) -> Mapping[str, Any]:
         return {}
     inner = values.get("specedit")
     return inner if isinstance(inner, Mapping) else values
+
+
+def open_session(settings: Settings) -> Session:
+    """Where this server's rewrites run: in process, in the daemon at `settings.engine`, or in the shared
+    daemon (started with this server's engine options when none runs; it exits by itself once idle)."""
+    if settings.engine == INPROCESS:
+        return LocalSession(settings.engine_options)
+    return RemoteSession(
+        settings.engine,
+        token_file=settings.engine_token_file,
+        spawn=settings.engine_options,
+        client_name=f"specedit lsp pid {os.getpid()}",
+    )

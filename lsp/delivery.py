@@ -46,12 +46,20 @@ class Job:
     region: RegionTracker
     tracker: HunkTracker
     stopped: bool = False  # live writing ended (cancelled, superseded, closed)
+    label: str = "specedit"  # what the editor calls its edits (its undo entry, a confirmation)
 
     @classmethod
     def start(
-        cls, job_id: str, delivery: DeliveryMode, original: str, start: int, config: SettleConfig | None = None
+        cls,
+        job_id: str,
+        delivery: DeliveryMode,
+        original: str,
+        start: int,
+        config: SettleConfig | None = None,
+        *,
+        label: str = "specedit",
     ) -> Job:
-        return cls(job_id, delivery, RegionTracker(original, start), HunkTracker(original, config))
+        return cls(job_id, delivery, RegionTracker(original, start), HunkTracker(original, config), label=label)
 
     @property
     def writes_live(self) -> bool:
@@ -80,6 +88,7 @@ class Intent:
     kind: Literal["apply", "revert"]
     hunk_ids: list[int] | None = None
     live: bool = False
+    confirm: bool = False  # ask the user to confirm it, where the client can (a `final` rewrite's edit)
     attempts: int = 0
     outcome: Outcome | None = None
 

@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from specedit.engine import kv_cache
-from specedit.engine.bench import as_transformers_runs_it
-from specedit.engine.generate import Engine
-from specedit.engine.loading import LoadedModel, load_model
-from specedit.engine.model_store import resolve_model
+from specedit.engine.loop.generate import Engine
+from specedit.engine.model import kv_cache
+from specedit.engine.model.loading import LoadedModel, load_model
+from specedit.engine.ops.bench import as_transformers_runs_it
+from specedit.engine.ops.model_store import resolve_model
 
 
 def timed_forward(loaded: LoadedModel, cache: DynamicCache, ids: list[int]) -> tuple[float, torch.Tensor]:

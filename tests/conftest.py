@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from specedit.engine.generate import Engine
-from specedit.engine.loading import LoadedModel
+from specedit.engine.loop.generate import Engine
+from specedit.engine.model.loading import LoadedModel
 from specedit.engine.prompts import SYSTEM_PROMPT
 
 ARCHITECTURES = ("gpt2", "qwen2", "llama")

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from specedit.cli.main import main
-from specedit.engine import bench_llama_cpp
-from specedit.engine.bench import first_difference, summarise
+from specedit.engine.ops import llama_cpp
+from specedit.engine.ops.bench import first_difference, summarise
 
 from conftest import MEMORISED_REWRITES
 
@@ -33,7 +33,7 @@ def test_bench_runs_every_method_on_every_case(
     tmp_path: Path, memorising_model_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # llama.cpp is an optional extra (and runs on the real default GGUF): here it is missing, as in CI.
-    monkeypatch.setattr(bench_llama_cpp.LlamaCppRunner, "create", classmethod(lambda cls, threads=None: None))
+    monkeypatch.setattr(llama_cpp.LlamaCppRunner, "create", classmethod(lambda cls, threads=None: None))
     cases = write_cases(tmp_path / "cases.jsonl")
     out = tmp_path / "bench.json"
     code = main(
@@ -111,7 +111,7 @@ def test_bench_compares_the_chain_with_each_of_its_drafters(tmp_path: Path, memo
     out = tmp_path / "bench.json"
     arguments = ["bench", "--cases", str(write_cases(tmp_path / "cases.jsonl")), "--model", str(memorising_model_dir)]
     methods = "plain,specedit,specedit-copy,specedit-fallback"
-    code = main([*arguments, "--methods", methods, "--draft", "layers:0", "--p-min", "0", "--json", str(out)])
+    code = main([*arguments, "--methods", methods, "--draft-layers", "0", "--p-min", "0", "--json", str(out)])
     assert code == 0
     report = json.loads(out.read_text())
     summary = report["summary"]

@@ -107,9 +107,9 @@ def test_rewrite_prints_the_new_text(
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--draft", "bogus"], "--draft must be one of auto, copy, fallback, none or layers:LIST"),
-        (["--draft", "layers:0", "--draft-model", "x"], "not both"),
-        (["--draft", "layers:0", "--p-min", "1.5"], "p_min must be in [0, 1)"),
+        (["--draft", "bogus"], "--draft must be one of auto, copy, fallback, none, got 'bogus'"),
+        (["--draft-layers", "0", "--draft-model", "x"], "not both"),
+        (["--draft-layers", "0", "--p-min", "1.5"], "p_min must be in [0, 1)"),
     ],
 )
 def test_bad_draft_options_fail_before_loading(
@@ -127,11 +127,11 @@ def test_layer_skip_bad_layers_and_a_missing_calibration(
     source = tmp_path / "a.py"
     source.write_text(ADD)
     model = ["--model", memorising_model_dir]
-    assert specedit("rewrite", source, "-i", "x", *model, "--draft", "layers:1") == 6
+    assert specedit("rewrite", source, "-i", "x", *model, "--draft-layers", "1") == 6
     assert "must keep layer 0" in capsys.readouterr().err
-    assert specedit("rewrite", source, "-i", "x", *model, "--draft", "layers:0-7") == 6
+    assert specedit("rewrite", source, "-i", "x", *model, "--draft-layers", "0-7") == 6
     assert "layer numbers must be in 0..1" in capsys.readouterr().err
-    assert specedit("rewrite", source, "-i", "x", "--model", tmp_path, "--draft", "layers") == 6
+    assert specedit("rewrite", source, "-i", "x", "--model", tmp_path, "--draft-layers", "auto") == 6
     assert "not a model folder" in capsys.readouterr().err
 
 
@@ -144,7 +144,7 @@ def test_calibrate_then_rewrite_with_layer_skip(
     shutil.copytree(memorising_model_dir, model)
     sample = tmp_path / "sample.py"
     sample.write_text(ADD * 10)
-    assert specedit("rewrite", sample, "-i", "x", "--model", model, "--draft", "layers:auto") == 6
+    assert specedit("rewrite", sample, "-i", "x", "--model", model, "--draft-layers", "auto") == 6
     assert "run `specedit calibrate` first" in capsys.readouterr().err
 
     assert specedit("calibrate", "--model", model, "--sample", sample, "--tokens", "64", "--p-min", "0") == 0
@@ -157,7 +157,7 @@ def test_calibrate_then_rewrite_with_layer_skip(
     source, stats = tmp_path / "add.py", tmp_path / "stats.json"
     source.write_text(ADD)
     arguments = ["-i", ADD_INSTRUCTION, "--model", model, "--p-min", "0", "--stats", stats]
-    assert specedit("rewrite", source, *arguments, "--draft", "layers:auto") == 0
+    assert specedit("rewrite", source, *arguments, "--draft-layers", "auto") == 0
     assert capsys.readouterr().out == ADD_ANSWER  # the same answer
     assert set(json.loads(stats.read_text())["drafters"]) == {"copy", "context", "layers"}
 

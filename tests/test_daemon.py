@@ -26,20 +26,24 @@ import pytest
 import torch
 
 from specedit.cli.serve_command import add_serve_parser, config_from_args, serve_command
-from specedit.engine.client import EngineClient, RemoteStep, ensure_daemon
-from specedit.engine.daemon import Daemon, DaemonConfig, serve
 from specedit.engine.errors import ContextLengthError, EngineUnavailableError
-from specedit.engine.generate import Engine
-from specedit.engine.loading import load_model
-from specedit.engine.protocol import PROTOCOL_VERSION, encode_frame, recv_payload
-from specedit.engine.requests import FallbackOptions
-from specedit.engine.rewrite import RewriteRequest, rewrite
+from specedit.engine.loop.generate import Engine
+from specedit.engine.loop.rewrite import rewrite
+from specedit.engine.model.loading import load_model
+from specedit.engine.options import EngineOptions
+from specedit.engine.requests import RewriteRequest, StepInfo
+from specedit.engine.serving.client import EngineClient, ensure_daemon
+from specedit.engine.serving.config import DaemonConfig
+from specedit.engine.serving.daemon import Daemon, serve
+from specedit.engine.serving.protocol import PROTOCOL_VERSION, encode_frame, recv_payload, to_wire
+from specedit.engine.session import LocalSession
 
 from conftest import MEMORISED_REWRITES
 
 ADD, ADD_INSTRUCTION, ADD_ANSWER = MEMORISED_REWRITES[0]
 XY, XY_INSTRUCTION, XY_ANSWER = MEMORISED_REWRITES[1]
 TIMEOUT = 20.0  # the most any single wait in this file may take
+ONE_THREAD = EngineOptions(threads=1)
 
 
 def memorised(original: str, instruction: str) -> RewriteRequest:
@@ -91,7 +95,7 @@ def daemon_thread(config: DaemonConfig, engine: Engine) -> Iterator[Daemon]:
 
     def run() -> None:
         try:
-            box["status"] = serve(config, engine=engine, on_ready=on_ready)
+            box["status"] = serve(config, session=LocalSession(config.options, engine=engine), on_ready=on_ready)
         finally:
             ready.set()
 
@@ -122,19 +126,7 @@ def hello(token: str | None = None) -> dict[str, Any]:
 
 
 def rewrite_message(request_id: str, request: RewriteRequest) -> dict[str, Any]:
-    return {
-        "type": "rewrite",
-        "id": request_id,
-        "original": request.original,
-        "instruction": request.instruction,
-        "sketch": request.sketch,
-        "language": request.language,
-        "draft": request.draft,
-        "temperature": request.sampling.temperature,
-        "top_p": request.sampling.top_p,
-        "seed": request.sampling.seed,
-        "max_new_tokens": request.max_new_tokens,
-    }
+    return {"type": "rewrite", "id": request_id, "request": to_wire(request)}
 
 
 def receive(sock: socket.socket) -> dict[str, Any] | None:
@@ -182,12 +174,12 @@ def recent(address: str, request_id: str) -> dict[str, Any] | None:
 
 
 def test_rewrite_through_the_daemon_equals_in_process(short_dir: Path, memorising_engine: Engine) -> None:
-    config = DaemonConfig(socket_path=short_dir / "engine.sock", threads=1)
+    config = DaemonConfig(socket_path=short_dir / "engine.sock", options=ONE_THREAD)
     with daemon_thread(config, memorising_engine):
         assert (short_dir / "engine.sock").stat().st_mode & 0o777 == 0o600
         with EngineClient.connect(config.address) as client:
             deltas: list[str] = []
-            steps: list[RemoteStep] = []
+            steps: list[StepInfo] = []
             result = client.rewrite(memorised(ADD, ADD_INSTRUCTION), on_text=deltas.append, on_step=steps.append)
             again = client.rewrite(memorised(XY, XY_INSTRUCTION))  # the connection serves many requests
         local = rewrite(memorising_engine, memorised(ADD, ADD_INSTRUCTION))
@@ -225,7 +217,7 @@ class GatedEngine:
 
 
 def test_two_clients_at_once_the_second_queued(short_dir: Path, random_engine: Engine) -> None:
-    config = DaemonConfig(socket_path=short_dir / "engine.sock", threads=1)
+    config = DaemonConfig(socket_path=short_dir / "engine.sock", options=ONE_THREAD)
     requests = {"first": random_model_request(40), "second": random_model_request(30, "Make y three.")}
     engine = GatedEngine(random_engine)
     results: dict[str, Any] = {}
@@ -252,9 +244,27 @@ def test_two_clients_at_once_the_second_queued(short_dir: Path, random_engine: E
     assert results["second"].stats["queue_seconds"] > 0
 
 
+def test_stopping_ends_the_running_request_and_refuses_the_queued(short_dir: Path, random_engine: Engine) -> None:
+    config = DaemonConfig(socket_path=short_dir / "engine.sock", options=ONE_THREAD)
+    engine = GatedEngine(random_engine)
+    with daemon_thread(config, engine) as daemon:  # type: ignore[arg-type]
+        sock = raw_connect(config.address)
+        sock.sendall(encode_frame(hello()))
+        assert receive(sock)["type"] == "hello_ok"  # type: ignore[index]
+        sock.sendall(encode_frame(rewrite_message("running", random_model_request(5000))))
+        assert engine.paused.wait(TIMEOUT)
+        sock.sendall(encode_frame(rewrite_message("queued", random_model_request(3))))
+        receive_until(sock, lambda m: m == {"type": "queued", "id": "queued", "position": 1})
+        daemon.stop()
+        engine.gate.set()
+        done = {m["id"]: m for m in receive_until(sock, lambda m: m["type"] == "done" and m["id"] == "running")}
+    assert done["queued"]["outcome"] is None and done["queued"]["error_code"] == "shutting_down"
+    assert done["running"]["outcome"]["status"] == "cancelled"
+
+
 def test_the_queue_is_round_robin_across_clients(short_dir: Path, random_engine: Engine) -> None:
     """A client's second and third requests wait behind another client's first."""
-    config = DaemonConfig(socket_path=short_dir / "engine.sock", threads=1)
+    config = DaemonConfig(socket_path=short_dir / "engine.sock", options=ONE_THREAD)
     engine = GatedEngine(random_engine)
     with daemon_thread(config, engine):  # type: ignore[arg-type]
         busy, other = raw_connect(config.address), raw_connect(config.address)
@@ -284,7 +294,7 @@ def test_the_queue_is_round_robin_across_clients(short_dir: Path, random_engine:
 def test_a_client_that_disconnects_mid_stream_is_cancelled_within_a_step(
     short_dir: Path, random_engine: Engine
 ) -> None:
-    config = DaemonConfig(socket_path=short_dir / "engine.sock", threads=1)
+    config = DaemonConfig(socket_path=short_dir / "engine.sock", options=ONE_THREAD)
     other_request = random_model_request(20, "Make y three.")
     engine = GatedEngine(random_engine)
     with daemon_thread(config, engine):  # type: ignore[arg-type]
@@ -304,7 +314,7 @@ def test_a_client_that_disconnects_mid_stream_is_cancelled_within_a_step(
         thread.start()
         assert other_queued.wait(TIMEOUT)
         engine.gate.set()
-        receive_until(leaver, lambda m: m["type"] == "step" and m["step"] >= 3)  # streaming freely
+        receive_until(leaver, lambda m: m["type"] == "step" and m["info"]["step"] >= 3)  # streaming freely
         leaver.close()
         entry = wait_for(lambda: recent(config.address, "long"), "the disconnected request to end")
         thread.join(TIMEOUT)
@@ -316,10 +326,10 @@ def test_a_client_that_disconnects_mid_stream_is_cancelled_within_a_step(
 
 
 def test_cancel_stops_the_engine_within_a_step(short_dir: Path, random_engine: Engine) -> None:
-    config = DaemonConfig(socket_path=short_dir / "engine.sock", threads=1)
+    config = DaemonConfig(socket_path=short_dir / "engine.sock", options=ONE_THREAD)
     cancel = threading.Event()
 
-    def on_step(step: RemoteStep) -> None:
+    def on_step(step: StepInfo) -> None:
         if step.step >= 3:
             cancel.set()
 
@@ -349,7 +359,7 @@ def test_cancel_stops_the_engine_within_a_step(short_dir: Path, random_engine: E
 def test_bad_frames_get_an_error_and_the_daemon_serves_on(
     short_dir: Path, random_engine: Engine, frame: bytes, code: str, stays_open: bool
 ) -> None:
-    config = DaemonConfig(socket_path=short_dir / "engine.sock", threads=1, max_frame_size=1 << 20)
+    config = DaemonConfig(socket_path=short_dir / "engine.sock", options=ONE_THREAD, max_frame_size=1 << 20)
     with daemon_thread(config, random_engine):
         # Before the hello: an error, then the connection is closed.
         sock = raw_connect(config.address)
@@ -378,7 +388,7 @@ def test_bad_frames_get_an_error_and_the_daemon_serves_on(
 
 
 def test_a_frame_over_the_limit_is_refused_before_it_is_read(short_dir: Path, random_engine: Engine) -> None:
-    config = DaemonConfig(socket_path=short_dir / "engine.sock", threads=1, max_frame_size=1 << 20)
+    config = DaemonConfig(socket_path=short_dir / "engine.sock", options=ONE_THREAD, max_frame_size=1 << 20)
     with daemon_thread(config, random_engine), EngineClient.connect(config.address) as client:
         with pytest.raises(EngineUnavailableError, match=r"over the limit|closed the connection|lost"):
             client.rewrite(RewriteRequest(original="x = 1\n" * 200_000, instruction="grow"))
@@ -387,8 +397,9 @@ def test_a_frame_over_the_limit_is_refused_before_it_is_read(short_dir: Path, ra
 
 
 def test_bad_requests_get_an_error_and_the_connection_serves_on(short_dir: Path, random_engine: Engine) -> None:
-    config = DaemonConfig(socket_path=short_dir / "engine.sock", threads=1)
-    neither = {**rewrite_message("r1", random_model_request(3)), "instruction": None}
+    config = DaemonConfig(socket_path=short_dir / "engine.sock", options=ONE_THREAD)
+    neither = rewrite_message("r1", random_model_request(3))
+    neither["request"]["instruction"] = None
     with daemon_thread(config, random_engine):
         sock = raw_connect(config.address)
         sock.sendall(encode_frame({"type": "status"}))  # before the hello
@@ -402,7 +413,7 @@ def test_bad_requests_get_an_error_and_the_connection_serves_on(short_dir: Path,
         receive(sock)
         sock.sendall(encode_frame(neither))
         done = receive(sock)
-        assert done is not None and done["type"] == "done" and done["status"] == "error"
+        assert done is not None and done["type"] == "done" and done["outcome"] is None
         assert done["error_code"] == "bad_request" and "instruction" in done["error_message"]
         sock.sendall(encode_frame(rewrite_message("r2", random_model_request(500))))
         sock.sendall(encode_frame(rewrite_message("r2", random_model_request(3))))
@@ -410,7 +421,7 @@ def test_bad_requests_get_an_error_and_the_connection_serves_on(short_dir: Path,
         assert messages[-1]["code"] == "duplicate_id" and messages[-1]["id"] == "r2"
         sock.sendall(encode_frame({"type": "cancel", "id": "no-such-request"}))  # ignored
         done = receive_until(sock, lambda m: m["type"] == "done")[-1]
-        assert done["id"] == "r2" and done["stats"]["generated_tokens"] == 500
+        assert done["id"] == "r2" and done["outcome"]["stats"]["generated_tokens"] == 500
         sock.close()
         with EngineClient.connect(config.address) as client:  # engine errors arrive as the same exception
             with pytest.raises(ContextLengthError, match="too long for the model"):
@@ -419,7 +430,9 @@ def test_bad_requests_get_an_error_and_the_connection_serves_on(short_dir: Path,
 
 
 def test_a_model_that_does_not_load_ends_the_daemon(short_dir: Path) -> None:
-    config = DaemonConfig(socket_path=short_dir / "engine.sock", model=str(short_dir / "no-such-model"))
+    config = DaemonConfig(
+        socket_path=short_dir / "engine.sock", options=EngineOptions(model=str(short_dir / "no-such-model"))
+    )
     assert serve(config) == 6  # ModelLoadError's exit status
     assert not (short_dir / "engine.sock").exists()
 
@@ -428,7 +441,7 @@ def test_tcp_needs_the_right_token(short_dir: Path, random_engine: Engine) -> No
     token_file = short_dir / "token"
     token_file.write_text("s3cret-token\n")
     (short_dir / "wrong").write_text("s3cret-tokeN\n")
-    config = DaemonConfig(host="127.0.0.1", port=0, token_file=token_file, threads=1)
+    config = DaemonConfig(host="127.0.0.1", port=0, token_file=token_file, options=ONE_THREAD)
     with daemon_thread(config, random_engine) as daemon:
         assert daemon.address.startswith("tcp://127.0.0.1:")
         host, port = "127.0.0.1", int(daemon.address.rsplit(":", 1)[1])
@@ -456,9 +469,9 @@ def test_one_daemon_per_socket_and_stale_sockets_are_replaced(short_dir: Path, r
     leftover = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # a crashed daemon's socket file
     leftover.bind(str(path))
     leftover.close()
-    config = DaemonConfig(socket_path=path, threads=1)
+    config = DaemonConfig(socket_path=path, options=ONE_THREAD)
     with daemon_thread(config, random_engine):
-        assert serve(config, engine=random_engine) == 0  # a second one does not start
+        assert serve(config, session=LocalSession(engine=random_engine)) == 0  # a second one does not start
         assert status_of(config.address)["pid"] == os.getpid()
         info = json.loads((short_dir / "engine.sock.json").read_text())
         assert info["pid"] == os.getpid() and info["address"] == str(path)
@@ -466,9 +479,10 @@ def test_one_daemon_per_socket_and_stale_sockets_are_replaced(short_dir: Path, r
 
 
 def test_idle_timeout(short_dir: Path, random_engine: Engine) -> None:
-    config = DaemonConfig(socket_path=short_dir / "engine.sock", threads=1, idle_timeout=0.6)
+    config = DaemonConfig(socket_path=short_dir / "engine.sock", options=ONE_THREAD, idle_timeout=0.6)
     finished = threading.Event()
-    thread = threading.Thread(target=lambda: (serve(config, engine=random_engine), finished.set()), daemon=True)
+    session = LocalSession(engine=random_engine)
+    thread = threading.Thread(target=lambda: (serve(config, session=session), finished.set()), daemon=True)
     started = time.monotonic()
     thread.start()
     client = wait_for(lambda: _try_connect(config.address), "the daemon to answer")
@@ -494,19 +508,35 @@ def serve_args(*argv: str) -> argparse.Namespace:
     return parser.parse_args(["serve", *argv])
 
 
-def test_command_line_round_trips_the_config(short_dir: Path) -> None:
-    token = short_dir / "token"
-    for config in (
-        DaemonConfig(socket_path=short_dir / "e.sock", model=str(short_dir), dtype="float32", idle_timeout=30.0),
-        DaemonConfig(host="127.0.0.1", port=7341, token_file=token, device="cpu", threads=2, max_frame_size=1 << 20),
-        DaemonConfig(socket_path=short_dir / "e.sock", fallback=FallbackOptions(layers="0-11,20-23", p_min=0.4)),
-        DaemonConfig(socket_path=short_dir / "e.sock", fallback=FallbackOptions(draft_model=str(short_dir))),
-    ):
-        assert config_from_args(serve_args(*config.command_line()[1:])) == config
+def test_the_config_travels_as_data_and_the_flags_build_it(short_dir: Path) -> None:
+    token, sock = short_dir / "token", str(short_dir / "e.sock")
+    configs = {
+        ("--socket", sock, "--model", str(short_dir), "--dtype", "float32", "--idle-timeout", "30"): (
+            DaemonConfig(
+                socket_path=short_dir / "e.sock",
+                options=EngineOptions(model=str(short_dir), dtype="float32"),
+                idle_timeout=30.0,
+            )
+        ),
+        ("--port", "7341", "--token-file", str(token), "--device", "cpu", "--threads", "2"): DaemonConfig(
+            host="127.0.0.1", port=7341, token_file=token, options=EngineOptions(device="cpu", threads=2)
+        ),
+        ("--socket", sock, "--draft-layers", "0-11,20-23", "--p-min", "0.4"): DaemonConfig(
+            socket_path=short_dir / "e.sock", options=EngineOptions(draft_layers="0-11,20-23", p_min=0.4)
+        ),
+        ("--socket", sock, "--draft-model", str(short_dir)): DaemonConfig(
+            socket_path=short_dir / "e.sock", options=EngineOptions(draft_model=str(short_dir))
+        ),
+    }  # fmt: skip
+    for flags, config in configs.items():
+        assert config_from_args(serve_args(*flags)) == config
+        assert DaemonConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config  # what a spawn reads
     with pytest.raises(SystemExit):
         config_from_args(serve_args("--port", "1234"))  # TCP without a token file
     with pytest.raises(SystemExit):
-        config_from_args(serve_args("--draft", "copy"))  # the daemon's --draft only configures layer skip
+        config_from_args(serve_args("--draft", "copy"))  # the request chooses its draft method, not the daemon
+    with pytest.raises(SystemExit):
+        config_from_args(serve_args("--draft-model", "m", "--draft-layers", "auto"))  # one fallback at most
 
 
 def test_real_daemon_process_shared_by_two_starters(
@@ -514,9 +544,8 @@ def test_real_daemon_process_shared_by_two_starters(
 ) -> None:
     """Two `ensure_daemon` calls at once start one `specedit serve` process; --status and --stop."""
     socket_path = short_dir / "engine.sock"
-    config = DaemonConfig(
-        socket_path=socket_path, model=str(memorising_model_dir), dtype="float32", threads=1, idle_timeout=60
-    )
+    options = EngineOptions(model=str(memorising_model_dir), dtype="float32", threads=1)
+    config = DaemonConfig(socket_path=socket_path, options=options, idle_timeout=60)
     clients: list[EngineClient] = []
     errors: list[BaseException] = []
 

@@ -14,9 +14,10 @@ import pytest
 
 from specedit.drafters.base import Draft
 from specedit.drafters.copy_drafter import CopyDrafter
-from specedit.engine.generate import Engine, Generation, StepInfo
-from specedit.engine.rewrite import RewriteRequest, rewrite
-from specedit.engine.sampling import SamplingConfig
+from specedit.engine.loop.generate import Engine, Generation
+from specedit.engine.loop.rewrite import rewrite
+from specedit.engine.loop.sampling import SamplingConfig
+from specedit.engine.requests import RewriteRequest, StepInfo
 
 from conftest import ARCHITECTURES, tiny_engine
 

@@ -21,9 +21,9 @@ from test_engine_exactness import NoisyOracleDrafter
 from test_invariant import chunked_logits, wide_model
 
 from specedit.cli.main import main
-from specedit.engine import exactness, invariant
-from specedit.engine.generate import Engine
-from specedit.engine.loading import LoadedModel, resolve_dtype
+from specedit.engine.loop.generate import Engine
+from specedit.engine.model import exactness, invariant
+from specedit.engine.model.loading import LoadedModel, resolve_dtype
 
 TESTS = Path(__file__).resolve().parent
 
@@ -103,42 +103,27 @@ def test_a_verdict_is_remembered_until_the_machine_changes(tmp_path: Path, monke
     assert json.loads(saved.read_text())["bitwise"] is True
 
     monkeypatch.setattr(exactness, "probe_holds", _no_probe)
-    again = exactness.settle(wide_model_unsettled(), tmp_path)  # same shapes, same machine: no probe
+    again = exactness.settle(
+        wide_model(512, torch.float32, settle=False), tmp_path
+    )  # same shapes, same machine: no probe
     assert (again.bitwise, again.linear, again.step_rows) == (first.bitwise, first.linear, first.step_rows)
 
     saved.write_text("{not json")
     with pytest.raises(AssertionError, match="the probe ran"):
-        exactness.settle(wide_model_unsettled(), tmp_path)
+        exactness.settle(wide_model(512, torch.float32, settle=False), tmp_path)
     saved.write_text(json.dumps(first.to_dict()))
     for name, value in (("ONEDNN_MAX_CPU_ISA", "AVX2"), ("ATEN_CPU_CAPABILITY", "default")):
         with monkeypatch.context() as steered:
             steered.setenv(name, value)  # kernels steered elsewhere: another fingerprint
             with pytest.raises(AssertionError, match="the probe ran"):
-                exactness.settle(wide_model_unsettled(), tmp_path)
+                exactness.settle(wide_model(512, torch.float32, settle=False), tmp_path)
     threads = torch.get_num_threads()
     torch.set_num_threads(threads + 1)
     try:
         with pytest.raises(AssertionError, match="the probe ran"):
-            exactness.settle(wide_model_unsettled(), tmp_path)
+            exactness.settle(wide_model(512, torch.float32, settle=False), tmp_path)
     finally:
         torch.set_num_threads(threads)
-
-
-def wide_model_unsettled() -> LoadedModel:
-    """`wide_model`'s model, before its self-check."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
-        vocab_size=512,
-        hidden_size=256,
-        intermediate_size=1024,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-    )
-    model = Qwen2ForCausalLM(config).to(torch.float32).eval()
-    return LoadedModel(model, None, torch.device("cpu"), torch.float32, "wide")
 
 
 def test_native_bf16_follows_the_cpu_and_its_steering(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -173,8 +158,8 @@ STEERED_CHECK = textwrap.dedent(
     import torch
     from test_engine_exactness import NoisyOracleDrafter
     from test_invariant import chunked_logits, wide_model
-    from specedit.engine.generate import Engine
-    from specedit.engine.loading import resolve_dtype
+    from specedit.engine.loop.generate import Engine
+    from specedit.engine.model.loading import resolve_dtype
 
     print(json.dumps({"auto": str(resolve_dtype("auto", torch.device("cpu")))}))
     for threads in (1, 2, 4):

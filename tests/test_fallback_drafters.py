@@ -27,14 +27,16 @@ from specedit.drafters.model_drafter import (
     parse_layers,
     skipping_layers,
 )
-from specedit.engine import kv_cache
-from specedit.engine.drafting import FallbackConfig, build_drafter, load_fallback, read_calibration
 from specedit.engine.errors import ModelLoadError, SpeceditError
-from specedit.engine.generate import Engine, Generation, StepInfo
-from specedit.engine.governor import CostGovernor, StepCost
-from specedit.engine.loading import LoadedModel
-from specedit.engine.rewrite import RewriteRequest, rewrite
-from specedit.engine.sampling import SamplingConfig
+from specedit.engine.loop.drafting import build_drafter
+from specedit.engine.loop.generate import Engine, Generation
+from specedit.engine.loop.governor import CostGovernor, StepCost
+from specedit.engine.loop.rewrite import rewrite
+from specedit.engine.loop.sampling import SamplingConfig
+from specedit.engine.model import kv_cache
+from specedit.engine.model.fallback import FallbackConfig, load_fallback, read_calibration
+from specedit.engine.model.loading import LoadedModel
+from specedit.engine.requests import RewriteRequest, StepInfo
 
 from conftest import ARCHITECTURES, build_model, build_tokenizer, tiny_engine
 
@@ -239,7 +241,7 @@ def test_worked_examples_in_docstrings(module: str) -> None:
 def test_worked_examples_of_the_calibration() -> None:
     import doctest
 
-    from specedit.engine import calibrate
+    from specedit.engine.ops import calibrate
 
     result = doctest.testmod(calibrate)
     assert result.attempted > 0 and result.failed == 0
@@ -572,7 +574,7 @@ def test_joules_come_from_the_nvml_energy_counter(monkeypatch: pytest.MonkeyPatc
     import sys
     import types
 
-    from specedit.engine import energy
+    from specedit.engine.model import energy
 
     readings = iter(range(1_000_000, 10_000_000, 250_000))  # mJ, rising by 250 J a reading
     fake = types.SimpleNamespace(
@@ -594,7 +596,7 @@ def test_no_energy_counter_on_the_cpu_or_without_a_driver(monkeypatch: pytest.Mo
     import sys
     import types
 
-    from specedit.engine import energy
+    from specedit.engine.model import energy
 
     assert energy.EnergyMeter(torch.device("cpu")).read() is None
 

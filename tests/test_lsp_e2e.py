@@ -31,7 +31,7 @@ from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 from pytest_lsp.client import DEFAULT_CLIENT_FEATURES, progress, register_lsp_features
 
 from specedit.lsp import protocol
-from specedit.lsp.server import plain
+from specedit.lsp.params import plain
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -278,9 +278,10 @@ async def start_client(kind: Kind, model_dir: Path) -> EditorClient:
 @pytest.fixture(scope="module")
 def expected(memorising_model_dir: Path) -> Any:
     """What the in-process `rewrite()` makes of a region: the reference every mode must reach."""
-    from specedit.engine.generate import Engine
-    from specedit.engine.loading import load_model
-    from specedit.engine.rewrite import RewriteRequest, rewrite
+    from specedit.engine.loop.generate import Engine
+    from specedit.engine.loop.rewrite import rewrite
+    from specedit.engine.model.loading import load_model
+    from specedit.engine.requests import RewriteRequest
 
     engine = Engine(load_model(str(memorising_model_dir), dtype="float32", device="cpu"))
     cache: dict[tuple[str, str], str] = {}
@@ -625,8 +626,8 @@ async def test_the_default_engine_is_a_shared_daemon(memorising_model_dir: Path,
     rewrites through it; the result is the same."""
     import os
 
-    from specedit.engine.client import EngineClient
-    from specedit.engine.daemon import SOCKET_NAME
+    from specedit.engine.serving.client import EngineClient
+    from specedit.engine.serving.config import SOCKET_NAME
 
     runtime = tmp_path / "run"
     runtime.mkdir(mode=0o700)

@@ -14,11 +14,13 @@ from pygls.workspace.position_codec import PositionCodec
 
 from specedit.engine.errors import ModelLoadError, RegionError
 from specedit.lsp import protocol
+from specedit.lsp.code_actions import instruction_comment
 from specedit.lsp.command import add_lsp_parser
 from specedit.lsp.config import Preset, Settings, section
 from specedit.lsp.documents import TextIndex, minimal_change
 from specedit.lsp.errors import REQUEST_FAILED, StaleVersionError, error_payload, to_jsonrpc
-from specedit.lsp.server import _instruction_comment, _overlap, overrides_from_args
+from specedit.lsp.jobs import overlap
+from specedit.lsp.server import overrides_from_args
 
 ENCODINGS = {"utf-8": 1, "utf-16": 2, "utf-32": 4}
 PIECES = [*"ab \t", "\n", "\r", "\r\n", "\u00e9", "e\u0301", "🙂", "\x0c", "\u2028"]
@@ -64,11 +66,12 @@ def test_minimal_change_rebuilds_the_text(before: str, after: str) -> None:
 
 def test_settings_layers_and_bad_values() -> None:
     base = Settings().merged({"delivery": "final", "model": "m1", "maxNewTokens": 64})
-    assert (base.delivery, base.model, base.max_new_tokens) == ("final", "m1", 64)
+    assert (base.delivery, base.engine_options.model, base.max_new_tokens) == ("final", "m1", 64)
     layered = base.merged({"delivery": "sideways", "presets": {"Shorter": "Make it shorter."}, "model": "m2"})
     assert layered.delivery == "final"  # a bad value is skipped, not fatal
     assert layered.presets == (Preset("Shorter", "Make it shorter."),)
-    assert layered.model == "m2"
+    assert layered.engine_options.model == "m2"
+    assert layered.merged({"dtype": "float8"}).engine_options.dtype == "auto"  # EngineOptions refuses it
     assert section({"specedit": {"engine": "inprocess"}}) == {"engine": "inprocess"}
     assert section({"engine": "inprocess"}) == {"engine": "inprocess"}
     assert section(None) == {}
@@ -90,24 +93,26 @@ def test_command_line_flags_become_overrides() -> None:
     assert Settings().merged(overrides_from_args(args)).engine == "inprocess"
     args = parser.parse_args(["lsp", "--draft-layers", "auto", "--p-min", "0.3"])
     settings = Settings().merged(overrides_from_args(args))
-    assert (settings.fallback.layers, settings.fallback.p_min, settings.draft) == ("auto", 0.3, "auto")
+    options = settings.engine_options
+    assert (options.draft_layers, options.p_min, settings.draft) == ("auto", 0.3, "auto")
 
 
 def test_fallback_settings_from_the_editor() -> None:
     settings = Settings().merged({"draftModel": "qwen2.5-coder-0.5b-instruct", "pMin": 0.6, "draft": "fallback"})
-    assert settings.fallback.draft_model == "qwen2.5-coder-0.5b-instruct" and settings.fallback.p_min == 0.6
+    options = settings.engine_options
+    assert options.draft_model == "qwen2.5-coder-0.5b-instruct" and options.p_min == 0.6
     assert settings.draft == "fallback"
     # Both fallbacks at once, or a threshold out of range, are refused and the earlier value stays.
-    assert settings.merged({"draftLayers": "0-3"}).fallback.layers is None
-    assert settings.merged({"pMin": 1.5}).fallback.p_min == 0.6
-    assert Settings().merged({"draftLayers": "0-3"}).fallback.layers == "0-3"
+    assert settings.merged({"draftLayers": "0-3"}).engine_options.draft_layers is None
+    assert settings.merged({"pMin": 1.5}).engine_options.p_min == 0.6
+    assert Settings().merged({"draftLayers": "0-3"}).engine_options.draft_layers == "0-3"
 
 
 def test_small_helpers() -> None:
-    assert _instruction_comment("  -- specedit: use a loop") == "use a loop"
-    assert _instruction_comment("<!-- specedit: add alt text -->") == "add alt text"
-    assert _instruction_comment("# not for us") is None
-    assert _overlap(0, 5, 4, 9) and not _overlap(0, 5, 5, 9) and _overlap(3, 3, 0, 5)
+    assert instruction_comment("  -- specedit: use a loop") == "use a loop"
+    assert instruction_comment("<!-- specedit: add alt text -->") == "add alt text"
+    assert instruction_comment("# not for us") is None
+    assert overlap(0, 5, 4, 9) and not overlap(0, 5, 5, 9) and overlap(3, 3, 0, 5)
     assert protocol.NAMES["rewriteMethod"] == "specedit/rewrite"
     assert set(protocol.NAMES["commands"]) == {
         "specedit.rewrite",
@@ -119,10 +124,10 @@ def test_small_helpers() -> None:
 
 @pytest.mark.parametrize("line", ["# specedit:", "# specedit:   "])
 def test_an_empty_instruction_comment_offers_nothing(line: str) -> None:
-    assert _instruction_comment(line) is None
+    assert instruction_comment(line) is None
 
 
-@pytest.mark.parametrize("module", ["hunks", "documents", "server"])
+@pytest.mark.parametrize("module", ["hunks", "documents", "code_actions"])
 def test_docstring_examples(module: str) -> None:
     """The worked examples in the docstrings are true."""
     import doctest

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from specedit.engine import model_store as ms
 from specedit.engine.errors import ModelLoadError, SpeceditError
-from specedit.engine.model_store import ModelSpec, ModelStoreError
+from specedit.engine.ops import model_store as ms
+from specedit.engine.ops.model_store import ModelSpec, ModelStoreError
 
 VERSION = "0.1.0"
 
@@ -461,7 +461,7 @@ def test_full_disk_gives_a_clear_error_and_no_partial_file(index: FakeIndex, tmp
         f"""
         import resource, shutil, signal, sys
         from pathlib import Path
-        from specedit.engine import model_store as ms
+        from specedit.engine.ops import model_store as ms
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
         def downloader(requirement, dest):

@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
-import specedit.engine.verify as verify_module
+import specedit.engine.loop.verify as verify_module
 from specedit.drafters.base import Draft
-from specedit.engine.sampling import SamplingConfig, draw_token, target_probs
-from specedit.engine.verify import Verdict, verify
+from specedit.engine.loop.sampling import SamplingConfig, draw_token, target_probs
+from specedit.engine.loop.verify import Verdict, verify
 
 
 def test_docstring_examples() -> None:

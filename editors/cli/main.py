@@ -12,10 +12,9 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specedit.cli.files import (
     STDIN,
@@ -27,10 +26,14 @@ from specedit.cli.files import (
     write_atomically,
 )
 from specedit.cli.progress import RewriteProgress
-from specedit.cli.serve_command import add_serve_parser, remote_rewrite, serve_command
+from specedit.cli.serve_command import add_serve_parser, serve_command
 from specedit.engine.errors import IncompleteOutputError, InputError, SpeceditError
-from specedit.engine.requests import DRAFT_METHODS, DTYPE_CHOICES, DraftMethod, FallbackOptions, layer_skip_option
+from specedit.engine.options import EngineOptions, add_engine_arguments
+from specedit.engine.requests import DRAFT_METHODS
 from specedit.lsp.command import add_lsp_parser, lsp_command
+
+if TYPE_CHECKING:
+    from specedit.engine.session import LocalSession
 
 log = logging.getLogger("specedit")
 
@@ -57,6 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--lines", metavar="A:B", help="rewrite only lines A to B (1-based, inclusive); the rest stays byte for byte"
     )
     add_model_arguments(rewrite)
+    rewrite.add_argument(
+        "--draft",
+        default="auto",
+        metavar="METHOD",
+        help="auto (default): copy from the original, then the context lookup, then the fallback (a draft "
+        "model or layer skip) where the copy has nothing; copy: the copy alone; fallback: the fallback alone; "
+        "none: plain decoding (the output is the same)",
+    )
     rewrite.add_argument("--temperature", type=float, default=0.0, help="0 (default) decodes greedily")
     rewrite.add_argument("--top-p", type=float, default=1.0)
     rewrite.add_argument("--seed", type=int, default=0)
@@ -106,11 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--sample", nargs="+", type=Path, metavar="FILE", help="text to measure on (default: specedit's own source)"
     )
     calibrate.add_argument("--tokens", type=int, default=512, help="sample length in tokens (default: %(default)s)")
-    calibrate.add_argument("--model", help="a model folder, a .gguf file or a known name (default: the embedded one)")
-    calibrate.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
-    calibrate.add_argument("--device", help="cpu, cuda, ... (default: CUDA when available)")
-    calibrate.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
-    calibrate.add_argument("--p-min", type=float, default=FallbackOptions.p_min, help="the drafting threshold")
+    add_model_arguments(calibrate)
 
     add_serve_parser(commands)
     add_lsp_parser(commands)
@@ -118,10 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = commands.add_parser(
         "doctor", help="what this machine runs: the CPU class, the kernels, and whether speculation is bitwise exact"
     )
-    doctor.add_argument("--model", help="a model folder, a .gguf file or a known name (default: the embedded one)")
-    doctor.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto")
-    doctor.add_argument("--device", help="cpu, cuda, ... (default: CUDA when available)")
-    doctor.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
+    add_model_arguments(doctor)
     doctor.add_argument("--json", action="store_true", help="print the verdict and the forward costs as JSON")
 
     model = commands.add_parser("model", help="provision and list the embedded models")
@@ -133,35 +137,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model",
-        help="a model folder, a .gguf file, a hub id or a known name (default: Qwen2.5-Coder-0.5B-Instruct, embedded)",
-    )
-    parser.add_argument(
-        "--draft",
-        default="auto",
-        metavar="METHOD",
-        help="auto (default): copy from the original, then the fallback (a draft model or layer skip) where "
-        "the copy has nothing; copy: the copy alone; fallback: the fallback alone; none: plain decoding; "
-        "layers:LIST: auto, with the target drafting on its layers LIST (e.g. 0-11,20-23), or layers:auto "
-        "for the list `specedit calibrate` saved",
-    )
-    parser.add_argument(
-        "--draft-model",
-        metavar="MODEL",
-        help="a small model with the target's tokenizer that drafts where the copy has nothing",
-    )
-    parser.add_argument(
-        "--p-min",
-        type=float,
-        default=FallbackOptions.p_min,
-        help="the fallback stops drafting at the first token below this probability (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: bf16 on CUDA and bf16-capable CPUs, else float32"
-    )
-    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: CUDA when available)")
-    parser.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
+    add_engine_arguments(parser.add_argument_group("engine"))
+
+
+def engine_options(args: argparse.Namespace) -> EngineOptions:
+    """The engine the flags describe; a bad combination is a usage error (exit 2), before anything loads."""
+    try:
+        return EngineOptions.from_args(args)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -204,8 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def rewrite_command(args: argparse.Namespace) -> int:
     from specedit.engine.prompts import language_for_path
-    from specedit.engine.requests import RewriteRequest
-    from specedit.engine.sampling import SamplingConfig
+    from specedit.engine.requests import RewriteRequest, SamplingConfig
+    from specedit.engine.session import RemoteSession, Session
 
     if args.output and len(args.paths) > 1:
         raise UsageError("--output takes one input file; use --in-place for several")
@@ -217,7 +201,9 @@ def rewrite_command(args: argparse.Namespace) -> int:
         sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     except ValueError as error:
         raise UsageError(str(error)) from None
-    fallback_options(args)  # a bad --draft fails before anything is read or loaded
+    options = engine_options(args)  # bad engine flags fail before anything is read or loaded
+    if args.draft not in DRAFT_METHODS:
+        raise UsageError(f"--draft must be one of {', '.join(DRAFT_METHODS)}, got {args.draft!r}")
     lines = parse_lines(args.lines) if args.lines else None
     sketch = read_source(args.sketch).text if args.sketch else None
 
@@ -228,9 +214,13 @@ def rewrite_command(args: argparse.Namespace) -> int:
         region = select_lines(source.text, *lines) if lines else Region("", source.text, "")
         jobs.append((source, region))
 
-    if args.engine and (args.model or args.draft_model or layer_skip_option(args.draft)):
-        log.warning("--model, --draft-model and --draft layers are ignored with --engine: the daemon serves its own")
-    run = remote_runner(args) if args.engine else local_runner(load_engine(args))
+    session: Session
+    if args.engine:
+        if options != EngineOptions():
+            log.warning("the engine flags (--model, --draft-model, ...) are ignored with --engine: it serves its own")
+        session = RemoteSession(args.engine, token_file=args.engine_token_file, client_name="specedit rewrite")
+    else:
+        session = local_session(options)
     all_stats: list[dict[str, Any]] = []
     stream_to_stdout = not (args.in_place or args.output or args.diff)
     for source, region in jobs:
@@ -239,7 +229,7 @@ def rewrite_command(args: argparse.Namespace) -> int:
             instruction=args.instruction,
             sketch=sketch,
             language=args.language or language_for_path(source.name if source.name != STDIN else None),
-            draft=draft_method(args),
+            draft=args.draft,
             sampling=sampling,
             max_new_tokens=args.max_new_tokens,
         )
@@ -249,7 +239,7 @@ def rewrite_command(args: argparse.Namespace) -> int:
             write_stdout(region.before)
         log.info("rewriting %s (%d characters)", source.name, len(region.region))
         with RewriteProgress(source.name, enabled=False if args.no_progress else None) as progress:
-            result = run(request, write_stdout if stream_to_stdout else None, progress.step)
+            result = session.run(request, on_text=write_stdout if stream_to_stdout else None, on_step=progress.step)
         if stream_to_stdout:
             write_stdout(region.after)
         all_stats.append({"path": source.name, "finish_reason": result.finish_reason, **result.stats})
@@ -272,68 +262,14 @@ def rewrite_command(args: argparse.Namespace) -> int:
     return 0
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """A rewrite's end, the same whether it ran in this process or in the daemon."""
+def local_session(options: EngineOptions) -> LocalSession:
+    """The model in this process, loaded now (provisioning shows a progress bar on a terminal)."""
+    from specedit.engine.session import LocalSession
 
-    text: str
-    complete: bool
-    finish_reason: str | None
-    stats: dict[str, Any]
-
-
-Runner = Callable[[Any, Callable[[str], None] | None, Callable[[Any], None]], Outcome]
-
-
-def local_runner(engine: Any) -> Runner:
-    from specedit.engine.rewrite import rewrite
-
-    def run(request: Any, on_text: Callable[[str], None] | None, on_step: Callable[[Any], None]) -> Outcome:
-        result = rewrite(engine, request, on_text=on_text, on_step=on_step)
-        stats = result.generation.stats.to_dict()
-        return Outcome(result.text, result.complete, result.finish_reason, stats)
-
-    return run
-
-
-def remote_runner(args: argparse.Namespace) -> Runner:
-    def run(request: Any, on_text: Callable[[str], None] | None, on_step: Callable[[Any], None]) -> Outcome:
-        result = remote_rewrite(args.engine, request, on_text, on_step, token_file=args.engine_token_file)
-        return Outcome(result.text, result.complete, result.finish_reason, result.stats)
-
-    return run
-
-
-def draft_method(args: argparse.Namespace) -> DraftMethod:
-    """The per-request draft method of `--draft` (`layers:LIST` configures the engine and means auto)."""
-    return "auto" if layer_skip_option(args.draft) else args.draft  # type: ignore[no-any-return]
-
-
-def fallback_options(args: argparse.Namespace) -> FallbackOptions:
-    """What `--draft`, `--draft-model` and `--p-min` configure; a bad combination is a usage error."""
-    value: str = args.draft
-    layers = layer_skip_option(value)
-    if layers is None and value not in DRAFT_METHODS:
-        raise UsageError(f"--draft must be one of {', '.join(DRAFT_METHODS)} or layers:LIST, got {value!r}")
-    try:
-        return FallbackOptions(draft_model=args.draft_model, layers=layers, p_min=args.p_min)
-    except ValueError as error:
-        raise UsageError(str(error)) from None
-
-
-def load_engine(args: argparse.Namespace) -> Any:
-    import torch
-
-    from specedit.engine.drafting import open_engine
-
-    fallback = fallback_options(args)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     with fetch_progress() as progress:
-        engine = open_engine(args.model, dtype=args.dtype, device=args.device, fallback=fallback, progress=progress)
-    if engine.fallback is not None:
-        log.info("fallback drafter: %s", engine.fallback.describe())
-    return engine
+        session = LocalSession(options, progress=progress)
+        session.load()
+    return session
 
 
 def write_stdout(text: str) -> None:
@@ -376,7 +312,7 @@ def print_diff(name: str, before: str, after: str) -> None:
 
 
 def bench_command(args: argparse.Namespace) -> int:
-    from specedit.engine.bench import METHODS, load_cases, run_bench
+    from specedit.engine.ops.bench import METHODS, load_cases, run_bench
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHODS]
@@ -385,7 +321,8 @@ def bench_command(args: argparse.Namespace) -> int:
     if not args.cases.is_file():
         raise InputError(f"{args.cases}: no such file")
     cases = load_cases(args.cases, limit=args.limit, max_chars=args.max_chars)
-    engine = load_engine(args)
+    session = local_session(engine_options(args))
+    engine = session.load()
     print(
         f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}; {len(cases)} cases; "
         f"model {engine.loaded.name} ({engine.loaded.dtype}, {engine.device}, {torch_threads()} threads)"
@@ -410,9 +347,9 @@ def bench_command(args: argparse.Namespace) -> int:
             )
 
     if "specedit-fallback" in methods and engine.fallback is None:
-        raise UsageError("specedit-fallback needs a fallback: --draft-model MODEL or --draft layers:LIST")
+        raise UsageError("specedit-fallback needs a fallback: --draft-model MODEL or --draft-layers LIST")
     report = run_bench(
-        engine,
+        session,
         cases,
         methods=methods,
         max_new_tokens=args.max_new_tokens,
@@ -468,35 +405,32 @@ def bench_command(args: argparse.Namespace) -> int:
 
 
 def calibrate_command(args: argparse.Namespace) -> int:
-    import torch
-
-    from specedit.engine.calibrate import calibrate, calibration_record
-    from specedit.engine.drafting import calibration_path, open_engine
+    import specedit.drafters
+    import specedit.engine
+    from specedit.engine.model.fallback import calibration_path
+    from specedit.engine.ops.calibrate import calibrate, calibration_record
 
     if args.tokens < 16:
         raise UsageError("--tokens must be at least 16")
-    import specedit.drafters
-    import specedit.engine
-
+    options = engine_options(args)
+    if options.has_fallback:
+        raise UsageError("calibrate chooses the layers to draft with: --draft-model and --draft-layers do not apply")
     own_source = [Path(package.__file__).parent for package in (specedit.engine, specedit.drafters)]
-    paths = args.sample or sorted(path for folder in own_source for path in folder.glob("*.py"))
+    paths = args.sample or sorted(path for folder in own_source for path in folder.rglob("*.py"))
     sample = "\n".join(read_source(str(path)).text for path in paths)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    with fetch_progress() as progress:
-        target = open_engine(args.model, dtype=args.dtype, device=args.device, progress=progress).loaded
+    target = local_session(options).load().loaded
     sample_ids = target.tokenizer.encode(sample, add_special_tokens=False)[: args.tokens]
     if len(sample_ids) < 16:
         raise InputError("the sample is too short: give at least 16 tokens of text")
     print(f"calibrating layer skip for {target.name} on {len(sample_ids)} tokens", file=sys.stderr)
     try:
         candidates = calibrate(
-            target, sample_ids, p_min=args.p_min, on_progress=lambda line: print(line, file=sys.stderr)
+            target, sample_ids, p_min=options.p_min, on_progress=lambda line: print(line, file=sys.stderr)
         )
     except ValueError as error:
         raise InputError(str(error)) from None
     best = candidates[0]
-    record = calibration_record(target, candidates, sample_tokens=len(sample_ids), p_min=args.p_min)
+    record = calibration_record(target, candidates, sample_tokens=len(sample_ids), p_min=options.p_min)
     path = calibration_path(target.name)
     write_atomically(path, json.dumps(record, indent=2) + "\n")
     print(
@@ -519,14 +453,15 @@ def doctor_command(args: argparse.Namespace) -> int:
     """Load the model, run the self-check afresh (and remember its verdict), measure a few forwards."""
     import torch
 
-    from specedit.engine import exactness
-    from specedit.engine.loading import forward_costs, load_model
-    from specedit.engine.model_store import cache_dir, resolve_model
+    from specedit.engine.model import exactness
+    from specedit.engine.model.loading import forward_costs, load_model
+    from specedit.engine.ops.model_store import cache_dir, resolve_model
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    options = engine_options(args)
+    if options.threads:
+        torch.set_num_threads(options.threads)
     with fetch_progress() as progress:
-        loaded = load_model(resolve_model(args.model, progress=progress), dtype=args.dtype, device=args.device)
+        loaded = load_model(resolve_model(options.model, progress=progress), dtype=options.dtype, device=options.device)
     assert loaded.exactness is not None
     exactness.remember(loaded, cache_dir() / "exactness")
     costs = forward_costs(loaded, sizes=(1, 8, 32))
@@ -552,7 +487,7 @@ def torch_threads() -> int:
 
 
 def model_command(args: argparse.Namespace) -> int:
-    from specedit.engine.model_store import DEFAULT_MODEL, KNOWN_MODELS, ensure_model, list_cached
+    from specedit.engine.ops.model_store import DEFAULT_MODEL, KNOWN_MODELS, ensure_model, list_cached
 
     if args.model_command == "fetch":
         spec = KNOWN_MODELS.get(args.name) if args.name else DEFAULT_MODEL

@@ -5,17 +5,9 @@ from __future__ import annotations
 import sys
 import time
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
-
-class Step(Protocol):
-    """What a step reports, in process (`StepInfo`) or from the daemon (`RemoteStep`)."""
-
-    step: int
-    committed_length: int
-    drafted: int
-    accepted: int
-    generated_tokens: int
+from specedit.engine.requests import StepInfo
 
 
 class RewriteProgress:
@@ -24,8 +16,6 @@ class RewriteProgress:
     def __init__(self, label: str, *, enabled: bool | None = None) -> None:
         self.enabled = sys.stderr.isatty() if enabled is None else enabled
         self._label = label
-        self._drafted = 0
-        self._accepted = 0
         self._start = time.perf_counter()
         self._live: Any = None
 
@@ -45,15 +35,12 @@ class RewriteProgress:
         if self._live is not None:
             self._live.__exit__(kind, value, traceback)
 
-    def step(self, info: Step) -> None:
-        self._drafted += info.drafted
-        self._accepted += info.accepted
+    def step(self, info: StepInfo) -> None:
         if self._live is None:
             return
         tokens = info.generated_tokens
         elapsed = time.perf_counter() - self._start
-        acceptance = self._accepted / self._drafted if self._drafted else 0.0
         self._live.update(
             f"[bold]{self._label}[/bold]: {tokens} tokens, {tokens / elapsed:.1f} tok/s, "
-            f"draft acceptance {acceptance:.0%}, {elapsed:.1f} s"
+            f"draft acceptance {info.acceptance_rate:.0%}, {elapsed:.1f} s"
         )

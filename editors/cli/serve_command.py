@@ -1,7 +1,4 @@
-"""`specedit serve`: run the engine daemon, or tell (`--status`) and end (`--stop`) a running one.
-
-Also `remote_rewrite`, which `specedit rewrite --engine ADDR` uses to rewrite through a running daemon.
-"""
+"""`specedit serve`: run the engine daemon, or tell (`--status`) and end (`--stop`) a running one."""
 
 from __future__ import annotations
 
@@ -9,19 +6,15 @@ import argparse
 import json
 import logging
 import sys
-import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from specedit.engine.client import EngineClient, RemoteResult, RemoteStep
-from specedit.engine.daemon import DaemonConfig, serve
 from specedit.engine.errors import EngineUnavailableError
-from specedit.engine.protocol import DEFAULT_MAX_FRAME_SIZE
-from specedit.engine.requests import DTYPE_CHOICES, FallbackOptions, layer_skip_option
-
-if TYPE_CHECKING:
-    from specedit.engine.requests import RewriteRequest
+from specedit.engine.options import EngineOptions, add_engine_arguments
+from specedit.engine.serving.client import EngineClient
+from specedit.engine.serving.config import DaemonConfig
+from specedit.engine.serving.daemon import serve
+from specedit.engine.serving.protocol import DEFAULT_MAX_FRAME_SIZE
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -37,23 +30,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     where.add_argument("--host", help="TCP: the address to bind (default 127.0.0.1; needs --port and --token-file)")
     where.add_argument("--port", type=int, help="TCP: the port (0: any free port)")
     where.add_argument("--token-file", type=Path, metavar="FILE", help="TCP: a file whose first line is the token")
-    model = serve_parser.add_argument_group("model")
-    model.add_argument("--model", help="a model folder, a .gguf file, a hub id, or a known name (default: embedded)")
-    model.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: bf16 where native, else float32")
-    model.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: CUDA when available)")
-    model.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
-    model.add_argument(
-        "--draft-model",
-        metavar="MODEL",
-        help="a small model with the target's tokenizer, to draft where the copy has nothing",
-    )
-    model.add_argument(
-        "--draft",
-        metavar="layers:LIST",
-        help="draft where the copy has nothing with the target's own layers LIST (e.g. 0-11,20-23; layers:auto: "
-        "what `specedit calibrate` saved)",
-    )
-    model.add_argument("--p-min", type=float, default=FallbackOptions.p_min, help="the fallback's confidence threshold")
+    add_engine_arguments(serve_parser.add_argument_group("engine"))
     serve_parser.add_argument(
         "--idle-timeout", type=float, metavar="SECONDS", help="exit after this long without any client (default: never)"
     )
@@ -75,19 +52,12 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
             raise ValueError("--socket and --host/--port/--token-file exclude each other")
         if tcp and (args.port is None or args.token_file is None):
             raise ValueError("TCP needs both --port and --token-file")
-        layers = layer_skip_option(args.draft) if args.draft is not None else None
-        if args.draft is not None and layers is None:
-            raise ValueError("serve --draft takes layers:LIST (the request chooses its own draft method)")
         return DaemonConfig(
             socket_path=args.socket,
             host=args.host,
             port=args.port,
             token_file=args.token_file,
-            model=args.model,
-            dtype=args.dtype,
-            device=args.device,
-            threads=args.threads,
-            fallback=FallbackOptions(draft_model=args.draft_model, layers=layers, p_min=args.p_min),
+            options=EngineOptions.from_args(args),
             idle_timeout=args.idle_timeout,
             max_frame_size=args.max_frame_size,
         )
@@ -118,22 +88,3 @@ def serve_command(args: argparse.Namespace) -> int:
     if package_logger.getEffectiveLevel() > logging.INFO:
         package_logger.setLevel(logging.INFO)
     return serve(config)
-
-
-def remote_rewrite(
-    address: str,
-    request: RewriteRequest,
-    on_text: Callable[[str], None] | None = None,
-    on_step: Callable[[RemoteStep], None] | None = None,
-    *,
-    token_file: str | Path | None = None,
-    cancel: threading.Event | None = None,
-) -> RemoteResult:
-    """One rewrite through the daemon at `address` (`specedit rewrite --engine ADDR`).
-
-    The result has `.text`, `.complete`, `.finish_reason` and `.stats` (a dict, like
-    `Stats.to_dict()`); `on_step` gets `RemoteStep`s, which carry `StepInfo`'s field names.
-    `EngineUnavailableError` (exit 7) when no daemon answers there.
-    """
-    with EngineClient.connect(address, token_file=token_file, client_name="specedit rewrite") as client:
-        return client.rewrite(request, on_text=on_text, on_step=on_step, cancel=cancel)

@@ -12,7 +12,8 @@ import logging
 import os
 from typing import Any
 
-from specedit.engine.bench import MethodRun, Timer
+from specedit.engine.loop.rewrite import PreparedRewrite
+from specedit.engine.ops.method_run import MethodRun, Timer
 from specedit.engine.prompts import extract_code
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ class LlamaCppRunner:
         except ImportError:
             log.warning("llama-cpp-python is not installed: the bench runs without llama.cpp")
             return None
-        from specedit.engine.model_store import ensure_gguf
+        from specedit.engine.ops.model_store import ensure_gguf
 
         gguf = str(ensure_gguf())
         options: dict[str, Any] = {"n_ctx": 32768, "n_threads": threads or os.cpu_count() or 1, "verbose": False}
@@ -47,15 +48,14 @@ class LlamaCppRunner:
         )
         return cls(plain, lookup)
 
-    def run(self, prompt_text: str, fence: str, max_new_tokens: int) -> dict[str, MethodRun]:
-        return {
-            "llama-cpp-plain": self._run(self._plain, prompt_text, fence, max_new_tokens),
-            "llama-cpp": self._run(self._lookup, prompt_text, fence, max_new_tokens),
-        }
+    def run(self, prepared: PreparedRewrite) -> dict[str, MethodRun]:
+        """llama.cpp's plain decoding and its prompt lookup on the prompt our methods get."""
+        return {"llama-cpp-plain": self._run(self._plain, prepared), "llama-cpp": self._run(self._lookup, prepared)}
 
     @staticmethod
-    def _run(llama: Any, prompt_text: str, fence: str, max_new_tokens: int) -> MethodRun:
-        prompt = llama.tokenize(prompt_text.encode(), add_bos=False, special=True)
+    def _run(llama: Any, prepared: PreparedRewrite) -> MethodRun:
+        fence, max_new_tokens = prepared.fence, prepared.max_new_tokens
+        prompt = llama.tokenize(prepared.prompt_text.encode(), add_bos=False, special=True)
         llama.reset()
         timer = Timer()
         tokens: list[int] = []
@@ -71,4 +71,4 @@ class LlamaCppRunner:
                 break
         wall, cpu, prefill, decode = timer.finish()
         decoded = text.decode("utf-8", errors="replace")
-        return MethodRun(tokens, extract_code(decoded), wall, cpu, prefill, decode, target_forwards=0)
+        return MethodRun(tokens, prepared.region_text(extract_code(decoded)), wall, cpu, prefill, decode, 0)

@@ -2,7 +2,7 @@
 
 Whether a position's logits depend on the size of the forward that computes them is a property of the
 kernels, and the kernels differ by CPU class, dtype, thread count and library version (see
-`engine.invariant` for what was measured on AVX512-BF16 and on AVX2). So nothing is assumed: `settle`
+`model.invariant` for what was measured on AVX512-BF16 and on AVX2). So nothing is assumed: `settle`
 runs a fixed probe through the loaded model (a context, then six positions computed one per forward, all
 in one forward, and in chunks of 2+4 and 3+3, across a key-length bucket of the row-invariant attention),
 compares the logits bitwise, and takes the first path that holds, cheapest first:
@@ -19,7 +19,7 @@ The probe costs about 2 s for the 0.5B model in float32 on 2 AVX2 cores (12 forw
 line and the daemon remember a verdict in the cache (`verdicts`), keyed by everything that chooses the
 kernels: the model's shapes, dtype, device, thread count, the CPU's model and flags, the steering
 variables, the versions of torch and transformers, and the source of this module and of
-`engine.invariant`. Anything changed, and the probe runs again; `specedit doctor` always runs it.
+`model.invariant`. Anything changed, and the probe runs again; `specedit doctor` always runs it.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 import torch
 
-from specedit.engine import invariant, kv_cache
+from specedit.engine.model import invariant, kv_cache
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ What varies depends on the CPU class (measured with torch 2.13, 1 and 2 threads,
 the cache are zeros, masked), in calls of 4 to 32 query rows (a short call repeats its last row). The
 prefill (a forward on an empty cache) is the same forward for every method and keeps transformers' own
 attention. Which linear kernel and whether a one-token step must run as two rows is not assumed: the
-self-check at load (`engine.exactness`) asks the machine. On CUDA none of this holds as such (cuBLAS
+self-check at load (`model.exactness`) asks the machine. On CUDA none of this holds as such (cuBLAS
 picks kernels by shape too, differently): the kernels here are for the CPU only.
 """
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from specedit.drafters.base import Draft
-from specedit.engine.sampling import (
+from specedit.engine.loop.sampling import (
     RESIDUAL_STREAM,
     SamplingConfig,
     draw_token,

@@ -14,13 +14,16 @@ two daemons started at the same moment one serves and the other exits (status 0,
 Whoever holds the lock owns the socket path: a socket file left by a crashed daemon is stale by
 definition and is replaced. The lock file itself is never deleted (deleting lock files reopens the race).
 Next to the socket: `<socket>.json` (pid, address, model) and, when a client spawned the daemon,
-`<socket>.log`. This module imports neither torch nor transformers until it loads the model.
+`<socket>.log`. Rewrites run through a `session.LocalSession` on the worker thread. This module imports
+neither torch nor transformers until it loads the model. `python -m specedit.engine.serving.daemon` serves
+the `DaemonConfig` it reads as JSON on standard input (how `ensure_daemon` starts one).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import hmac
 import itertools
@@ -31,7 +34,7 @@ import signal
 import socket
 import stat
 import struct
-import tempfile
+import sys
 import threading
 import time
 from collections import Counter, deque
@@ -39,17 +42,17 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 from specedit.engine.errors import EngineUnavailableError, SpeceditError
-from specedit.engine.protocol import (
-    DEFAULT_MAX_FRAME_SIZE,
+from specedit.engine.requests import RewriteOutcome, RewriteRequest, StepInfo
+from specedit.engine.serving.config import DaemonConfig, prepare_state_dir, read_token
+from specedit.engine.serving.protocol import (
     HELLO_MAX_FRAME_SIZE,
     PROTOCOL_VERSION,
     ClientMessage,
     DaemonMessage,
     Done,
-    DoneStatus,
     Error,
     ErrorCode,
     HelloOk,
@@ -63,196 +66,19 @@ from specedit.engine.protocol import (
     Text,
     encode_frame,
     error_code_for,
+    from_wire,
     parse_client_message,
     read_payload,
+    to_wire,
 )
-from specedit.engine.requests import FallbackOptions
-
-if TYPE_CHECKING:
-    from specedit.engine.generate import Engine, StepInfo
-    from specedit.engine.requests import DraftMethod, RewriteRequest
+from specedit.engine.session import LocalSession
 
 log = logging.getLogger(__name__)
 
-SOCKET_NAME = "engine.sock"
-UNIX_PATH_MAX = 107  # sun_path holds 108 bytes on Linux, NUL included
 HELLO_TIMEOUT = 10.0  # seconds a new connection has to say hello
 STOP_GRACE = 30.0  # seconds to wait for the running request to notice its cancel flag when stopping
 RECENT_REQUESTS = 16  # finished requests kept for `status`
 _SHUTTING_DOWN: tuple[ErrorCode, str] = ("shutting_down", "the engine daemon is stopping")
-
-
-# ------------------------------------------------------------------------------------------- paths
-
-
-def runtime_dir() -> Path:
-    """`$XDG_RUNTIME_DIR/specedit`, or a per-user folder in the temp dir where there is none."""
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if xdg and os.path.isabs(xdg) and os.path.isdir(xdg):
-        return Path(xdg) / "specedit"
-    return Path(tempfile.gettempdir()) / f"specedit-{os.getuid()}"
-
-
-def default_socket_path() -> Path:
-    return runtime_dir() / SOCKET_NAME
-
-
-def prepare_state_dir(config: DaemonConfig) -> None:
-    """The folder of the socket: the runtime dir is made private; a folder the user chose is only
-    created when missing (its mode is the user's business; the socket itself is 0600)."""
-    folder = config.state_dir
-    if folder == runtime_dir():
-        prepare_private_dir(folder)
-        return
-    try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as error:
-        raise EngineUnavailableError(f"cannot create {folder}: {error}") from error
-
-
-def prepare_private_dir(path: Path) -> None:
-    """Create `path` with mode 0700; refuse a folder another user owns (e.g. planted in /tmp)."""
-    try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        info = path.lstat()
-    except OSError as error:
-        raise EngineUnavailableError(f"cannot create the runtime folder {path}: {error}") from error
-    if not stat.S_ISDIR(info.st_mode):
-        raise EngineUnavailableError(f"{path} is not a folder (a symlink?); refusing to use it")
-    if info.st_uid != os.getuid():
-        raise EngineUnavailableError(f"{path} belongs to another user; refusing to use it")
-    if info.st_mode & 0o077:
-        os.chmod(path, 0o700)
-
-
-# ------------------------------------------------------------------------------------------ config
-
-
-@dataclass(frozen=True)
-class DaemonConfig:
-    """Where the daemon listens and what it serves. A unix socket unless `port` is given.
-
-    TCP needs a token file (its first line is the token) and binds 127.0.0.1 unless `host` says
-    otherwise; port 0 picks a free port (see `<runtime dir>/tcp-HOST-PORT.json` or `Daemon.address`).
-    """
-
-    socket_path: Path | None = None
-    host: str | None = None
-    port: int | None = None
-    token_file: Path | None = None
-    model: str | None = None  # None: the embedded default model
-    dtype: str = "auto"
-    device: str | None = None
-    threads: int | None = None  # torch CPU threads; None: torch's choice
-    fallback: FallbackOptions = field(default_factory=FallbackOptions)  # drafting where the copy has nothing
-    idle_timeout: float | None = None  # seconds without any client before exiting; None: never
-    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
-
-    def __post_init__(self) -> None:
-        if self.port is not None or self.host is not None:
-            if self.socket_path is not None:
-                raise ValueError("give a socket path or a TCP host and port, not both")
-            if self.port is None or not 0 <= self.port <= 65535:
-                raise ValueError("TCP needs a port in 0..65535")
-            if self.token_file is None:
-                raise ValueError("TCP needs a token file: anyone on the machine can reach a TCP port")
-            if self.host is None:
-                object.__setattr__(self, "host", "127.0.0.1")
-            object.__setattr__(self, "token_file", Path(self.token_file).expanduser().absolute())
-        else:
-            if self.token_file is not None:
-                raise ValueError("a token file only goes with TCP; a unix socket is guarded by its file mode")
-            path = default_socket_path()
-            if self.socket_path is not None:
-                path = Path(self.socket_path).expanduser().absolute()
-            object.__setattr__(self, "socket_path", path)
-            # Binding goes through a short temporary name in the same folder (see `_bind_unix`).
-            longest = len(os.fsencode(path.parent)) + 1 + max(len(os.fsencode(path.name)), 12)
-            if longest > UNIX_PATH_MAX:
-                raise ValueError(f"socket path too long for a unix socket ({UNIX_PATH_MAX} bytes): {path}")
-        if self.idle_timeout is not None and not self.idle_timeout > 0:
-            raise ValueError("idle_timeout must be > 0 seconds (None: never)")
-        if self.threads is not None and self.threads < 1:
-            raise ValueError("threads must be >= 1")
-        if not HELLO_MAX_FRAME_SIZE <= self.max_frame_size < 2**32:
-            raise ValueError(f"max_frame_size must be in {HELLO_MAX_FRAME_SIZE}..2**32-1")
-        if not self.dtype:
-            raise ValueError("dtype must not be empty")
-
-    @property
-    def tcp(self) -> bool:
-        return self.port is not None
-
-    @property
-    def address(self) -> str:
-        """What a client connects to: the socket path, or tcp://HOST:PORT."""
-        if self.tcp:
-            host = f"[{self.host}]" if self.host and ":" in self.host else self.host
-            return f"tcp://{host}:{self.port}"
-        return str(self.socket_path)
-
-    @property
-    def state_dir(self) -> Path:
-        """The folder of the socket (and its lock, info and log files); the runtime dir for TCP."""
-        return self.socket_path.parent if self.socket_path is not None else runtime_dir()
-
-    def _state_file(self, suffix: str, port: int | None = None) -> Path:
-        if self.socket_path is not None:
-            return self.socket_path.with_name(self.socket_path.name + suffix)
-        return self.state_dir / f"tcp-{self.host}-{self.port if port is None else port}{suffix}"
-
-    @property
-    def lock_path(self) -> Path:
-        return self._state_file(".lock")
-
-    @property
-    def info_path(self) -> Path:
-        return self._state_file(".json")
-
-    @property
-    def log_path(self) -> Path:
-        return self._state_file(".log")
-
-    def command_line(self) -> list[str]:
-        """The `specedit serve ...` arguments that start a daemon with this config."""
-        args = ["serve"]
-        if self.tcp:
-            args += ["--host", str(self.host), "--port", str(self.port), "--token-file", str(self.token_file)]
-        else:
-            args += ["--socket", str(self.socket_path)]
-        if self.model is not None:
-            model = Path(self.model).expanduser()
-            args += ["--model", str(model.absolute()) if model.exists() else self.model]
-        args += ["--dtype", self.dtype]
-        if self.device is not None:
-            args += ["--device", self.device]
-        if self.threads is not None:
-            args += ["--threads", str(self.threads)]
-        fallback = self.fallback
-        if fallback.draft_model is not None:
-            draft_model = Path(fallback.draft_model).expanduser()
-            args += ["--draft-model", str(draft_model.absolute()) if draft_model.exists() else fallback.draft_model]
-        if fallback.layers is not None:
-            args += ["--draft", f"layers:{fallback.layers}"]
-        if fallback.configured:
-            args += ["--p-min", repr(fallback.p_min)]
-        if self.idle_timeout is not None:
-            args += ["--idle-timeout", repr(float(self.idle_timeout))]
-        if self.max_frame_size != DEFAULT_MAX_FRAME_SIZE:
-            args += ["--max-frame-size", str(self.max_frame_size)]
-        return args
-
-
-def read_token(path: Path) -> str:
-    """The token: the first line of the file, without surrounding whitespace."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise EngineUnavailableError(f"cannot read the token file {path}: {error}") from error
-    token = text.strip().splitlines()[0].strip() if text.strip() else ""
-    if not token:
-        raise EngineUnavailableError(f"the token file {path} is empty")
-    return token
 
 
 # -------------------------------------------------------------------------------------------- serve
@@ -261,13 +87,14 @@ def read_token(path: Path) -> str:
 def serve(
     config: DaemonConfig,
     *,
-    engine: Engine | None = None,
+    session: LocalSession | None = None,
     on_ready: Callable[[Daemon], None] | None = None,
 ) -> int:
     """Run the daemon until `stop`, a signal, or the idle timeout; the exit status.
 
     0 also when another daemon already serves this address (it keeps serving; nothing is started).
-    `engine`: serve this engine instead of loading `config.model` (tests, embedding).
+    `session`: serve this session (say, with an engine already loaded: tests, embedding) instead of one
+    that loads `config.options`.
     `on_ready`: called on the daemon's event loop once it accepts connections (before the model is
     loaded); from then on `Daemon.stop` works from any thread.
     """
@@ -289,7 +116,7 @@ def serve(
             listener, socket_id = _bind_unix(config.socket_path)
         else:
             listener = _bind_tcp(config)
-        daemon = Daemon(config, listener, engine=engine, token=token)
+        daemon = Daemon(config, listener, session=session or LocalSession(config.options), token=token)
         info_path = config._state_file(".json", port=listener.getsockname()[1]) if config.tcp else config.info_path
         _write_info(info_path, daemon)
         log.info("serving on %s (pid %d)", daemon.address, os.getpid())
@@ -401,7 +228,7 @@ def _write_info(path: Path, daemon: Daemon) -> None:
             {
                 "pid": os.getpid(),
                 "address": daemon.address,
-                "model": daemon.config.model,
+                "model": daemon.config.options.model,
                 "protocol": PROTOCOL_VERSION,
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             },
@@ -471,13 +298,13 @@ class Daemon:
     """The serving state. Built by `serve`; `run` on its own event loop."""
 
     def __init__(
-        self, config: DaemonConfig, listener: socket.socket, *, engine: Engine | None, token: str | None
+        self, config: DaemonConfig, listener: socket.socket, *, session: LocalSession, token: str | None
     ) -> None:
         self.config = config
         self._listener = listener
-        self._engine = engine
+        self._session = session
         self._token = token.encode() if token is not None else None
-        self._state = "ready" if engine is not None else "loading"
+        self._state = "ready" if session.engine is not None else "loading"
         self._failure: tuple[ErrorCode, str] | None = None
         self._exit_code = 0
         self._connections: set[_Connection] = set()
@@ -555,7 +382,7 @@ class Daemon:
             self._running.cancel()
         for job in list(self._waiting):
             self._waiting.remove(job)
-            self._finish(job, self._done(job, "error", error=_SHUTTING_DOWN))
+            self._finish(job, self._done(job, error=_SHUTTING_DOWN))
         assert self._stop_requested is not None and self._wakeup is not None
         self._wakeup.set()
         self._stop_requested.set()
@@ -687,12 +514,12 @@ class Daemon:
             connection.error("duplicate_id", f"request {request_id!r} is already queued or running", request_id)
             return
         try:
-            request = _request_from(message)
-        except ValueError as error:
-            connection.send(_bare_done(request_id, "error", ("bad_request", str(error))))
+            request = from_wire(RewriteRequest, message["request"])
+        except (ProtocolError, ValueError) as error:
+            connection.send(_bare_done(request_id, error=("bad_request", str(error))))
             return
         if self._failure is not None or self._stopping:
-            connection.send(_bare_done(request_id, "error", self._failure or _SHUTTING_DOWN))
+            connection.send(_bare_done(request_id, error=self._failure or _SHUTTING_DOWN))
             return
         round_ = len(connection.jobs)  # how many of its own requests this client already has in line
         job = _Job(request_id, connection, request, (round_, next(self._arrivals)))
@@ -707,7 +534,7 @@ class Daemon:
         if job in self._waiting:
             self._waiting.remove(job)
             job.cancel()
-            self._finish(job, self._done(job, "cancelled"))
+            self._finish(job, self._done(job, RewriteOutcome.cancelled_before_start()))
             self._send_positions()
         elif job is self._running:
             log.info("request %s: cancelling at step %d", job.id, job.steps)
@@ -723,12 +550,10 @@ class Daemon:
     async def _schedule(self) -> None:
         """Load the model, then run the queued requests one at a time on the worker thread."""
         assert self._loop is not None and self._wakeup is not None
-        if self.config.threads is not None:
-            # On the worker thread itself: with OpenMP, torch's thread count is a per-thread setting.
-            await self._loop.run_in_executor(self._executor, _set_torch_threads, self.config.threads)
-        if self._engine is None:
+        if self._session.engine is None:
             try:
-                self._engine = await self._loop.run_in_executor(self._executor, self._load)
+                # On the worker thread, which runs every rewrite: torch's thread count is per thread.
+                await self._loop.run_in_executor(self._executor, self._session.load)
             except Exception as error:
                 log.error("the model did not load: %s", error, exc_info=not isinstance(error, SpeceditError))
                 self._state = "failed"
@@ -736,7 +561,7 @@ class Daemon:
                 self._exit_code = error.exit_code if isinstance(error, SpeceditError) else 1
                 for job in list(self._waiting):
                     self._waiting.remove(job)
-                    self._finish(job, self._done(job, "error", error=self._failure))
+                    self._finish(job, self._done(job, error=self._failure))
                 self._begin_stop()
                 return
             if not self._stopping:
@@ -761,21 +586,10 @@ class Daemon:
             self._running = None
         self._finish(job, done)
 
-    def _load(self) -> Engine:
-        """On the worker thread: the model this daemon serves."""
-        from specedit.engine.drafting import open_engine
-
-        log.info("loading %s", self.config.model or "the default model")
-        config = self.config
-        return open_engine(config.model, dtype=config.dtype, device=config.device, fallback=config.fallback)
-
     def _generate(self, job: _Job) -> Done:
         """On the worker thread: run one rewrite, streaming text and steps back through the loop."""
-        from specedit.engine.rewrite import rewrite
-
-        assert self._loop is not None and self._engine is not None
         loop, connection = self._loop, job.connection
-        totals = {"drafted": 0, "accepted": 0}
+        assert loop is not None
 
         def on_text(delta: str) -> None:
             frame = encode_frame(Text(type="text", id=job.id, delta=delta))
@@ -783,86 +597,65 @@ class Daemon:
 
         def on_step(info: StepInfo) -> None:
             job.steps = info.step
-            totals["drafted"] += info.drafted
-            totals["accepted"] += info.accepted
-            step = Step(
-                type="step",
-                id=job.id,
-                step=info.step,
-                committed_length=info.committed_length,
-                cache_length=info.cache_length,
-                drafted=info.drafted,
-                accepted=info.accepted,
-                tokens=info.generated_tokens,
-                drafted_total=totals["drafted"],
-                accepted_total=totals["accepted"],
-                seconds=round(time.monotonic() - (job.started_at or job.queued_at), 4),
-            )
-            loop.call_soon_threadsafe(connection.send_frame, encode_frame(step))
+            frame = encode_frame(Step(type="step", id=job.id, info=to_wire(info)))
+            loop.call_soon_threadsafe(connection.send_frame, frame)
 
         try:
-            result = rewrite(self._engine, job.request, on_text=on_text, cancel=job.cancel_flag.is_set, on_step=on_step)
+            outcome = self._session.run(job.request, on_text=on_text, on_step=on_step, cancel=job.cancel_flag)
         except Exception as error:
             if not isinstance(error, SpeceditError):
                 log.exception("request %s failed", job.id)
-            return self._done(job, "error", error=(error_code_for(error), str(error)))
-        status: DoneStatus = "cancelled"
-        if result.finish_reason in ("eos", "stop"):
-            status = "complete"
-        elif result.finish_reason == "length":
-            status = "incomplete"
-        stats = result.generation.stats.to_dict()
-        return self._done(job, status, text=result.text, finish_reason=result.finish_reason, stats=stats)
+            return self._done(job, error=(error_code_for(error), str(error)))
+        return self._done(job, outcome)
 
-    def _done(
-        self,
-        job: _Job,
-        status: DoneStatus,
-        *,
-        text: str = "",
-        finish_reason: str | None = None,
-        stats: dict[str, Any] | None = None,
-        error: tuple[str, str] | None = None,
-    ) -> Done:
-        stats = dict(stats or {})
+    def _done(self, job: _Job, outcome: RewriteOutcome | None = None, *, error: tuple[str, str] | None = None) -> Done:
+        """The `done` of `job`: its outcome with the queue's figures added to its stats, or its error."""
+        if outcome is None:
+            return _bare_done(job.id, error=error)
+        stats = dict(outcome.stats)
         stats["queue_seconds"] = round((job.started_at or time.monotonic()) - job.queued_at, 4)
         if job.steps_at_cancel is not None:
             stats["steps_after_cancel"] = job.steps - job.steps_at_cancel
-        return _bare_done(job.id, status, error, text=text, finish_reason=finish_reason, stats=stats)
+        return _bare_done(job.id, outcome=dataclasses.replace(outcome, stats=stats))
 
     def _finish(self, job: _Job, done: Done) -> None:
         """The request is over: tell its client (if still connected) and remember it for `status`."""
         job.connection.jobs.pop(job.id, None)
         job.connection.send(done)
-        self._served[done["status"]] += 1
+        outcome = done["outcome"] or {}
+        stats = outcome.get("stats", {})
+        status = outcome.get("status", "error")
+        self._served[status] += 1
         self._recent.append(
             {
                 "id": job.id,
                 "connection": job.connection.number,
-                "status": done["status"],
-                "finish_reason": done["finish_reason"],
+                "status": status,
+                "finish_reason": outcome.get("finish_reason"),
                 "steps": job.steps,
-                "steps_after_cancel": done["stats"].get("steps_after_cancel"),
-                "queue_seconds": done["stats"]["queue_seconds"],
-                "wall_seconds": done["stats"].get("wall_seconds"),
+                "steps_after_cancel": stats.get("steps_after_cancel"),
+                "queue_seconds": stats.get("queue_seconds"),
+                "wall_seconds": stats.get("wall_seconds"),
                 "error_code": done["error_code"],
             }
         )
-        log.info("request %s: %s after %d steps", job.id, done["status"], job.steps)
+        log.info("request %s: %s after %d steps", job.id, status, job.steps)
 
     # -- status
 
     def status_info(self) -> dict[str, Any]:
-        engine = self._engine
+        engine = self._session.engine
         running = self._running
-        dtype = engine.loaded.dtype_name if engine is not None else self.config.dtype
+        options = self.config.options
+        dtype = engine.loaded.dtype_name if engine is not None else options.dtype
         return {
             "pid": os.getpid(),
             "address": self.address,
             "protocol": PROTOCOL_VERSION,
             "state": self._state,  # loading | ready | stopping | failed
-            "model": engine.loaded.name if engine is not None else self.config.model or "default",
-            "device": str(engine.device) if engine is not None else self.config.device,
+            "model": engine.loaded.name if engine is not None else options.model or "default",
+            "device": str(engine.device) if engine is not None else options.device,
+            "exactness": engine.loaded.exactness.to_dict() if engine is not None and engine.loaded.exactness else None,
             "dtype": dtype,
             "fallback": engine.fallback.describe() if engine is not None and engine.fallback is not None else None,
             "uptime_seconds": round(time.monotonic() - self._started, 3),
@@ -885,49 +678,14 @@ class Daemon:
         }
 
 
-def _bare_done(
-    request_id: str,
-    status: DoneStatus,
-    error: tuple[str, str] | None,
-    *,
-    text: str = "",
-    finish_reason: str | None = None,
-    stats: dict[str, Any] | None = None,
-) -> Done:
+def _bare_done(request_id: str, *, outcome: RewriteOutcome | None = None, error: tuple[str, str] | None = None) -> Done:
     return Done(
         type="done",
         id=request_id,
-        status=status,
-        finish_reason=finish_reason,
-        text=text,
-        stats=stats or {},
+        outcome=to_wire(outcome) if outcome is not None else None,
         error_code=error[0] if error else None,
         error_message=error[1] if error else None,
     )
-
-
-def _request_from(message: Rewrite) -> RewriteRequest:
-    """The `RewriteRequest` a rewrite message carries; ValueError when it is not a valid request."""
-    from specedit.engine.requests import RewriteRequest, SamplingConfig
-
-    sampling = SamplingConfig(
-        temperature=float(message["temperature"]), top_p=float(message["top_p"]), seed=message["seed"]
-    )
-    return RewriteRequest(
-        original=message["original"],
-        instruction=message["instruction"],
-        sketch=message["sketch"],
-        language=message["language"],
-        draft=cast("DraftMethod", message["draft"]),  # RewriteRequest checks it
-        sampling=sampling,
-        max_new_tokens=message["max_new_tokens"],
-    )
-
-
-def _set_torch_threads(threads: int) -> None:
-    import torch
-
-    torch.set_num_threads(threads)
 
 
 def _loop_thread_is_current(loop: asyncio.AbstractEventLoop) -> bool:
@@ -935,3 +693,22 @@ def _loop_thread_is_current(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
+
+
+def main() -> int:
+    """Serve the `DaemonConfig` given as JSON on standard input (`client.ensure_daemon` starts it so)."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s specedit-daemon: %(message)s")
+    try:
+        config = DaemonConfig.from_dict(json.loads(sys.stdin.read()))
+    except (ValueError, TypeError) as error:
+        log.error("not a daemon config on standard input: %s", error)
+        return 2
+    try:
+        return serve(config)
+    except SpeceditError as error:
+        log.error("%s", error)
+        return error.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,43 +1,27 @@
 """The speculative loop. Plain decoding is the same loop with a drafter that never proposes.
 
 One step: draft -> one target forward over the draft -> verify -> commit and roll the cache back ->
-feedback to the drafter -> emit the committed text. See `engine.kv_cache` for the cache invariant.
+feedback to the drafter -> emit the committed text. See `engine.model.kv_cache` for the cache invariant.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 import torch
 
 from specedit.drafters.base import NO_DRAFT, Draft, Drafter, NoDrafter
-from specedit.engine import kv_cache
-from specedit.engine.detokenizer import IncrementalDetokenizer
-from specedit.engine.energy import EnergyMeter
-from specedit.engine.governor import CostGovernor, StepCost
-from specedit.engine.loading import LoadedModel
-from specedit.engine.requests import SamplingConfig
-from specedit.engine.stats import Clock, DrafterStats, Stats
-from specedit.engine.verify import verify
-
-if TYPE_CHECKING:
-    from specedit.engine.drafting import FallbackConfig
-
-FinishReason = Literal["eos", "stop", "length", "cancelled"]
-
-
-@dataclass(frozen=True)
-class StepInfo:
-    """Reported after every step, for progress, tests and profiling."""
-
-    step: int
-    committed_length: int  # prompt + output tokens
-    cache_length: int  # always committed_length - 1: the newest token is pending
-    drafted: int
-    accepted: int
-    generated_tokens: int  # output tokens so far (a step commits accepted + 1, or fewer at EOS or a stop)
+from specedit.engine.loop.detokenizer import IncrementalDetokenizer
+from specedit.engine.loop.governor import CostGovernor, StepCost
+from specedit.engine.loop.stats import Clock, DrafterStats, Stats
+from specedit.engine.loop.verify import verify
+from specedit.engine.model import kv_cache
+from specedit.engine.model.energy import EnergyMeter
+from specedit.engine.model.fallback import FallbackConfig
+from specedit.engine.model.loading import LoadedModel
+from specedit.engine.requests import FinishReason, SamplingConfig, StepInfo
 
 
 @dataclass
@@ -51,7 +35,7 @@ class Generation:
 class Engine:
     """A loaded target model that generates, with or without a drafter.
 
-    `fallback` says what drafts where the copy drafter has nothing (see `engine.drafting`); None: plain
+    `fallback` says what drafts where the copy drafter has nothing (see `model.fallback`); None: plain
     decoding there.
     """
 
@@ -180,12 +164,15 @@ class Engine:
                 if on_step is not None:
                     on_step(
                         StepInfo(
-                            step,
-                            len(tokens),
-                            kv_cache.length(cache),
-                            len(draft),
-                            verdict.n_accepted,
-                            len(tokens) - output_start,
+                            step=step,
+                            committed_length=len(tokens),
+                            cache_length=kv_cache.length(cache),
+                            drafted=len(draft),
+                            accepted=verdict.n_accepted,
+                            generated_tokens=len(tokens) - output_start,
+                            drafted_total=stats.drafted_tokens,
+                            accepted_total=stats.accepted_tokens,
+                            seconds=round(clock.wall(), 4),
                         )
                     )
                 if finish != "length":

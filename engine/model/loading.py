@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from specedit.engine import exactness, invariant, kv_cache
 from specedit.engine.errors import ModelLoadError
-from specedit.engine.requests import DTYPE_CHOICES
+from specedit.engine.model import exactness, invariant, kv_cache
+from specedit.engine.options import DTYPE_CHOICES
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def load_model(
     """Load a model for inference. Any failure is a `ModelLoadError` that says what was tried.
 
     A `target`'s logits decide the output, so its kernels are chosen by the self-check
-    (`engine.exactness`), which also says whether speculation keeps plain decoding's answer bit for bit.
+    (`model.exactness`), which also says whether speculation keeps plain decoding's answer bit for bit.
     A draft model's logits never decide the output: it simply gets the fastest kernels. `verdicts`: a
     folder where the self-check's verdicts are remembered (see `exactness.settle`).
     """
@@ -119,7 +119,7 @@ def load_model(
     torch_device = torch.device(device) if device else default_device()
     torch_dtype = resolve_dtype(dtype, torch_device)
     source, kwargs = _source(name_or_path)
-    # Linear layers packed for oneDNN (the CPU's fastest kernels, see `engine.invariant`) are upcast as
+    # Linear layers packed for oneDNN (the CPU's fastest kernels, see `model.invariant`) are upcast as
     # they are packed, so the rest loads in the dtype it was stored in: 2-4 s instead of 6-9 s for the
     # 0.5B model in float32 on 2 AVX2 cores (the time is spent first-touching new memory).
     pack = torch_device.type == "cpu" and invariant.can_pack(torch_dtype)

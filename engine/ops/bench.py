@@ -2,7 +2,7 @@
 
 Methods:
 - `plain`: our loop without a drafter: one target forward per token, with a KV cache, on the kernels the
-  self-check chose (`engine.exactness`): the arithmetic speculation keeps bit for bit, the reference of
+  self-check chose (`model.exactness`): the arithmetic speculation keeps bit for bit, the reference of
   `identical`;
 - `plain-stock`: the same loop on the model as transformers runs it (its attention, ATen's linear
   kernels, one row per step): what a user of transformers would decode at. Where it is faster than `plain`,
@@ -14,30 +14,38 @@ Methods:
 - `llama-cpp`: llama.cpp on the GGUF the default model is assembled from, plain and with its prompt
   lookup (optional: needs `llama-cpp-python`; its output is compared with its own plain decoding).
 
-Every method stops at the closing code fence. Times are measured in one process, case by case, method
-after method, so that the ratios are pair by pair and the machine's load hits all methods alike.
+Our methods run the product's own rewrite path (`loop.rewrite`: the request prepared once, then run with
+the method's drafters); the peers get the same prepared prompt and budget, and their answers go through the
+same rules (closing fence, line endings, final newline). Every method stops at the closing code fence.
+Times are measured in one process, case by case, method after method, so that the ratios are pair by
+pair and the machine's load hits all methods alike.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import statistics
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from specedit.engine.drafting import generate_drafted
-from specedit.engine.generate import Engine, StepInfo
-from specedit.engine.invariant import stock_kernels
-from specedit.engine.prompts import AnswerStream, RewritePrompt, build_prompt, extract_code
-from specedit.engine.requests import DraftMethod
+from specedit.engine.errors import ContextLengthError
+from specedit.engine.loop.generate import Engine
+from specedit.engine.loop.rewrite import PreparedRewrite, prepare_rewrite, run_rewrite
+from specedit.engine.model.invariant import stock_kernels
+from specedit.engine.ops.method_run import MethodRun, Timer
+from specedit.engine.prompts import extract_code
+from specedit.engine.requests import DraftMethod, RewriteRequest, StepInfo
+from specedit.engine.session import LocalSession
+
+log = logging.getLogger(__name__)
 
 METHODS = ("plain", "plain-stock", "prompt-lookup", "specedit", "specedit-copy", "specedit-fallback", "llama-cpp")
 # Our methods, and the draft method each asks the engine for.
@@ -64,40 +72,6 @@ class BenchCase:
         return cls(record["id"], record.get("language", ""), record["instruction"], record["before"])
 
 
-@dataclass
-class MethodRun:
-    """One method on one case."""
-
-    tokens: list[int]
-    text: str
-    wall_seconds: float
-    cpu_seconds: float
-    prefill_seconds: float  # start to the first generated token
-    decode_seconds: float  # first generated token to the last
-    target_forwards: int
-    drafted_tokens: int = 0
-    accepted_tokens: int = 0
-    joules: float | None = None  # GPU energy (NVML), on CUDA only
-    drafters: dict[str, Any] = field(default_factory=dict)  # per drafter: drafted, accepted, wasted, ...
-    identical_to_plain: bool | None = None
-    first_difference: int | None = None  # index of the first token that differs from plain's, if any
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def generated_tokens(self) -> int:
-        return len(self.tokens)
-
-    def to_dict(self) -> dict[str, Any]:
-        record = asdict(self)
-        del record["tokens"], record["text"]
-        record["generated_tokens"] = self.generated_tokens
-        record["tokens_per_second"] = round(self.generated_tokens / self.wall_seconds, 3) if self.wall_seconds else 0.0
-        record["acceptance_rate"] = (
-            round(self.accepted_tokens / self.drafted_tokens, 4) if self.drafted_tokens else None
-        )
-        return record
-
-
 def load_cases(path: Path, *, limit: int | None = None, max_chars: int | None = None) -> list[BenchCase]:
     cases = []
     with path.open(encoding="utf-8") as handle:
@@ -113,53 +87,19 @@ def load_cases(path: Path, *, limit: int | None = None, max_chars: int | None = 
     return cases
 
 
-class Timer:
-    """Start, time of the first generated token, time of the last, and process CPU time."""
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.cpu_start = time.process_time()
-        self.first: float | None = None
-
-    def mark_first(self) -> None:
-        if self.first is None:
-            self.first = time.perf_counter()
-
-    def finish(self) -> tuple[float, float, float, float]:
-        end = time.perf_counter()
-        first = self.first if self.first is not None else end
-        return end - self.start, time.process_time() - self.cpu_start, first - self.start, end - first
-
-
-def run_ours(
-    engine: Engine,
-    prompt_ids: list[int],
-    original_ids: list[int],
-    fence: str,
-    max_new_tokens: int,
-    *,
-    draft: DraftMethod,
-) -> MethodRun:
-    answer = AnswerStream(fence)
+def run_ours(engine: Engine, prepared: PreparedRewrite, *, draft: DraftMethod) -> MethodRun:
+    """Our loop as the product runs it (`loop.rewrite.run_rewrite`, what every session calls)."""
     timer = Timer()
 
     def on_step(_: StepInfo) -> None:
         timer.mark_first()
 
-    generation = generate_drafted(
-        engine,
-        prompt_ids,
-        method=draft,
-        source_ids=original_ids,
-        max_new_tokens=max_new_tokens,
-        stop=answer.feed,
-        on_step=on_step,
-    )
+    result = run_rewrite(engine, prepared, draft=draft, on_step=on_step)
     wall, cpu, prefill, decode = timer.finish()
-    stats = generation.stats
+    stats = result.generation.stats
     return MethodRun(
-        generation.tokens,
-        answer.code,
+        result.generation.tokens,
+        result.text,
         wall,
         cpu,
         prefill,
@@ -184,9 +124,7 @@ def as_transformers_runs_it(engine: Engine) -> Iterator[None]:
         engine.loaded.step_rows = rows
 
 
-def run_prompt_lookup(
-    engine: Engine, prompt_ids: list[int], fence: str, max_new_tokens: int, lookup_tokens: int
-) -> MethodRun:
+def run_prompt_lookup(engine: Engine, prepared: PreparedRewrite, lookup_tokens: int) -> MethodRun:
     from transformers.generation.streamers import BaseStreamer
 
     timer = Timer()
@@ -206,15 +144,16 @@ def run_prompt_lookup(
         def end(self) -> None:
             pass
 
+    prompt_ids = prepared.prompt_ids
     input_ids = torch.tensor([prompt_ids], device=engine.device)
     with as_transformers_runs_it(engine):  # the peer as a user runs it
         output = engine.model.generate(
             input_ids,
             attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=max_new_tokens,
+            max_new_tokens=prepared.max_new_tokens,
             do_sample=False,
             prompt_lookup_num_tokens=lookup_tokens,
-            stop_strings=[f"\n{fence}\n"],
+            stop_strings=[f"\n{prepared.fence}\n"],
             tokenizer=engine.tokenizer,
             streamer=_Streamer(),
             pad_token_id=engine.tokenizer.pad_token_id or engine.tokenizer.eos_token_id,
@@ -222,9 +161,8 @@ def run_prompt_lookup(
     wall, cpu, prefill, decode = timer.finish()
     tokens = [int(t) for t in output[0, len(prompt_ids) :].tolist()]
     text = engine.tokenizer.decode(tokens, skip_special_tokens=True)
-    return MethodRun(
-        tokens, extract_code(text), wall, cpu, prefill, decode, forwards, extra={"lookup_tokens": lookup_tokens}
-    )
+    code = prepared.region_text(extract_code(text))
+    return MethodRun(tokens, code, wall, cpu, prefill, decode, forwards, extra={"lookup_tokens": lookup_tokens})
 
 
 def first_difference(tokens: Sequence[int], reference: Sequence[int]) -> int | None:
@@ -308,7 +246,7 @@ def summarise(
 
 
 def run_bench(
-    engine: Engine,
+    session: LocalSession,
     cases: list[BenchCase],
     *,
     methods: Sequence[str] = DEFAULT_METHODS,
@@ -316,6 +254,7 @@ def run_bench(
     lookup_tokens: int = 32,
     on_case: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
+    engine = session.load()
     unknown = set(methods) - set(METHODS)
     if unknown:
         raise ValueError(f"unknown methods: {', '.join(sorted(unknown))}")
@@ -326,27 +265,29 @@ def run_bench(
     results: list[dict[str, Any]] = []
     llama = None
     if "llama-cpp" in ordered:
-        from specedit.engine import bench_llama_cpp
+        from specedit.engine.ops import llama_cpp
 
-        llama = bench_llama_cpp.LlamaCppRunner.create()
+        llama = llama_cpp.LlamaCppRunner.create()
         if llama is None:
             ordered.remove("llama-cpp")
     for case in cases:
-        prompt = RewritePrompt(case.before.replace("\r\n", "\n"), case.instruction, None, case.language)
-        prompt_ids = engine.tokenize(build_prompt(engine.tokenizer, prompt))
-        original_ids = engine.tokenize(prompt.original)
-        budget = max_new_tokens or 2 * len(original_ids) + 256
+        request = RewriteRequest(case.before, case.instruction, language=case.language, max_new_tokens=max_new_tokens)
+        try:
+            prepared = prepare_rewrite(engine, request)
+        except ContextLengthError as error:
+            log.warning("%s: skipped: %s", case.id, error)
+            continue
         runs: dict[str, MethodRun] = {}
         for method in ordered:
             if method == "plain-stock":
                 with as_transformers_runs_it(engine):
-                    runs[method] = run_ours(engine, prompt_ids, original_ids, prompt.fence, budget, draft="none")
+                    runs[method] = run_ours(engine, prepared, draft="none")
             elif method in DRAFT_OF:
-                runs[method] = run_ours(engine, prompt_ids, original_ids, prompt.fence, budget, draft=DRAFT_OF[method])
+                runs[method] = run_ours(engine, prepared, draft=DRAFT_OF[method])
             elif method == "prompt-lookup":
-                runs[method] = run_prompt_lookup(engine, prompt_ids, prompt.fence, budget, lookup_tokens)
+                runs[method] = run_prompt_lookup(engine, prepared, lookup_tokens)
             elif method == "llama-cpp" and llama is not None:
-                runs.update(llama.run(build_prompt(engine.tokenizer, prompt), prompt.fence, budget))
+                runs.update(llama.run(prepared))
         for method, run in runs.items():
             # llama.cpp is compared with its own plain decoding: same weights, different arithmetic.
             reference = runs["llama-cpp-plain"] if method.startswith("llama-cpp") else runs["plain"]
@@ -354,8 +295,8 @@ def run_bench(
             run.first_difference = first_difference(run.tokens, reference.tokens)
         record = {
             "id": case.id,
-            "prompt_tokens": len(prompt_ids),
-            "original_tokens": len(original_ids),
+            "prompt_tokens": len(prepared.prompt_ids),
+            "original_tokens": len(engine.tokenize(prepared.prompt.original)),
             "methods": {m: r.to_dict() for m, r in runs.items()},
         }
         results.append(record)

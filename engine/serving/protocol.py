@@ -6,12 +6,12 @@ The length is checked against the receiver's maximum *before* anything is alloca
     client                                   daemon
     hello {version, token, client}     ->
                                        <-    hello_ok {version, pid}          (or error + close)
-    rewrite {id, original, ...}        ->
+    rewrite {id, request}              ->
                                        <-    queued {id, position}            (again when it moves up)
                                        <-    started {id}
-                                       <-    text {id, delta} / step {id, ...} (one of each per engine step)
+                                       <-    text {id, delta} / step {id, info} (one of each per engine step)
     cancel {id}                        ->                                      (any time; unknown ids ignored)
-                                       <-    done {id, status, text, stats, ...}  (exactly one per rewrite)
+                                       <-    done {id, outcome | error_code, error_message} (one per rewrite)
     status {}                          ->
                                        <-    status_ok {info}
     stop {}                            ->
@@ -21,18 +21,22 @@ The length is checked against the receiver's maximum *before* anything is alloca
 Every message type is declared once, below, as a TypedDict; the runtime check (`parse_client_message`,
 `parse_daemon_message`) is derived from those declarations, so the two cannot drift. Every field is
 always present (None where it does not apply); extra fields are ignored, for forward compatibility.
+What a rewrite asks for, each step and the result travel as the very dataclasses the engine uses
+(`RewriteRequest`, `StepInfo`, `RewriteOutcome`), field for field (`to_wire` / `from_wire`, checked against
+their type hints): a field added there is on the wire with nothing to change here.
 This module imports neither torch nor the engine: clients stay light.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import struct
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, Literal, TypedDict, Union, cast
+from typing import Any, Literal, TypedDict, TypeVar, Union, cast
 
 import msgpack
 
@@ -46,7 +50,7 @@ from specedit.engine.errors import (
     SpeceditError,
 )
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: requests, steps and outcomes as their dataclasses (`to_wire`)
 DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024  # a 16 MiB frame holds any source file an editor would send
 HELLO_MAX_FRAME_SIZE = 64 * 1024  # before the hello is accepted (TCP: before the token is checked)
 _HEADER = struct.Struct(">I")
@@ -71,8 +75,6 @@ ErrorCode = Literal[
     "engine_error",  # anything else that went wrong inside the engine (logged by the daemon)
     "shutting_down",  # the daemon is stopping and takes no more work
 ]
-
-DoneStatus = Literal["complete", "cancelled", "error", "incomplete"]
 
 
 class ProtocolError(Exception):
@@ -100,19 +102,9 @@ class Hello(TypedDict):
 
 
 class Rewrite(TypedDict):
-    """A `RewriteRequest`, field by field (sampling flattened)."""
-
     type: Literal["rewrite"]
     id: str  # chosen by the client, unique among its own outstanding requests
-    original: str
-    instruction: str | None
-    sketch: str | None
-    language: str
-    draft: str
-    temperature: float
-    top_p: float
-    seed: int
-    max_new_tokens: int | None
+    request: dict[str, Any]  # a `RewriteRequest` (`to_wire`)
 
 
 class Cancel(TypedDict):
@@ -155,29 +147,18 @@ class Text(TypedDict):
 
 
 class Step(TypedDict):
-    """One speculative step: `StepInfo`'s fields, plus running totals."""
-
     type: Literal["step"]
     id: str
-    step: int
-    committed_length: int  # prompt + output tokens
-    cache_length: int
-    drafted: int
-    accepted: int
-    tokens: int  # output tokens so far
-    drafted_total: int
-    accepted_total: int
-    seconds: float  # since the request started running
+    info: dict[str, Any]  # a `StepInfo` (`to_wire`)
 
 
 class Done(TypedDict):
+    """The end of a rewrite: its `RewriteOutcome` (`to_wire`), or the error that ended it."""
+
     type: Literal["done"]
     id: str
-    status: DoneStatus
-    finish_reason: str | None  # eos | stop | length | cancelled; None when it never ran or failed
-    text: str
-    stats: dict[str, Any]  # `Stats.to_dict()` plus queue_seconds (and steps_after_cancel when cancelled)
-    error_code: str | None  # with status "error"
+    outcome: dict[str, Any] | None
+    error_code: str | None  # when there is no outcome
     error_message: str | None
 
 
@@ -263,6 +244,34 @@ def parse_client_message(payload: object) -> ClientMessage:
 
 def parse_daemon_message(payload: object) -> DaemonMessage:
     return cast(DaemonMessage, _parse(payload, _DAEMON_SCHEMAS))
+
+
+Record = TypeVar("Record")
+
+
+def to_wire(record: Any) -> dict[str, Any]:
+    """A frozen dataclass (`RewriteRequest`, `StepInfo`, `RewriteOutcome`) as plain msgpack-able data."""
+    return dataclasses.asdict(record)
+
+
+def from_wire(cls: type[Record], value: object) -> Record:
+    """The dataclass `cls` back from `to_wire`'s form: every field present and of its declared type (nested
+    dataclasses too), extra fields ignored. `ProtocolError("bad_message")` when it does not fit; the
+    dataclass's own validation (`__post_init__`) raises what it raises (ValueError)."""
+    if not isinstance(value, dict):
+        raise ProtocolError("bad_message", f"a {cls.__name__} is a map")
+    hints = typing.get_type_hints(cls)
+    fields = {}
+    for field in dataclasses.fields(cast(Any, cls)):
+        if field.name not in value:
+            raise ProtocolError("bad_message", f"{cls.__name__}: missing field {field.name!r}")
+        hint, item = hints[field.name], value[field.name]
+        if dataclasses.is_dataclass(hint):
+            item = from_wire(cast(type, hint), item)
+        elif not _conforms(item, hint):
+            raise ProtocolError("bad_message", f"{cls.__name__}: field {field.name!r} has the wrong type")
+        fields[field.name] = item
+    return cls(**fields)
 
 
 # ---------------------------------------------------------------------------------------- errors

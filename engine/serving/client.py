@@ -1,7 +1,9 @@
 """A blocking client of the engine daemon, and `ensure_daemon`: connect to one, or start one and connect.
 
-    with ensure_daemon(DaemonConfig(model="/path/to/model", idle_timeout=300)) as client:
-        result = client.rewrite(RewriteRequest(original, "Rename add to plus."), on_text=print)
+    with ensure_daemon(DaemonConfig(options=EngineOptions(model="/path/to/model"))) as client:
+        outcome = client.rewrite(RewriteRequest(original, "Rename add to plus."), on_text=print)
+
+Front ends use it through `session.RemoteSession`.
 
 Addresses: a filesystem path for a unix socket (`unix://PATH` also works), `tcp://HOST:PORT` for TCP,
 which needs the daemon's token (`token_file=`). Like `protocol`, this module imports neither torch nor
@@ -14,6 +16,7 @@ import contextlib
 import dataclasses
 import fcntl
 import itertools
+import json
 import os
 import socket
 import subprocess
@@ -24,16 +27,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
-from specedit.engine.daemon import DaemonConfig, prepare_state_dir, read_token
 from specedit.engine.errors import EngineUnavailableError, SpeceditError
-from specedit.engine.protocol import (
+from specedit.engine.requests import RewriteOutcome, RewriteRequest, StepInfo
+from specedit.engine.serving.config import DaemonConfig, prepare_state_dir, read_token
+from specedit.engine.serving.protocol import (
     DEFAULT_MAX_FRAME_SIZE,
     PROTOCOL_VERSION,
     Cancel,
     DaemonMessage,
-    DoneStatus,
     FrameBuffer,
     Hello,
     ProtocolError,
@@ -43,11 +46,12 @@ from specedit.engine.protocol import (
     decode_payload,
     encode_frame,
     error_from,
+    from_wire,
     parse_daemon_message,
+    to_wire,
 )
 
-if TYPE_CHECKING:
-    from specedit.engine.requests import RewriteRequest
+Record = TypeVar("Record")
 
 DEFAULT_SPAWN_IDLE_TIMEOUT = 300.0  # a daemon a client started exits after 5 minutes without clients
 CONNECT_TIMEOUT = 10.0  # seconds for connect + hello, and for status / stop replies
@@ -94,40 +98,6 @@ class EngineAddress:
             return str(self.path)
         host = f"[{self.host}]" if self.host and ":" in self.host else self.host
         return f"tcp://{host}:{self.port}"
-
-
-@dataclass(frozen=True)
-class RemoteStep:
-    """One engine step as the daemon reported it; the same field names as `StepInfo`, plus totals."""
-
-    step: int
-    committed_length: int
-    cache_length: int
-    drafted: int
-    accepted: int
-    tokens: int
-    drafted_total: int
-    accepted_total: int
-    seconds: float
-
-    @property
-    def generated_tokens(self) -> int:
-        """`StepInfo`'s name for `tokens`: output tokens so far."""
-        return self.tokens
-
-
-@dataclass(frozen=True)
-class RemoteResult:
-    """What a rewrite through the daemon ended with (errors are raised, not returned)."""
-
-    text: str
-    status: DoneStatus  # complete | cancelled | incomplete
-    finish_reason: str | None  # eos | stop | length | cancelled; None when cancelled before it ran
-    stats: dict[str, Any]  # `Stats.to_dict()` plus queue_seconds (and steps_after_cancel)
-
-    @property
-    def complete(self) -> bool:
-        return bool(self.status == "complete")
 
 
 class EngineClient:
@@ -194,13 +164,13 @@ class EngineClient:
         request: RewriteRequest,
         *,
         on_text: Callable[[str], None] | None = None,
-        on_step: Callable[[RemoteStep], None] | None = None,
+        on_step: Callable[[StepInfo], None] | None = None,
         on_queued: Callable[[int], None] | None = None,
         cancel: threading.Event | None = None,
-    ) -> RemoteResult:
-        """Rewrite through the daemon, streaming like `engine.rewrite.rewrite`.
+    ) -> RewriteOutcome:
+        """Rewrite through the daemon, streaming like `session.LocalSession.run`.
 
-        Setting `cancel` (from any thread) cancels the request; the result then has status "cancelled".
+        Setting `cancel` (from any thread) cancels the request; the outcome then has status "cancelled".
         `on_queued(position)` tells how many requests run before this one, whenever that changes.
         Errors the engine reports are raised as the matching `SpeceditError`.
         """
@@ -213,7 +183,7 @@ class EngineClient:
                 # be in flight, so drop the connection, which also cancels the request on the daemon.
                 self.close()
                 raise
-        if isinstance(outcome, RemoteResult):
+        if isinstance(outcome, RewriteOutcome):
             return outcome
         raise outcome  # the engine's error, reported cleanly: the connection stays usable
 
@@ -222,11 +192,11 @@ class EngineClient:
         request_id: str,
         request: RewriteRequest,
         on_text: Callable[[str], None] | None,
-        on_step: Callable[[RemoteStep], None] | None,
+        on_step: Callable[[StepInfo], None] | None,
         on_queued: Callable[[int], None] | None,
         cancel: threading.Event | None,
-    ) -> RemoteResult | SpeceditError:
-        self._send(_rewrite_message(request_id, request))
+    ) -> RewriteOutcome | SpeceditError:
+        self._send(Rewrite(type="rewrite", id=request_id, request=to_wire(request)))
         cancel_sent = False
         while True:
             if cancel is not None and cancel.is_set() and not cancel_sent:
@@ -244,13 +214,13 @@ class EngineClient:
             elif message["type"] == "text" and on_text is not None:
                 on_text(message["delta"])
             elif message["type"] == "step" and on_step is not None:
-                on_step(_remote_step(message))
+                on_step(self._decoded(StepInfo, message["info"]))
             elif message["type"] == "error":
                 return error_from(message["code"], message["message"])
             elif message["type"] == "done":
-                if message["status"] == "error":
+                if message["outcome"] is None:
                     return error_from(message["error_code"] or "engine_error", message["error_message"] or "")
-                return RemoteResult(message["text"], message["status"], message["finish_reason"], message["stats"])
+                return self._decoded(RewriteOutcome, message["outcome"])
 
     def status(self, *, timeout: float = CONNECT_TIMEOUT) -> dict[str, Any]:
         """The daemon's state: model, device, dtype, uptime, queue, clients, pid, recent requests."""
@@ -291,6 +261,13 @@ class EngineClient:
         self.close()
 
     # -- frames
+
+    def _decoded(self, cls: type[Record], value: object) -> Record:
+        try:
+            return from_wire(cls, value)
+        except (ProtocolError, ValueError, TypeError) as error:
+            message = f"the engine daemon at {self.address} sent a bad {cls.__name__}: {error}"
+            raise EngineUnavailableError(message) from None
 
     def _send(self, message: Hello | Rewrite | Cancel | Status | Stop) -> None:
         if self._closed:
@@ -334,27 +311,6 @@ class EngineClient:
             if not chunk:
                 raise EngineUnavailableError(f"the engine daemon at {self.address} closed the connection")
             self._buffer.feed(chunk)
-
-
-def _rewrite_message(request_id: str, request: RewriteRequest) -> Rewrite:
-    """The wire form of a `RewriteRequest` (the daemon's `_request_from` is the inverse)."""
-    return Rewrite(
-        type="rewrite",
-        id=request_id,
-        original=request.original,
-        instruction=request.instruction,
-        sketch=request.sketch,
-        language=request.language,
-        draft=request.draft,
-        temperature=float(request.sampling.temperature),
-        top_p=float(request.sampling.top_p),
-        seed=int(request.sampling.seed),
-        max_new_tokens=request.max_new_tokens,
-    )
-
-
-def _remote_step(message: Any) -> RemoteStep:
-    return RemoteStep(**{name: message[name] for name in RemoteStep.__dataclass_fields__})
 
 
 def _answers(address: EngineAddress) -> bool:
@@ -444,11 +400,12 @@ def _spawn(config: DaemonConfig) -> subprocess.Popen[bytes]:
         if log_path.stat().st_size > _LOG_ROTATE_BYTES:
             os.replace(log_path, log_path.with_name(log_path.name + ".old"))
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    command = [sys.executable, "-m", "specedit.cli.main", *config.command_line()]
+    # The config goes as data on the daemon's standard input, not as a command line to parse again.
+    command = [sys.executable, "-m", "specedit.engine.serving.daemon"]
     try:
-        return subprocess.Popen(
+        process = subprocess.Popen(
             command,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
             stdout=log_fd,
             stderr=log_fd,
             start_new_session=True,  # no terminal signals from the starter's session (Ctrl-C in an editor)
@@ -458,6 +415,10 @@ def _spawn(config: DaemonConfig) -> subprocess.Popen[bytes]:
         raise EngineUnavailableError(f"cannot start the engine daemon ({' '.join(command)}): {error}") from error
     finally:
         os.close(log_fd)
+    assert process.stdin is not None
+    with contextlib.suppress(BrokenPipeError), process.stdin:
+        process.stdin.write(json.dumps(config.to_dict()).encode())
+    return process
 
 
 def _tail(path: Path, lines: int = 5) -> str:

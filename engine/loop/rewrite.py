@@ -1,0 +1,182 @@
+"""One rewrite: prepared (prompt, ids, budget), then run (drafters, generate, the code back out).
+
+`prepare_rewrite` is everything that does not depend on how the answer is decoded: the prompt (the
+model's chat template, primed with the opening fence), its token ids, what the copy drafter copies from,
+the output budget checked against the context, and the rules that turn the answer back into the region
+(the closing fence, CRLF, the final newline). `run_rewrite` decodes it with the drafters a request asks
+for. `specedit bench` times our methods through both and gives the peers the same prepared prompt;
+everything else calls `rewrite`, through a `session.Session`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from specedit.engine.errors import ContextLengthError
+from specedit.engine.loop.drafting import generate_drafted
+from specedit.engine.loop.generate import Engine, Generation
+from specedit.engine.prompts import AnswerStream, RewritePrompt, build_prompt
+from specedit.engine.requests import (
+    DraftMethod,
+    FinishReason,
+    RewriteOutcome,
+    RewriteRequest,
+    StepInfo,
+    status_of,
+)
+
+
+@dataclass
+class RewriteResult:
+    text: str  # the rewritten region, in the original's line endings
+    finish_reason: FinishReason
+    generation: Generation
+
+    @property
+    def complete(self) -> bool:
+        """The model closed its code block (or ended its answer): the text is the whole region."""
+        return status_of(self.finish_reason) == "complete"
+
+    def outcome(self) -> RewriteOutcome:
+        return RewriteOutcome.finished(self.text, self.finish_reason, self.generation.stats.to_dict())
+
+
+@dataclass(frozen=True)
+class PreparedRewrite:
+    """A request made ready for any decoder: the prompt's ids and the rules for the answer."""
+
+    request: RewriteRequest
+    prompt: RewritePrompt  # with "\n" line endings
+    prompt_text: str  # the chat template applied: what the model reads
+    prompt_ids: list[int]
+    source_ids: list[int]  # what the copy drafter copies from: the original, then the edit sketch
+    max_new_tokens: int
+    crlf: bool  # the original has CRLF line endings: the answer gets them back
+
+    @property
+    def fence(self) -> str:
+        return self.prompt.fence
+
+    @property
+    def keeps_final_newline(self) -> bool:
+        return self.prompt.original.endswith("\n") or not self.prompt.original
+
+    def region_text(self, code: str) -> str:
+        """The region a finished answer's `code` stands for (for a decoder that does not stream)."""
+        if not self.keeps_final_newline and code.endswith("\n"):
+            code = code[:-1]
+        return code.replace("\n", "\r\n") if self.crlf else code
+
+
+def prepare_rewrite(engine: Engine, request: RewriteRequest) -> PreparedRewrite:
+    """The prompt, its ids and the budget of `request` (`ContextLengthError` when it does not fit)."""
+    # The model sees "\n" line endings; the answer gets the original's back (CRLF files stay CRLF).
+    crlf = "\r\n" in request.original
+    prompt = RewritePrompt(
+        request.original.replace("\r\n", "\n"),
+        request.instruction,
+        request.sketch.replace("\r\n", "\n") if request.sketch is not None else None,
+        request.language,
+    )
+    prompt_text = build_prompt(engine.tokenizer, prompt)
+    prompt_ids = engine.tokenize(prompt_text)
+    original_ids = engine.tokenize(prompt.original)
+    # An edit sketch holds the new code: the answer copies from it as well as from the original.
+    source_ids = original_ids + (engine.tokenize(prompt.sketch) if prompt.sketch is not None else [])
+    max_new_tokens = _budget(engine, request, len(prompt_ids), len(original_ids))
+    return PreparedRewrite(request, prompt, prompt_text, prompt_ids, source_ids, max_new_tokens, crlf)
+
+
+def run_rewrite(
+    engine: Engine,
+    prepared: PreparedRewrite,
+    *,
+    draft: DraftMethod | None = None,
+    on_text: Callable[[str], None] | None = None,
+    cancel: Callable[[], bool] | None = None,
+    on_step: Callable[[StepInfo], None] | None = None,
+) -> RewriteResult:
+    """Decode `prepared` with the drafters `draft` asks for (default: the request's own method);
+    `on_text` streams the new region's text as it is committed."""
+    crlf = prepared.crlf
+    answer = AnswerStream(prepared.fence)
+    trailing = _TrailingNewline(keep=prepared.keeps_final_newline)
+
+    def emit(_: str) -> None:
+        text = trailing.pass_on(answer.take())
+        if text and on_text is not None:
+            on_text(text.replace("\n", "\r\n") if crlf else text)
+
+    generation = generate_drafted(
+        engine,
+        prepared.prompt_ids,
+        method=draft or prepared.request.draft,
+        source_ids=prepared.source_ids,
+        max_new_tokens=prepared.max_new_tokens,
+        sampling=prepared.request.sampling,
+        stop=answer.feed,
+        on_text=emit,
+        cancel=cancel,
+        on_step=on_step,
+    )
+    emit("")
+    code = trailing.finish(answer.code)
+    if on_text is not None and trailing.released_at_end:
+        on_text(trailing.released_at_end.replace("\n", "\r\n") if crlf else trailing.released_at_end)
+    return RewriteResult(code.replace("\n", "\r\n") if crlf else code, generation.finish_reason, generation)
+
+
+def rewrite(
+    engine: Engine,
+    request: RewriteRequest,
+    *,
+    on_text: Callable[[str], None] | None = None,
+    cancel: Callable[[], bool] | None = None,
+    on_step: Callable[[StepInfo], None] | None = None,
+) -> RewriteResult:
+    """Rewrite `request.original`; `on_text` streams the new region's text as it is committed."""
+    return run_rewrite(engine, prepare_rewrite(engine, request), on_text=on_text, cancel=cancel, on_step=on_step)
+
+
+def _budget(engine: Engine, request: RewriteRequest, prompt_tokens: int, original_tokens: int) -> int:
+    """The output budget, checked against the model's context window."""
+    wanted = request.max_new_tokens or 2 * original_tokens + 256
+    limit = engine.max_positions
+    if limit is None:
+        return wanted
+    room = limit - prompt_tokens
+    # The answer repeats the region, so the region must fit twice (prompt and answer).
+    if room < min(wanted, original_tokens + 16):
+        raise ContextLengthError(
+            f"the input is too long for the model: the prompt takes {prompt_tokens} tokens and the answer "
+            f"needs about {original_tokens} more, but the context holds {limit}; rewrite a smaller region"
+        )
+    return min(wanted, room)
+
+
+class _TrailingNewline:
+    """Matches the answer's final newline to the original: the model always ends its code with a newline
+    before the fence, the original may not. Newlines at the end of the streamed text are held back
+    until more text follows, so the streamed text always equals the final text."""
+
+    def __init__(self, *, keep: bool) -> None:
+        self._keep = keep
+        self._held = ""
+        self.released_at_end = ""
+
+    def pass_on(self, text: str) -> str:
+        if self._keep or not text:
+            return text
+        text = self._held + text
+        stripped = text.rstrip("\n")
+        self._held = text[len(stripped) :]
+        return stripped
+
+    def finish(self, code: str) -> str:
+        if self._keep:
+            return code
+        if code.endswith("\n"):
+            code = code[:-1]
+        self.released_at_end = self._held[:-1] if self._held else ""
+        return code

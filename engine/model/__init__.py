@@ -1,0 +1,2 @@
+"""The model layer: loading a model and choosing its kernels (`loading`, `invariant`, `exactness`), the one
+module that crops the KV cache (`kv_cache`), and the GPU's energy counter (`energy`)."""

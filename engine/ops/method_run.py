@@ -1,0 +1,59 @@
+"""One method's run on one bench case, and its timer: what `bench` and its peers (`llama_cpp`) report."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class MethodRun:
+    """One method on one case."""
+
+    tokens: list[int]
+    text: str
+    wall_seconds: float
+    cpu_seconds: float
+    prefill_seconds: float  # start to the first generated token
+    decode_seconds: float  # first generated token to the last
+    target_forwards: int
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    joules: float | None = None  # GPU energy (NVML), on CUDA only
+    drafters: dict[str, Any] = field(default_factory=dict)  # per drafter: drafted, accepted, wasted, ...
+    identical_to_plain: bool | None = None
+    first_difference: int | None = None  # index of the first token that differs from plain's, if any
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def generated_tokens(self) -> int:
+        return len(self.tokens)
+
+    def to_dict(self) -> dict[str, Any]:
+        record = asdict(self)
+        del record["tokens"], record["text"]
+        record["generated_tokens"] = self.generated_tokens
+        record["tokens_per_second"] = round(self.generated_tokens / self.wall_seconds, 3) if self.wall_seconds else 0.0
+        record["acceptance_rate"] = (
+            round(self.accepted_tokens / self.drafted_tokens, 4) if self.drafted_tokens else None
+        )
+        return record
+
+
+class Timer:
+    """Start, time of the first generated token, time of the last, and process CPU time."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.cpu_start = time.process_time()
+        self.first: float | None = None
+
+    def mark_first(self) -> None:
+        if self.first is None:
+            self.first = time.perf_counter()
+
+    def finish(self) -> tuple[float, float, float, float]:
+        end = time.perf_counter()
+        first = self.first if self.first is not None else end
+        return end - self.start, time.process_time() - self.cpu_start, first - self.start, end - first

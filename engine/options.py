@@ -1,0 +1,114 @@
+"""What an engine is made of, as a user configures it: one dataclass, and everything derived from it.
+
+Each field of `EngineOptions` is one option everywhere: the flag `--draft-layers` of `specedit rewrite`,
+`bench`, `calibrate`, `doctor`, `serve` and `lsp` (`add_engine_arguments`, read back by `from_args`), the
+editors' setting `specedit.draftLayers` (`setting_names`), and a key of the daemon's config, which travels
+as data (`to_dict` / `from_dict`). Adding an option is adding a field here, with its help text. No torch
+import: the command line's parser and the language server use this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "float64")
+
+
+def _option(default: Any, help_text: str, *, metavar: str | None = None, choices: tuple[str, ...] | None = None) -> Any:
+    return field(default=default, metadata={"help": help_text, "metavar": metavar, "choices": choices})
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """The target model and how it runs, and what drafts where the copy has nothing (at most one of a
+    draft model and the target's own layers). Built by keyword; validated here, once."""
+
+    model: str | None = _option(
+        None,
+        "a model folder, a .gguf file, a hub id or a known name (default: Qwen2.5-Coder-0.5B-Instruct, embedded)",
+    )
+    dtype: str = _option(
+        "auto", "auto (default): bf16 on CUDA and on CPUs with native bf16, else float32", choices=DTYPE_CHOICES
+    )
+    device: str | None = _option(None, "cpu, cuda, cuda:1, ... (default: CUDA when available)")
+    threads: int | None = _option(None, "CPU threads for torch (default: torch's choice)")
+    draft_model: str | None = _option(
+        None, "a small model with the target's tokenizer that drafts where the copy has nothing", metavar="MODEL"
+    )
+    draft_layers: str | None = _option(
+        None,
+        "draft where the copy has nothing with these layers of the target, e.g. 0-11,20-23, or auto for the list "
+        "`specedit calibrate` saved",
+        metavar="LIST|auto",
+    )
+    # About 0.5 removed the energy penalty of long drafts on every task in the seed measurements.
+    p_min: float = _option(0.5, "the fallback stops drafting at the first token below this probability (default 0.5)")
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_CHOICES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.draft_model is not None and self.draft_layers is not None:
+            raise ValueError("choose a draft model or layer skip, not both")
+        if not 0.0 <= self.p_min < 1.0:
+            raise ValueError(f"p_min must be in [0, 1), got {self.p_min}")
+
+    @property
+    def has_fallback(self) -> bool:
+        """A draft model or layer skip drafts where the copy has nothing."""
+        return self.draft_model is not None or self.draft_layers is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> EngineOptions:
+        """The inverse of `to_dict`; unknown keys are a ValueError (a daemon of another version)."""
+        unknown = set(values) - {option.name for option in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown engine options: {', '.join(sorted(unknown))}")
+        return cls(**values)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, base: EngineOptions | None = None) -> EngineOptions:
+        """The options the flags of `add_engine_arguments` give, over `base` (default: the defaults); a
+        flag left out keeps `base`'s value. ValueError when they do not fit together."""
+        given = {name: getattr(args, name) for name in _names() if getattr(args, name, None) is not None}
+        return dataclasses.replace(base or cls(), **given)
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser | Any) -> None:
+    """The engine's flags, one per `EngineOptions` field (`--draft-layers` for `draft_layers`), on a parser
+    or an argument group. Every flag defaults to None, "not given", so that `from_args` can layer them."""
+    hints = typing.get_type_hints(EngineOptions)
+    for option in dataclasses.fields(EngineOptions):
+        kind = next(
+            arm for arm in (int, float, str) if arm in (hints[option.name], *typing.get_args(hints[option.name]))
+        )
+        parser.add_argument(
+            "--" + option.name.replace("_", "-"),
+            dest=option.name,
+            type=kind,
+            choices=option.metadata["choices"],
+            metavar=option.metadata["metavar"],
+            help=option.metadata["help"],
+        )
+
+
+def setting_names() -> dict[str, str]:
+    """The editors' names of the options (`draftLayers` for `draft_layers`) -> the fields."""
+    return {_camel(name): name for name in _names()}
+
+
+def _names() -> list[str]:
+    return [option.name for option in dataclasses.fields(EngineOptions)]
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)

@@ -1,0 +1,474 @@
+"""The rewrite jobs of the language server: started from a call, run on the server's session in a worker
+thread, their text turned into settled hunks on the event loop and handed to the document's writer
+(live), reported as partial results (preview), or written at the end (final); then accept, reject and
+cancel act on them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from lsprotocol import types
+from pygls.lsp.server import LanguageServer
+
+from specedit.engine.errors import EngineUnavailableError, ModelLoadError, SpeceditError
+from specedit.engine.prompts import language_for_path
+from specedit.engine.requests import RewriteOutcome, RewriteRequest, StepInfo
+from specedit.engine.session import Session
+from specedit.lsp import protocol
+from specedit.lsp.config import Settings
+from specedit.lsp.delivery import DocumentState, Intent, Job, Outcome
+from specedit.lsp.documents import TextIndex
+from specedit.lsp.errors import InvalidRequestError, StaleVersionError, error_payload
+from specedit.lsp.hunks import HunkState
+from specedit.lsp.params import JobSelector, RewriteCall
+from specedit.lsp.waiting import Waiting
+from specedit.lsp.writer import EditWriter
+
+log = logging.getLogger("specedit.lsp")
+
+REPORT_INTERVAL = 0.1  # s between progress reports
+RETAINED_JOBS = 16  # finished jobs kept per document for accept / reject
+
+
+@dataclass
+class LiveStats:
+    """Stats of a running rewrite, from the engine's latest step report."""
+
+    started: float = field(default_factory=time.perf_counter)
+    last: StepInfo | None = None
+
+    def to_dict(self, lines_done: int, lines_total: int) -> dict[str, Any]:
+        elapsed = time.perf_counter() - self.started
+        generated = self.last.generated_tokens if self.last else 0
+        return {
+            "generated_tokens": generated,
+            "tokens_per_second": round(generated / elapsed, 2) if elapsed > 0 else 0.0,
+            "acceptance_rate": round(self.last.acceptance_rate, 4) if self.last else 0.0,
+            "target_forwards": self.last.step if self.last else 0,
+            "lines_done": lines_done,
+            "lines_total": lines_total,
+        }
+
+
+@dataclass(eq=False)
+class RewriteJob:
+    """A rewrite request's life: the engine run, its hunks, and how they reach the document."""
+
+    id: str
+    uri: str
+    core: Job
+    request: RewriteRequest
+    request_index: TextIndex  # the document at the request's version: hunks are reported in it
+    request_start: int
+    partial_token: int | str | None = None
+    progress_token: int | str | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    stop_reason: protocol.Status | None = None  # cancelled or superseded
+    running: bool = True
+    stats: LiveStats = field(default_factory=LiveStats)
+    steps_after_cancel: int = 0
+    reported: int = 0  # hunks sent as partial results so far
+    last_report: float = 0.0
+    final_intent: Intent | None = None
+
+    def stop(self, reason: protocol.Status) -> None:
+        """Ask the engine to stop (it checks before every step) and stop writing live."""
+        if self.running and self.stop_reason is None:
+            log.info("%s: %s", self.id, reason)
+            self.stop_reason = reason
+            self.cancel.set()
+        self.core.stopped = True
+
+    def live_stats(self) -> dict[str, Any]:
+        return self.stats.to_dict(self.core.tracker.lines_done, self.core.tracker.lines_total)
+
+
+class Rewrites:
+    """Every rewrite job of one server, by id. `lsp` is the server, for what goes to the client (progress,
+    messages); the documents, the writer and the waiting are the server's own; `settings` and `session`
+    give the current ones."""
+
+    def __init__(
+        self,
+        lsp: LanguageServer,
+        documents: dict[str, DocumentState],
+        writer: EditWriter,
+        waiting: Waiting,
+        settings: Callable[[], Settings],
+        session: Callable[[], Session],
+    ) -> None:
+        self._lsp = lsp
+        self._documents = documents
+        self._writer = writer
+        self._waiting = waiting
+        self._settings = settings
+        self._session = session
+        self.jobs: dict[str, RewriteJob] = {}
+        self._numbers = itertools.count(1)
+        self._engine_error_shown = False
+
+    # ------------------------------------------------------------------------------------------ start
+
+    def start(self, call: RewriteCall) -> RewriteJob:
+        """A job for `call` on the document as it is now; errors before anything runs are raised."""
+        settings = self._settings()
+        doc = self._documents.get(call.uri)
+        if doc is None:
+            raise InvalidRequestError(f"{call.uri} is not open")
+        if call.version is not None and call.version != doc.version:
+            raise StaleVersionError(f"{call.uri} is at version {doc.version}, not {call.version}")
+        index = TextIndex(doc.text)
+        start, end = 0, len(doc.text)
+        if call.range is not None:
+            codec = self._lsp.workspace.position_codec
+            start, end = index.offset_at(call.range.start, codec), index.offset_at(call.range.end, codec)
+            if end < start:
+                raise InvalidRequestError("the range ends before it starts")
+        try:
+            request = RewriteRequest(
+                original=doc.text[start:end],
+                instruction=call.instruction,
+                sketch=call.sketch,
+                language=language_for_path(unquote(urlparse(call.uri).path)),
+                draft=settings.draft,
+                max_new_tokens=call.max_new_tokens or settings.max_new_tokens,
+            )
+        except ValueError as error:
+            raise InvalidRequestError(str(error)) from None
+
+        job_id = f"r{next(self._numbers)}"
+        delivery = call.delivery or settings.delivery
+        self._supersede(doc, start, end)
+        label = f"specedit: {call.instruction or 'sketch'}"[:80]
+        core = Job.start(job_id, delivery, request.original, start, label=label)
+        doc.jobs.append(core)
+        job = RewriteJob(
+            job_id,
+            call.uri,
+            core,
+            request,
+            index,
+            start,
+            partial_token=call.partial_token,
+            progress_token=call.work_done_token,
+        )
+        self.jobs[job_id] = job
+        what = (call.instruction or "sketch")[:60]
+        log.info("%s: %s %s [%d:%d] (%s)", job_id, delivery, call.uri, start, end, what)
+        return job
+
+    def _supersede(self, doc: DocumentState, start: int, end: int) -> None:
+        """A newer request on an overlapping range: the running job ends `superseded`; a finished one is
+        forgotten (its hunks can no longer be accepted or rejected), as are all but the latest finished
+        ones (RETAINED_JOBS per document)."""
+        finished = [job for job in self.jobs.values() if job.uri == doc.uri and not job.running]
+        for other in [job for job in self.jobs.values() if job.uri == doc.uri]:
+            region = other.core.region
+            if other.running and overlap(region.start, region.end, start, end):
+                other.stop("superseded")
+            elif not other.running and (
+                overlap(region.start, region.end, start, end) or finished.index(other) < len(finished) - RETAINED_JOBS
+            ):
+                del self.jobs[other.id]
+                if other.core in doc.jobs:
+                    doc.jobs.remove(other.core)
+
+    # -------------------------------------------------------------------------------------------- run
+
+    async def run(self, job: RewriteJob, *, server_progress: bool = False) -> protocol.RewriteResult:
+        """Run `job` on the server's session to its end; its result, errors included."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+        def put(kind: str, value: Any) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, (kind, value))
+
+        def on_step(info: StepInfo) -> None:
+            if job.cancel.is_set():
+                job.steps_after_cancel += 1  # the engine checks before every step: at most one
+            put("step", info)
+
+        try:
+            session = self._session()
+        except SpeceditError as error:
+            job.running = False
+            return self._error_result(job, error)
+
+        def work() -> None:
+            try:
+                outcome = session.run(
+                    job.request, on_text=lambda text: put("text", text), on_step=on_step, cancel=job.cancel
+                )
+                put("done", outcome)
+            except BaseException as error:  # reported to the client; the server carries on
+                put("error", error)
+
+        threading.Thread(target=work, name=f"specedit-{job.id}", daemon=True).start()
+        await self._begin_progress(job, server_progress)
+
+        ending: tuple[str, Any] | None = None
+        while ending is None:
+            try:
+                kind, value = await events.get()
+            except asyncio.CancelledError:  # $/cancelRequest (or shutdown): end the job, still answer
+                _uncancel()
+                job.stop("cancelled")
+                continue
+            if kind == "text":
+                self._on_text(job, value)
+            elif kind == "step":
+                job.stats.last = value
+                self._report(job)
+            else:
+                ending = (kind, value)
+        job.running = False
+        while True:
+            try:
+                result = await self._conclude(job, ending)
+                break
+            except asyncio.CancelledError:
+                _uncancel()
+                job.stop("cancelled")
+        self._end_progress(job, result)
+        log.info("%s: %s %s", job.id, result["status"], result.get("message", ""))
+        return result
+
+    def _on_text(self, job: RewriteJob, text: str) -> None:
+        doc = self._documents.get(job.uri)
+        hunks = job.core.feed(text)
+        if doc is not None:
+            doc.settled(job.core, hunks)
+            self._writer.kick(doc)
+        if hunks:
+            self._report(job, force=True)
+
+    async def _conclude(self, job: RewriteJob, ending: tuple[str, Any]) -> protocol.RewriteResult:
+        kind, value = ending
+        if kind == "error":
+            return self._error_result(job, value)
+        outcome: RewriteOutcome = value
+        doc = self._documents.get(job.uri)
+        status: protocol.Status
+        message = ""
+        if outcome.complete and job.stop_reason is None:
+            try:
+                hunks = job.core.finish(outcome.text)
+            except ValueError as error:  # the stream and the final text disagree: a bug, never written
+                return self._error_result(job, error)
+            if doc is not None:
+                doc.settled(job.core, hunks)
+                if job.core.delivery == "final" and not job.core.region.conflict:
+                    job.final_intent = Intent(job.core, "apply", confirm=True)
+                    doc.queue(job.final_intent)
+                self._writer.kick(doc)
+            self._report(job, force=True)
+            status = "complete"
+        elif outcome.status == "incomplete":
+            status, message = "error", "the model used its whole token budget without finishing the code"
+        else:
+            status = job.stop_reason or "cancelled"
+
+        if doc is not None:
+            await self._waiting.until(lambda: not doc.pending_intents(job.core) or job.uri not in self._documents)
+        if status == "complete" and job.core.region.conflict:
+            status, message = "conflict", "the document was edited where the rewrite had not written yet"
+        if job.final_intent is not None and job.final_intent.outcome is Outcome.REFUSED:
+            status, message = "error", "the editor did not apply the edit"
+        result: protocol.RewriteResult = {"jobId": job.id, "status": status, "stats": outcome.stats}
+        if message:
+            result["message"] = message
+        if job.partial_token is None:
+            result["hunks"] = [self._hunk_payload(job, hunk_id) for hunk_id in sorted(job.core.region.hunks)]
+        if job.stop_reason is not None:
+            result["stepsAfterCancel"] = job.steps_after_cancel
+        if job.uri not in self._documents:
+            self.jobs.pop(job.id, None)
+        return result
+
+    def _error_result(self, job: RewriteJob, error: BaseException) -> protocol.RewriteResult:
+        if isinstance(error, (EngineUnavailableError, ModelLoadError)) and not self._engine_error_shown:
+            self._engine_error_shown = True  # once, not on every request
+            self._lsp.window_show_message(
+                types.ShowMessageParams(type=types.MessageType.Error, message=f"specedit: {error}")
+            )
+        if not isinstance(error, SpeceditError):
+            log.error("%s failed", job.id, exc_info=error)
+        payload = error_payload(error)
+        return {"jobId": job.id, "status": "error", "stats": {}, "message": payload["message"], "error": payload}
+
+    # -------------------------------------------------------------------------------------- reporting
+
+    def _hunk_payload(self, job: RewriteJob, hunk_id: int) -> protocol.HunkPayload:
+        hunk = job.core.region.hunks[hunk_id]
+        where = job.request_index.range_at(
+            job.request_start + hunk.start, job.request_start + hunk.end, self._lsp.workspace.position_codec
+        )
+        return {
+            "id": hunk.id,
+            "range": {
+                "start": {"line": where.start.line, "character": where.start.character},
+                "end": {"line": where.end.line, "character": where.end.character},
+            },
+            "newText": hunk.new_text,
+        }
+
+    def _report(self, job: RewriteJob, *, force: bool = False) -> None:
+        """Partial results (new hunks, stats) and work-done progress, at most every REPORT_INTERVAL."""
+        now = time.perf_counter()
+        if not force and now - job.last_report < REPORT_INTERVAL:
+            return
+        job.last_report = now
+        stats = job.live_stats()
+        lsp = self._lsp
+        if job.partial_token is not None:
+            hunk_ids = sorted(job.core.region.hunks)[job.reported :]
+            job.reported += len(hunk_ids)
+            partial: protocol.RewritePartialResult = {
+                "jobId": job.id,
+                "hunks": [self._hunk_payload(job, hunk_id) for hunk_id in hunk_ids],
+                "stats": stats,
+            }
+            lsp.protocol.notify(types.PROGRESS, types.ProgressParams(token=job.partial_token, value=partial))
+        if job.progress_token is not None and job.running:
+            total = max(stats["lines_total"], 1)
+            lsp.work_done_progress.report(
+                job.progress_token,
+                types.WorkDoneProgressReport(
+                    message=_progress_message(stats),
+                    percentage=min(100, 100 * stats["lines_done"] // total),
+                    cancellable=True,
+                ),
+            )
+
+    async def _begin_progress(self, job: RewriteJob, server_progress: bool) -> None:
+        lsp = self._lsp
+        if job.progress_token is None and server_progress and _supports_progress(lsp.client_capabilities):
+            token = f"specedit-{job.id}-{uuid.uuid4().hex[:8]}"
+            try:
+                await lsp.work_done_progress.create_async(token)
+                job.progress_token = token
+            except Exception as error:  # a client may refuse: no progress then
+                log.info("no work-done progress: %s", error)
+        if job.progress_token is not None:
+            lsp.work_done_progress.begin(
+                job.progress_token,
+                types.WorkDoneProgressBegin(title="specedit: rewriting", cancellable=True, percentage=0),
+            )
+
+    def _end_progress(self, job: RewriteJob, result: protocol.RewriteResult) -> None:
+        if job.progress_token is not None:
+            progress = self._lsp.work_done_progress
+            progress.end(job.progress_token, types.WorkDoneProgressEnd(message=f"{result['status']}: {job.id}"))
+            progress.tokens.pop(job.progress_token, None)
+
+    # ------------------------------------------------------------------------- accept, reject, cancel
+
+    def find(self, selector: JobSelector) -> RewriteJob:
+        if selector.job_id is not None:
+            if selector.job_id not in self.jobs:
+                raise InvalidRequestError(f"no job {selector.job_id!r}")
+            return self.jobs[selector.job_id]
+        candidates = [job for job in self.jobs.values() if selector.uri is None or job.uri == selector.uri]
+        if not candidates:
+            raise InvalidRequestError("no rewrite to act on" + (f" in {selector.uri}" if selector.uri else ""))
+        return candidates[-1]
+
+    async def accept(self, selector: JobSelector) -> protocol.EditResult:
+        """Write a job's pending hunks (all, or the selected) that the user has not touched."""
+        job = self.find(selector)
+        doc = self._document(job)
+        region = job.core.region
+        wanted = selector.pick(region.ids(HunkState.PENDING))
+        intent = Intent(job.core, "apply", wanted)
+        await self._carry_out(job, doc, intent)
+        applied = [hunk_id for hunk_id in wanted if region.states[hunk_id] is HunkState.APPLIED]
+        return {"jobId": job.id, "applied": applied, "skipped": [i for i in wanted if i not in applied]}
+
+    async def reject(self, selector: JobSelector) -> protocol.EditResult:
+        """Stop the job, drop its unwritten hunks, and restore the original where hunks were written."""
+        job = self.find(selector)
+        doc = self._document(job)
+        region = job.core.region
+        job.stop("cancelled")
+        wanted = selector.pick(sorted(region.hunks))
+        for hunk_id in wanted:
+            region.mark_rejected(hunk_id)
+        intent = Intent(job.core, "revert", [i for i in wanted if region.states[i] is HunkState.APPLIED])
+        await self._carry_out(job, doc, intent)
+        restored = [i for i in intent.hunk_ids or [] if region.states[i] is HunkState.REJECTED]
+        skipped = [i for i in wanted if region.states[i] is HunkState.DIRTY]
+        return {"jobId": job.id, "applied": restored, "skipped": skipped}
+
+    async def _carry_out(self, job: RewriteJob, doc: DocumentState, intent: Intent) -> None:
+        doc.queue(intent)
+        self._writer.kick(doc)
+        await self._waiting.until(lambda: intent.outcome is not None or job.uri not in self._documents)
+
+    def cancel(self, selector: JobSelector) -> dict[str, list[str]]:
+        running = [job for job in self.jobs.values() if job.running]
+        if selector.job_id is not None:
+            running = [job for job in running if job.id == selector.job_id]
+        elif selector.uri is not None:
+            running = [job for job in running if job.uri == selector.uri]
+        for job in running:
+            job.stop("cancelled")
+        return {"cancelled": [job.id for job in running]}
+
+    def cancel_progress(self, token: int | str) -> None:
+        for job in self.jobs.values():
+            if job.progress_token == token:
+                job.stop("cancelled")
+
+    def close_document(self, uri: str) -> None:
+        """The document closed: its running jobs stop, its finished ones are forgotten."""
+        for job in [job for job in self.jobs.values() if job.uri == uri]:
+            job.stop("cancelled")
+            if not job.running:
+                del self.jobs[job.id]
+
+    def stop_all(self) -> None:
+        for job in self.jobs.values():
+            job.stop("cancelled")
+
+    def _document(self, job: RewriteJob) -> DocumentState:
+        doc = self._documents.get(job.uri)
+        if doc is None:
+            raise InvalidRequestError(f"{job.uri} is not open")
+        return doc
+
+
+def overlap(start_a: int, end_a: int, start_b: int, end_b: int) -> bool:
+    """Two regions overlap; an empty one overlaps any region it lies inside (edges included)."""
+    if start_a == end_a:
+        return start_b <= start_a <= end_b
+    if start_b == end_b:
+        return start_a <= start_b <= end_a
+    return max(start_a, start_b) < min(end_a, end_b)
+
+
+def _progress_message(stats: dict[str, Any]) -> str:
+    return (
+        f"{stats['lines_done']}/{stats['lines_total']} lines · {stats['tokens_per_second']:.0f} tok/s · "
+        f"{stats['acceptance_rate']:.0%} accepted"
+    )
+
+
+def _supports_progress(capabilities: types.ClientCapabilities) -> bool:
+    return bool(capabilities.window and capabilities.window.work_done_progress)
+
+
+def _uncancel() -> None:
+    """We answered a cancellation by ending the job: later awaits must not see it again (3.11+)."""
+    task = asyncio.current_task()
+    if task is not None and hasattr(task, "uncancel"):
+        task.uncancel()
