@@ -50,7 +50,7 @@ def main() -> None:
     loaded = load_model(resolve_model(args.model), dtype=args.dtype)
     engine = Engine(loaded)
     assert loaded.exactness is not None
-    source = Path(__file__).resolve().parent.parent / "engine" / "generate.py"
+    source = Path(__file__).resolve().parent.parent / "engine" / "loop" / "generate.py"
     ids = loaded.tokenizer.encode(source.read_text() * 4)
     print(f"load average {os.getloadavg()[0]:.2f}; {args.model}, {loaded.dtype_name}, {args.threads} threads")
     print(loaded.exactness.describe())
