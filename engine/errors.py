@@ -46,3 +46,16 @@ class IncompleteOutputError(SpeceditError):
     """The model used its whole token budget without finishing the code: nothing is written."""
 
     exit_code = 8
+
+
+class FileChangedError(SpeceditError):
+    """The file changed while it was rewritten: it is not replaced, and the result is kept beside it."""
+
+    exit_code = 9
+
+
+class WriteError(SpeceditError):
+    """The result could not be written (a read-only or full file system, no permission): nothing was
+    replaced, and no file was left behind."""
+
+    exit_code = 10

@@ -16,6 +16,14 @@ from specedit.engine.prompts import RewritePrompt
 # auto: copy, then the configured fallback; copy: the copy drafter alone; fallback: the fallback alone
 # (a draft model or layer skip); none: plain decoding. See `loop.drafting`.
 DraftMethod = Literal["auto", "copy", "fallback", "none"]
+
+# Larger inputs are refused before any model work, wherever a request comes from (the command line, the
+# language server, the daemon's socket): a rewrite repeats the whole input through the model, and the
+# default model's context holds 32k tokens (about 100 KB of code) for prompt and answer together.
+MAX_INPUT_BYTES = 1_000_000
+# Sampling settings outside these are refused: a temperature of 1e-300 divides the logits into infinities.
+MIN_TEMPERATURE = 1e-3
+MIN_TOP_P = 1e-6
 DRAFT_METHODS: tuple[DraftMethod, ...] = ("auto", "copy", "fallback", "none")
 
 
@@ -28,10 +36,10 @@ class SamplingConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0.0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not (self.temperature == 0.0 or MIN_TEMPERATURE <= self.temperature <= 100.0):
+            raise ValueError(f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE}, 100], got {self.temperature}")
+        if not MIN_TOP_P <= self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in [{MIN_TOP_P}, 1], got {self.top_p}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
 
@@ -51,6 +59,15 @@ class RewriteRequest:
     max_new_tokens: int | None = None  # None: room for the original twice over, within the context
 
     def __post_init__(self) -> None:
+        for name in ("original", "instruction", "sketch"):
+            value = getattr(self, name)
+            # UTF-8 takes at most 4 bytes a character: only a long text is measured exactly.
+            if (
+                value is not None
+                and len(value) * 4 > MAX_INPUT_BYTES
+                and len(value.encode("utf-8", "surrogatepass")) > MAX_INPUT_BYTES
+            ):
+                raise ValueError(f"the {name} is larger than {MAX_INPUT_BYTES:,} bytes; rewrite a smaller region")
         if self.draft not in DRAFT_METHODS:
             raise ValueError(f"draft must be one of {DRAFT_METHODS}, got {self.draft!r}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:

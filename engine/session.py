@@ -109,6 +109,7 @@ class LocalSession:
         cancel: threading.Event | None = None,
     ) -> RewriteOutcome:
         from specedit.engine.loop.rewrite import rewrite
+        from specedit.engine.model.loading import release_freed_memory
 
         engine = self.load()
         # One model, one rewrite at a time: a second request waits here, and may be cancelled waiting.
@@ -121,6 +122,7 @@ class LocalSession:
                 engine, request, on_text=on_text, on_step=on_step, cancel=cancel.is_set if cancel else None
             )
         finally:
+            release_freed_memory(collect=False)  # a big request's buffers go back to the system
             self._run_lock.release()
         return result.outcome()
 

@@ -391,7 +391,8 @@ def test_a_frame_over_the_limit_is_refused_before_it_is_read(short_dir: Path, ra
     config = DaemonConfig(socket_path=short_dir / "engine.sock", options=ONE_THREAD, max_frame_size=1 << 20)
     with daemon_thread(config, random_engine), EngineClient.connect(config.address) as client:
         with pytest.raises(EngineUnavailableError, match=r"over the limit|closed the connection|lost"):
-            client.rewrite(RewriteRequest(original="x = 1\n" * 200_000, instruction="grow"))
+            # Each field within the 1 MB input limit, the frame over this daemon's 1 MiB.
+            client.rewrite(RewriteRequest(original="x = 1\n" * 150_000, instruction="grow " * 40_000))
         with EngineClient.connect(config.address) as other:
             assert other.status()["state"] == "ready"
 
@@ -441,6 +442,8 @@ def test_tcp_needs_the_right_token(short_dir: Path, random_engine: Engine) -> No
     token_file = short_dir / "token"
     token_file.write_text("s3cret-token\n")
     (short_dir / "wrong").write_text("s3cret-tokeN\n")
+    for path in (token_file, short_dir / "wrong"):
+        path.chmod(0o600)  # a token others can read is refused
     config = DaemonConfig(host="127.0.0.1", port=0, token_file=token_file, options=ONE_THREAD)
     with daemon_thread(config, random_engine) as daemon:
         assert daemon.address.startswith("tcp://127.0.0.1:")

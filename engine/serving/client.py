@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from specedit.engine.errors import EngineUnavailableError, SpeceditError
 from specedit.engine.requests import RewriteOutcome, RewriteRequest, StepInfo
-from specedit.engine.serving.config import DaemonConfig, prepare_state_dir, read_token
+from specedit.engine.serving.config import DaemonConfig, check_own_socket, peer_uid, prepare_state_dir, read_token
 from specedit.engine.serving.protocol import (
     DEFAULT_MAX_FRAME_SIZE,
     PROTOCOL_VERSION,
@@ -130,16 +130,7 @@ class EngineClient:
         if where.tcp and token is None:
             raise EngineUnavailableError(f"{where} is a TCP address: give the daemon's token file")
         try:
-            if where.path is not None:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                sock.settimeout(timeout)
-                try:
-                    sock.connect(str(where.path))
-                except BaseException:
-                    sock.close()
-                    raise
-            else:
-                sock = socket.create_connection((str(where.host), int(where.port or 0)), timeout=timeout)
+            sock = _open_unix(where.path, timeout) if where.path is not None else _open_tcp(where, timeout)
         except OSError as error:
             raise EngineUnavailableError(f"no engine daemon answers at {where}: {error.strerror or error}") from None
         client = cls(sock, where, 0, max_frame_size)
@@ -311,6 +302,40 @@ class EngineClient:
             if not chunk:
                 raise EngineUnavailableError(f"the engine daemon at {self.address} closed the connection")
             self._buffer.feed(chunk)
+
+
+def _open_unix(path: Path, timeout: float) -> socket.socket:
+    """A connection to the socket at `path`, if it is this user's: its folder and the socket belong to the
+    user, and so does the process that answers (`EngineUnavailableError` naming the path otherwise). A
+    full listen backlog (EAGAIN) is waited out, up to `timeout`."""
+    check_own_socket(path)
+    deadline = time.monotonic() + timeout
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(str(path))
+        except BlockingIOError:  # the daemon's listen backlog is full: it is busy accepting, not gone
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        break
+    uid = peer_uid(sock)
+    if uid is not None and uid != os.getuid():
+        sock.close()
+        raise EngineUnavailableError(
+            f"the process listening on {path} runs as uid {uid}, not as you; refusing to send it your code"
+        )
+    return sock
+
+
+def _open_tcp(where: EngineAddress, timeout: float) -> socket.socket:
+    return socket.create_connection((str(where.host), int(where.port or 0)), timeout=timeout)
 
 
 def _answers(address: EngineAddress) -> bool:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import stat
+import struct
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,8 +35,9 @@ def default_socket_path() -> Path:
 
 
 def prepare_state_dir(config: DaemonConfig) -> None:
-    """The folder of the socket: the runtime dir is made private; a folder the user chose is only
-    created when missing (its mode is the user's business; the socket itself is 0600)."""
+    """The folder of the socket, made if missing (mode 0700). The runtime dir is made private; a folder
+    the user chose must be theirs and writable by nobody else (`check_own_folder`), or a daemon there
+    could be replaced by another user's."""
     folder = config.state_dir
     if folder == runtime_dir():
         prepare_private_dir(folder)
@@ -43,6 +46,7 @@ def prepare_state_dir(config: DaemonConfig) -> None:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as error:
         raise EngineUnavailableError(f"cannot create {folder}: {error}") from error
+    check_own_folder(folder)
 
 
 def prepare_private_dir(path: Path) -> None:
@@ -60,6 +64,47 @@ def prepare_private_dir(path: Path) -> None:
         os.chmod(path, 0o700)
 
 
+def check_own_folder(folder: Path) -> None:
+    """The folder of a socket must belong to this user and be writable by nobody else: otherwise another
+    user could put their own socket there (and receive the code sent to it)."""
+    try:
+        info = folder.stat()
+    except OSError as error:
+        raise EngineUnavailableError(f"cannot use the socket folder {folder}: {error}") from error
+    if info.st_uid != os.getuid():
+        raise EngineUnavailableError(
+            f"the socket folder {folder} belongs to uid {info.st_uid}, not to you; refusing to use it"
+        )
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise EngineUnavailableError(
+            f"the socket folder {folder} is writable by other users (mode {stat.S_IMODE(info.st_mode):o}); "
+            "refusing to use it: choose a folder only you can write to"
+        )
+
+
+def check_own_socket(path: Path) -> None:
+    """A socket a client may send code to: in a folder of this user's (`check_own_folder`), and itself
+    this user's. The peer's uid is checked again once connected (`peer_uid`)."""
+    check_own_folder(path.parent)
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return  # nobody listens there: connecting fails with its own message
+    except OSError as error:
+        raise EngineUnavailableError(f"cannot use the socket {path}: {error}") from error
+    if info.st_uid != os.getuid():
+        raise EngineUnavailableError(f"the socket {path} belongs to uid {info.st_uid}, not to you; refusing to use it")
+
+
+def peer_uid(sock: socket.socket) -> int | None:
+    """The uid of the process at the other end of a connected unix socket (SO_PEERCRED, Linux); None
+    where the system does not say."""
+    if not hasattr(socket, "SO_PEERCRED"):
+        return None
+    credentials = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", credentials)[1])
+
+
 @dataclass(frozen=True)
 class DaemonConfig:
     """Where the daemon listens and what it serves. A unix socket unless `port` is given.
@@ -73,6 +118,7 @@ class DaemonConfig:
     port: int | None = None
     token_file: Path | None = None
     options: EngineOptions = field(default_factory=EngineOptions)  # the engine it serves
+    allow_remote: bool = False  # TCP on an address other machines reach: only when asked for
     idle_timeout: float | None = None  # seconds without any client before exiting; None: never
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
 
@@ -86,6 +132,11 @@ class DaemonConfig:
                 raise ValueError("TCP needs a token file: anyone on the machine can reach a TCP port")
             if self.host is None:
                 object.__setattr__(self, "host", "127.0.0.1")
+            if self.host not in LOOPBACK_HOSTS and not self.allow_remote:
+                raise ValueError(
+                    f"--host {self.host} is reachable from other machines, and the token would cross the network "
+                    "in clear text: add --allow-remote, and put TLS in front (see the README)"
+                )
             object.__setattr__(self, "token_file", Path(self.token_file).expanduser().absolute())
         else:
             if self.token_file is not None:
@@ -168,12 +219,21 @@ def _absolute_paths(options: EngineOptions) -> EngineOptions:
     return dataclasses.replace(options, model=absolute(options.model), draft_model=absolute(options.draft_model))
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+
+
 def read_token(path: Path) -> str:
-    """The token: the first line of the file, without surrounding whitespace."""
+    """The token: the first line of the file, without surrounding whitespace. The file must be readable
+    by its owner alone: a token others can read guards nothing."""
     try:
+        mode = stat.S_IMODE(path.stat().st_mode)
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise EngineUnavailableError(f"cannot read the token file {path}: {error}") from error
+    if mode & 0o077:
+        raise EngineUnavailableError(
+            f"the token file {path} can be read by other users (mode {mode:o}): `chmod 600 {path}` first"
+        )
     token = text.strip().splitlines()[0].strip() if text.strip() else ""
     if not token:
         raise EngineUnavailableError(f"the token file {path} is empty")

@@ -51,7 +51,8 @@ from specedit.engine.errors import (
 )
 
 PROTOCOL_VERSION = 2  # 2: requests, steps and outcomes as their dataclasses (`to_wire`)
-DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024  # a 16 MiB frame holds any source file an editor would send
+# A request holds at most MAX_INPUT_BYTES (1 MB) each of original, instruction and sketch (`requests`).
+DEFAULT_MAX_FRAME_SIZE = 4 * 1024 * 1024
 HELLO_MAX_FRAME_SIZE = 64 * 1024  # before the hello is accepted (TCP: before the token is checked)
 _HEADER = struct.Struct(">I")
 HEADER_SIZE = _HEADER.size
@@ -392,14 +393,17 @@ def recv_payload(sock: socket.socket, max_frame_size: int = DEFAULT_MAX_FRAME_SI
 # --------------------------------------------------------------------------------------- asyncio
 
 
-async def read_payload(reader: asyncio.StreamReader, max_frame_size: int) -> object | None:
-    """One decoded payload from a stream; None at a clean end of stream. The length is checked before
+END_OF_STREAM = object()  # what `read_payload` returns when the peer closed cleanly (a payload may be nil)
+
+
+async def read_payload(reader: asyncio.StreamReader, max_frame_size: int) -> object:
+    """One decoded payload from a stream; `END_OF_STREAM` at a clean end. The length is checked before
     the payload is read, so an oversized frame costs nothing but its header."""
     try:
         header = await reader.readexactly(HEADER_SIZE)
     except asyncio.IncompleteReadError as error:
         if not error.partial:
-            return None
+            return END_OF_STREAM
         raise _truncated() from None
     length = frame_length(header, max_frame_size)
     try:

@@ -1,0 +1,443 @@
+"""What an attacker on the same machine or a careless moment must not get: the user's code sent to another
+user's engine, an edit lost on disk, one request stalling every client, a tampered model loaded silently.
+
+Tests that need a second user run as root (as CI does) and drop to `nobody` in a forked child.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import logging
+import os
+import pwd
+import socket
+import stat
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specedit.cli import files
+from specedit.cli.main import main
+from specedit.engine.errors import EngineUnavailableError
+from specedit.engine.loop.generate import Engine
+from specedit.engine.model.loading import load_model
+from specedit.engine.requests import MAX_INPUT_BYTES, RewriteRequest, SamplingConfig
+from specedit.engine.serving import daemon as daemon_module
+from specedit.engine.serving.client import EngineClient, _open_unix
+from specedit.engine.serving.config import DaemonConfig
+from specedit.engine.serving.daemon import serve
+from specedit.engine.serving.protocol import (
+    DEFAULT_MAX_FRAME_SIZE,
+    FrameBuffer,
+    ProtocolError,
+    decode_payload,
+    encode_frame,
+    from_wire,
+    parse_client_message,
+    to_wire,
+)
+from specedit.engine.session import LocalSession
+
+from conftest import MEMORISED_REWRITES
+
+ADD, ADD_INSTRUCTION, ADD_ANSWER = MEMORISED_REWRITES[0]
+NOBODY = pwd.getpwnam("nobody")
+as_root = pytest.mark.skipif(os.getuid() != 0, reason="acting as a second user needs root (CI runs as root)")
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="hd-", dir="/tmp"))
+    yield path
+    with contextlib.suppress(OSError):
+        for child in sorted(path.rglob("*"), reverse=True):
+            child.unlink() if not child.is_dir() or child.is_symlink() else child.rmdir()
+        path.rmdir()
+
+
+def impostor(folder: Path, *, bind_as_root: bool = False) -> Callable[[], None]:
+    """A process of `nobody` that listens on `folder/engine.sock` and answers every hello with hello_ok
+    (as a daemon would, to receive the code). Returns a function that ends it."""
+    folder.parent.chmod(0o755)  # nobody must be able to reach the folder
+    ready_read, ready_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: become nobody, listen, answer
+        try:
+            os.close(ready_read)
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            if bind_as_root:
+                listener.bind(str(folder / "engine.sock"))
+            os.setgid(NOBODY.pw_gid)
+            os.setuid(NOBODY.pw_uid)
+            if not bind_as_root:
+                listener.bind(str(folder / "engine.sock"))
+            listener.listen(8)
+            os.write(ready_write, b"x")
+            while True:
+                connection, _ = listener.accept()
+                connection.sendall(encode_frame({"type": "hello_ok", "version": 2, "pid": os.getpid()}))
+        except BaseException as error:  # say why, from the child, then leave without running pytest's cleanup
+            os.write(2, f"impostor: {error!r}\n".encode())
+        finally:
+            os._exit(0)
+    os.close(ready_write)
+    assert os.read(ready_read, 1) == b"x"
+    os.close(ready_read)
+
+    def stop() -> None:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+
+    return stop
+
+
+# --- 1. no impostor engine ------------------------------------------------------------------------------
+
+
+@as_root
+def test_a_socket_in_another_users_folder_is_refused(short_dir: Path) -> None:
+    folder = short_dir / "planted"
+    folder.mkdir(mode=0o755)
+    os.chown(folder, NOBODY.pw_uid, NOBODY.pw_gid)
+    stop = impostor(folder)
+    try:
+        with pytest.raises(EngineUnavailableError, match=f"{folder}.* belongs to uid {NOBODY.pw_uid}"):
+            EngineClient.connect(folder / "engine.sock")
+        # `serve` never says "already running" about it: a clear error (exit 7).
+        assert main(["serve", "--socket", str(folder / "engine.sock")]) == 7
+    finally:
+        stop()
+
+
+@as_root
+def test_another_users_process_behind_our_socket_is_refused(short_dir: Path) -> None:
+    """The socket file and folder are ours, but the process that answers runs as another user."""
+    stop = impostor(short_dir, bind_as_root=True)
+    try:
+        with pytest.raises(EngineUnavailableError, match=f"listening on {short_dir}.*runs as uid {NOBODY.pw_uid}"):
+            EngineClient.connect(short_dir / "engine.sock")
+        with pytest.raises(EngineUnavailableError, match="another user's process listens"):
+            serve(DaemonConfig(socket_path=short_dir / "engine.sock"))
+    finally:
+        stop()
+
+
+def test_a_folder_others_can_write_to_is_refused(short_dir: Path) -> None:
+    folder = short_dir / "shared"
+    folder.mkdir()
+    folder.chmod(0o777)
+    with pytest.raises(EngineUnavailableError, match="writable by other users"):
+        EngineClient.connect(folder / "engine.sock")
+    with pytest.raises(EngineUnavailableError, match="writable by other users"):
+        serve(DaemonConfig(socket_path=folder / "engine.sock"))
+
+
+@as_root
+def test_without_xdg_runtime_dir_a_planted_runtime_folder_is_refused(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from specedit.engine.session import RemoteSession
+
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("TMPDIR", str(short_dir))
+    tempfile.tempdir = None  # tempfile caches the temp folder: make it read TMPDIR again
+    try:
+        planted = short_dir / f"specedit-{os.getuid()}"
+        planted.mkdir(mode=0o755)
+        os.chown(planted, NOBODY.pw_uid, NOBODY.pw_gid)
+        stop = impostor(planted)
+        try:
+            with pytest.raises(EngineUnavailableError, match="belongs to"):
+                RemoteSession(None).run(RewriteRequest(ADD, ADD_INSTRUCTION))
+        finally:
+            stop()
+    finally:
+        tempfile.tempdir = None
+
+
+def test_a_full_listen_backlog_is_waited_out(short_dir: Path) -> None:
+    path = short_dir / "busy.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(0)
+    waiting: list[socket.socket] = []
+    try:
+        while True:  # fill the backlog: connects now fail at once with EAGAIN
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            probe.setblocking(False)
+            try:
+                probe.connect(str(path))
+            except BlockingIOError:
+                probe.close()
+                break
+            waiting.append(probe)
+        accepter = threading.Timer(0.3, lambda: [listener.accept() for _ in range(len(waiting) + 1)])
+        accepter.start()
+        started = time.monotonic()
+        connection = _open_unix(path, timeout=5.0)  # retries until the daemon accepts
+        assert time.monotonic() - started >= 0.2
+        connection.close()
+        accepter.join()
+    finally:
+        for probe in waiting:
+            probe.close()
+        listener.close()
+
+
+# --- 2. no lost edits on disk ------------------------------------------------------------------------
+
+
+def rewrite_in_place(*paths: Path, model: Path, extra: tuple[str, ...] = ()) -> int:
+    return main(["rewrite", *map(str, paths), "-i", ADD_INSTRUCTION, "--model", str(model), "--in-place", *extra])
+
+
+def test_a_file_edited_during_the_rewrite_is_not_replaced(
+    tmp_path: Path, memorising_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "add.py"
+    source.write_text(ADD)
+    edited = ADD + "# saved by the user meanwhile\n"
+    run = LocalSession.run
+
+    def run_while_the_user_saves(self: LocalSession, *args: Any, **kwargs: Any) -> Any:
+        outcome = run(self, *args, **kwargs)
+        source.write_text(edited)
+        return outcome
+
+    monkeypatch.setattr(LocalSession, "run", run_while_the_user_saves)
+    assert rewrite_in_place(source, model=memorising_model_dir) == 9
+    assert source.read_text() == edited  # the user's edit stays
+    assert (tmp_path / "add.py.specedit").read_text() == ADD_ANSWER  # the result, kept beside
+    assert not (tmp_path / "add.py.orig").exists()
+    assert "changed while being rewritten" in capsys.readouterr().err
+    assert leftovers(tmp_path) == []
+
+
+@as_root
+def test_through_a_symlink_the_target_keeps_its_owner_group_and_mode(
+    tmp_path: Path, memorising_model_dir: Path
+) -> None:
+    target, link = tmp_path / "real.py", tmp_path / "link.py"
+    target.write_text(ADD)
+    target.chmod(0o640)
+    os.chown(target, NOBODY.pw_uid, NOBODY.pw_gid)
+    link.symlink_to(target)
+    assert rewrite_in_place(link, model=memorising_model_dir) == 0
+    assert link.is_symlink() and target.read_text() == ADD_ANSWER
+    info = target.stat()
+    assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (NOBODY.pw_uid, NOBODY.pw_gid, 0o640)
+    assert (tmp_path / "real.py.orig").read_text() == ADD
+    assert (tmp_path / "real.py.orig").stat().st_uid == NOBODY.pw_uid
+
+
+def test_several_files_are_all_written_or_none(tmp_path: Path, memorising_model_dir: Path) -> None:
+    first, second = tmp_path / "a.py", tmp_path / "b.py"
+    first.write_text(ADD)
+    second.write_text("x = 1\n" * 300)  # the memorising model cannot finish this one in 50 tokens
+    assert rewrite_in_place(first, second, model=memorising_model_dir, extra=("--max-new-tokens", "50")) == 8
+    assert first.read_text() == ADD and not (tmp_path / "a.py.orig").exists()  # the first was not written
+
+
+@pytest.mark.parametrize("failing", ["mkstemp", "fsync"])
+def test_a_full_or_read_only_file_system_leaves_nothing_behind(
+    tmp_path: Path,
+    memorising_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    failing: str,
+) -> None:
+    source = tmp_path / "add.py"
+    source.write_text(ADD)
+    calls = {"n": 0}
+    fsync = os.fsync
+
+    def second_fsync_fails(fd: int) -> None:  # the backup fits, the new file does not
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        fsync(fd)
+
+    def read_only(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    if failing == "mkstemp":
+        monkeypatch.setattr(files.tempfile, "mkstemp", read_only)
+    else:
+        monkeypatch.setattr(files.os, "fsync", second_fsync_fails)
+    assert rewrite_in_place(source, model=memorising_model_dir) == 10
+    err = capsys.readouterr().err
+    ours = [line for line in err.splitlines() if line.startswith("specedit:")]
+    assert "Traceback" not in err and len(ours) == 1, err
+    assert ("Read-only" if failing == "mkstemp" else "No space left") in err
+    assert source.read_text() == ADD
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["add.py"]  # no backup, no temporary file
+
+
+def test_a_fifo_is_refused_not_waited_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fifo = tmp_path / "pipe.py"
+    os.mkfifo(fifo)
+    assert main(["rewrite", str(fifo), "-i", "x", "--model", str(tmp_path / "never-loaded")]) == 3
+    assert "not a regular file" in capsys.readouterr().err
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if "specedit-tmp" in p.name)
+
+
+# --- 3. no request that stalls everyone ----------------------------------------------------------------
+
+
+def test_inputs_over_the_limit_are_refused_before_any_model_work() -> None:
+    with pytest.raises(ValueError, match="larger than 1,000,000 bytes"):
+        RewriteRequest(original="x" * (MAX_INPUT_BYTES + 1), instruction="y")
+    with pytest.raises(ValueError, match="instruction is larger"):
+        RewriteRequest(original="x", instruction="é" * (MAX_INPUT_BYTES // 2 + 1))  # 2 bytes each
+    assert DEFAULT_MAX_FRAME_SIZE < 5 * MAX_INPUT_BYTES  # a 5 MB frame is refused by its header alone
+
+
+def test_the_context_is_checked_before_the_whole_input_is_tokenized(tiny_model_dir: Path) -> None:
+    from specedit.engine.errors import ContextLengthError
+    from specedit.engine.loop.rewrite import prepare_rewrite
+
+    engine = Engine(load_model(str(tiny_model_dir), dtype="float32", device="cpu"))
+    tokenized: list[int] = []
+    tokenize = engine.tokenize
+
+    def counting(text: str) -> list[int]:
+        tokenized.append(len(text))
+        return tokenize(text)
+
+    engine.tokenize = counting  # type: ignore[method-assign]
+    original = "value = 1\n" * 90_000  # 900 KB, far over the tiny model's 2,048 positions
+    with pytest.raises(ContextLengthError, match="too long for the model"):
+        prepare_rewrite(engine, RewriteRequest(original, "Rename value."))
+    assert sum(tokenized) < len(original) // 20  # only a prefix was tokenized
+
+
+def test_temperature_and_top_p_out_of_range_are_refused() -> None:
+    for temperature, top_p in ((1e-300, 1.0), (0.7, 1e-300), (float("nan"), 1.0), (1e9, 1.0)):
+        with pytest.raises(ValueError):
+            SamplingConfig(temperature=temperature, top_p=top_p)
+    assert SamplingConfig(temperature=0.001, top_p=1e-6).temperature == 0.001
+
+
+def test_an_unauthenticated_client_does_not_keep_an_idle_daemon_alive(short_dir: Path, tiny_model_dir: Path) -> None:
+    engine = Engine(load_model(str(tiny_model_dir), dtype="float32", device="cpu"))
+    config = DaemonConfig(socket_path=short_dir / "engine.sock", idle_timeout=0.8)
+    finished = threading.Event()
+    thread = threading.Thread(
+        target=lambda: (serve(config, session=LocalSession(engine=engine)), finished.set()), daemon=True
+    )
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not finished.is_set() and time.monotonic() < deadline:  # connects and never says hello
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as peer:
+            peer.connect(str(config.socket_path))
+            time.sleep(0.15)
+    assert finished.wait(5), "the daemon stayed up for a client that never authenticated"
+
+
+def test_a_nil_frame_is_malformed_not_a_hang_up(short_dir: Path, tiny_model_dir: Path) -> None:
+    engine = Engine(load_model(str(tiny_model_dir), dtype="float32", device="cpu"))
+    config = DaemonConfig(socket_path=short_dir / "engine.sock")
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+
+    def on_ready(daemon: Any) -> None:
+        box["daemon"] = daemon
+        ready.set()
+
+    thread = threading.Thread(
+        target=lambda: serve(config, session=LocalSession(engine=engine), on_ready=on_ready), daemon=True
+    )
+    thread.start()
+    assert ready.wait(10)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(10)
+            sock.connect(str(config.socket_path))
+            sock.sendall(encode_frame({"type": "hello", "version": 2, "token": None, "client": "a\nforged line"}))
+            buffer = FrameBuffer(1 << 20)
+            replies = []
+            for frame in (encode_frame(None), encode_frame({"type": "status"})):  # type: ignore[arg-type]
+                sock.sendall(frame)
+            while len(replies) < 3:
+                buffer.feed(sock.recv(1 << 16))
+                while (payload := buffer.next_payload()) is not None:
+                    replies.append(decode_payload(payload))
+        assert replies[0]["type"] == "hello_ok"
+        assert replies[1]["code"] == "malformed_frame"  # and the connection goes on:
+        assert replies[2]["type"] == "status_ok"
+    finally:
+        box["daemon"].stop()
+        thread.join(10)
+
+
+def test_a_flood_of_loop_errors_is_logged_once_a_while(caplog: pytest.LogCaptureFixture) -> None:
+    handler = daemon_module.QuietLoopErrors(interval=60.0)
+    loop = asyncio.new_event_loop()
+    try:
+        with caplog.at_level(logging.WARNING, logger="specedit.engine.serving.daemon"):
+            for _ in range(1000):
+                handler(loop, {"message": "socket.accept() out of system resource", "exception": OSError(24, "x")})
+    finally:
+        loop.close()
+    assert len(caplog.records) == 1 and "out of system resource" in caplog.records[0].getMessage()
+
+
+def test_remote_tcp_needs_a_flag_and_a_private_token(short_dir: Path) -> None:
+    token = short_dir / "token"
+    token.write_text("secret\n")
+    token.chmod(0o644)
+    with pytest.raises(ValueError, match="--allow-remote"):
+        DaemonConfig(host="0.0.0.0", port=7341, token_file=token)
+    assert DaemonConfig(host="0.0.0.0", port=7341, token_file=token, allow_remote=True).host == "0.0.0.0"
+    with pytest.raises(EngineUnavailableError, match="chmod 600"):
+        EngineClient.connect("tcp://127.0.0.1:1", token_file=token)
+
+
+# --- fuzz: the frame reader and the request validator only ever raise their own errors -----------------
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=256))
+def test_random_bytes_are_frames_or_protocol_errors(data: bytes) -> None:
+    buffer = FrameBuffer(128)
+    buffer.feed(data)
+    try:
+        while (payload := buffer.next_payload()) is not None:
+            with contextlib.suppress(ProtocolError):
+                parse_client_message(decode_payload(payload))
+    except ProtocolError as error:
+        assert error.code == "frame_too_large"
+
+
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(sorted(to_wire(RewriteRequest("x", "y")))), JSONISH, max_size=8), JSONISH)
+def test_random_requests_are_requests_or_clean_refusals(fields: dict[str, Any], sampling: Any) -> None:
+    wire = {**to_wire(RewriteRequest("x", "y")), **fields}
+    if isinstance(sampling, dict):
+        wire["sampling"] = {**to_wire(SamplingConfig()), **sampling}
+    try:
+        request = from_wire(RewriteRequest, wire)
+    except (ProtocolError, ValueError):
+        return
+    assert isinstance(request, RewriteRequest) and to_wire(request) == {**wire, "sampling": to_wire(request.sampling)}
+    json.dumps(to_wire(request))  # what went through is plain data
