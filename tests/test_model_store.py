@@ -741,7 +741,7 @@ def test_a_converted_file_changed_since_is_refused_at_load(index: FakeIndex) -> 
     _flip_a_byte(folder / "config.json", keep_time=False)
     with pytest.raises(ModelLoadError, match=r"config.json changed since it was converted.*specedit model fetch"):
         ms.ensure_model(spec, downloader=index, converter=fake_converter())
-    with pytest.raises(ModelLoadError, match="config.json"):
+    with pytest.raises(ModelLoadError, match=r"config\.json"):
         ms.verify_model(spec)
 
 
@@ -752,7 +752,7 @@ def test_a_careful_tamperer_is_caught_by_verify(index: FakeIndex) -> None:
     assert len(ms.verify_model(spec)) == 2  # the GGUF and config.json
     _flip_a_byte(folder / "config.json", keep_time=True)
     assert ms.ensure_model(spec, downloader=index, converter=fake_converter()) == folder
-    with pytest.raises(ModelLoadError, match="config.json changed since it was converted \\(sha256 differs\\)"):
+    with pytest.raises(ModelLoadError, match=r"config\.json changed since it was converted \(sha256 differs\)"):
         ms.verify_model(spec)
 
 
@@ -760,7 +760,7 @@ def test_an_added_file_is_refused(index: FakeIndex) -> None:
     spec = index.spec()
     folder = ms.ensure_model(spec, downloader=index, converter=fake_converter())
     (folder / "model-extra.safetensors").write_bytes(b"weights nobody converted")
-    with pytest.raises(ModelLoadError, match="model-extra.safetensors is not what was converted"):
+    with pytest.raises(ModelLoadError, match=r"model-extra\.safetensors is not what was converted"):
         ms.ensure_model(spec, downloader=index, converter=fake_converter())
 
 
