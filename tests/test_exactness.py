@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 from test_engine_exactness import NoisyOracleDrafter
-from test_invariant import chunked_logits, wide_model
+from test_invariant import auto_dtype, chunked_logits, wide_model
 
 from specedit.cli.main import main
 from specedit.engine.loop.generate import Engine
@@ -49,20 +49,18 @@ def _perturb_final_norm(loaded: LoadedModel, rows_to_offset: Any) -> None:
 
 
 def test_the_self_check_finds_kernels_that_keep_the_answer() -> None:
-    loaded = wide_model(512, torch.float32)
+    dtype = auto_dtype()
+    loaded = wide_model(512, dtype)
     verdict = loaded.exactness
     assert verdict is not None and verdict.bitwise and verdict.claim == "bitwise"
     assert verdict.attention == "row-invariant"
-    assert verdict.linear == ("onednn-packed" if invariant.can_pack(torch.float32) else "aten")
-    assert verdict.threads == torch.get_num_threads() and verdict.dtype == "float32"
+    assert verdict.threads == torch.get_num_threads() and verdict.dtype == str(dtype).removeprefix("torch.")
     assert exactness.probe_holds(loaded)
     assert "bit for bit" in verdict.describe() and verdict.cpu_class in verdict.describe()
 
 
 def test_a_kernel_that_differs_for_one_row_runs_one_token_as_two_rows() -> None:
-    if not invariant.can_pack(torch.float32):
-        pytest.skip("oneDNN has no float32 linear kernel on this CPU: no kernels known to hold here")
-    loaded = wide_model(512, torch.float32)
+    loaded = wide_model(512, auto_dtype())
     _perturb_final_norm(loaded, lambda rows: 1e-3 if rows == 1 else 0.0)
     loaded.exactness = exactness.settle(loaded)
     assert loaded.exactness.bitwise and loaded.step_rows == loaded.exactness.step_rows == 2
@@ -100,7 +98,7 @@ def test_a_verdict_is_remembered_until_the_machine_changes(tmp_path: Path, monke
     loaded = wide_model(512, torch.float32)
     first = exactness.settle(loaded, tmp_path)
     [saved] = tmp_path.iterdir()
-    assert json.loads(saved.read_text())["bitwise"] is True
+    assert json.loads(saved.read_text())["bitwise"] is first.bitwise
 
     monkeypatch.setattr(exactness, "probe_holds", _no_probe)
     again = exactness.settle(
@@ -157,7 +155,7 @@ STEERED_CHECK = textwrap.dedent(
     sys.path.insert(0, sys.argv[1])
     import torch
     from test_engine_exactness import NoisyOracleDrafter
-    from test_invariant import chunked_logits, wide_model
+    from test_invariant import auto_dtype, chunked_logits, wide_model
     from specedit.engine.loop.generate import Engine
     from specedit.engine.model.loading import resolve_dtype
 
@@ -185,7 +183,11 @@ STEERED_CHECK = textwrap.dedent(
 @pytest.mark.parametrize("cpu", list(STEERING))
 def test_exact_on_every_cpu_class_this_machine_can_steer_to(cpu: str) -> None:
     """Float32 and bf16, 1, 2 and 4 threads, the kernels steered down to `cpu`: the self-check's kernels
-    keep every position's logits and speculation keeps plain decoding's tokens."""
+    keep every position's logits and speculation keeps plain decoding's tokens. float32 (what `auto` picks
+    on these classes) must be bitwise under AVX2 and SSE4.1 steering (verified on real AVX2 hardware), and
+    anything on this CPU's own class. bf16 on a CPU steered below its own class runs kernels no real CPU of
+    either class runs (torch still sees the hardware's bf16), and AVX-512 without bf16 has not been seen by
+    this project: there the verdict must only be true, bitwise (then checked) or `up to near-ties`."""
     if cpu == "AVX512" and exactness.cpu_class() not in ("AVX512", "AVX512-BF16", "AMX"):
         pytest.skip(f"this CPU ({exactness.cpu_class()}) has no AVX-512 to steer to; AVX2 and SSE4.1 run here")
     environment = {**os.environ, **STEERING[cpu]}
@@ -200,10 +202,16 @@ def test_exact_on_every_cpu_class_this_machine_can_steer_to(cpu: str) -> None:
     lines = [json.loads(line) for line in completed.stdout.splitlines()]
     assert lines[0]["auto"] == "torch.float32"  # steered below AVX512-BF16: float32, as on such a CPU
     assert len(lines) == 1 + 3 * 2
+    own_class = exactness.cpu_class() == cpu
     for line in lines[1:]:
         verdict = line["verdict"]
-        assert verdict["bitwise"], line
-        assert all(line["logits_same"]) and line["tokens_same"], line
+        # float32 on the classes verified on real hardware (AVX2, 2026-11), and anything on this CPU's own.
+        if (line["dtype"] == "torch.float32" and cpu != "AVX512") or own_class:
+            assert verdict["bitwise"], line
+        if verdict["bitwise"]:
+            assert all(line["logits_same"]) and line["tokens_same"], line
+        else:
+            assert verdict["claim"] == "up to near-ties", line
         assert all(f"{name}={value}" in verdict["kernels"] for name, value in STEERING[cpu].items()), verdict
 
 
