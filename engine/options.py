@@ -47,6 +47,10 @@ class EngineOptions:
     )
     # About 0.5 removed the energy penalty of long drafts on every task in the seed measurements.
     p_min: float = _option(0.5, "the fallback stops drafting at the first token below this probability (default 0.5)")
+    # 0.5B, float32: 250 MB for a 1,000-line file (`model.prefix_cache`); the default keeps a few recent ones.
+    prefix_cache_mb: int = _option(
+        1024, "memory for the KV caches of recent prompts, reused by requests on the same file (0: none)"
+    )
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_CHOICES:
@@ -57,6 +61,8 @@ class EngineOptions:
             raise ValueError("choose a draft model or layer skip, not both")
         if not 0.0 <= self.p_min < 1.0:
             raise ValueError(f"p_min must be in [0, 1), got {self.p_min}")
+        if self.prefix_cache_mb < 0:
+            raise ValueError(f"prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")
 
     @property
     def has_fallback(self) -> bool:

@@ -60,19 +60,35 @@ class RewriteRequest:
 
     def __post_init__(self) -> None:
         for name in ("original", "instruction", "sketch"):
-            value = getattr(self, name)
-            # UTF-8 takes at most 4 bytes a character: only a long text is measured exactly.
-            if (
-                value is not None
-                and len(value) * 4 > MAX_INPUT_BYTES
-                and len(value.encode("utf-8", "surrogatepass")) > MAX_INPUT_BYTES
-            ):
-                raise ValueError(f"the {name} is larger than {MAX_INPUT_BYTES:,} bytes; rewrite a smaller region")
+            _check_size(name, getattr(self, name))
         if self.draft not in DRAFT_METHODS:
             raise ValueError(f"draft must be one of {DRAFT_METHODS}, got {self.draft!r}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
         RewritePrompt(self.original, self.instruction, self.sketch, self.language)  # validates
+
+
+@dataclass(frozen=True)
+class WarmRequest:
+    """A document the user has open: the engine may prefill the start every request on it shares (the
+    system prompt and the file, `prompts.file_prefix`) while it has nothing else to do."""
+
+    document: str
+    language: str = ""
+    name: str = ""  # which document (an editor's URI): a newer text of it replaces one not yet warmed
+
+    def __post_init__(self) -> None:
+        _check_size("document", self.document)
+
+
+def _check_size(name: str, value: str | None) -> None:
+    # UTF-8 takes at most 4 bytes a character: only a long text is measured exactly.
+    if (
+        value is not None
+        and len(value) * 4 > MAX_INPUT_BYTES
+        and len(value.encode("utf-8", "surrogatepass")) > MAX_INPUT_BYTES
+    ):
+        raise ValueError(f"the {name} is larger than {MAX_INPUT_BYTES:,} bytes; rewrite a smaller region")
 
 
 @dataclass(frozen=True)

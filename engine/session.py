@@ -19,8 +19,9 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from specedit.engine.errors import SpeceditError
 from specedit.engine.options import EngineOptions
-from specedit.engine.requests import RewriteOutcome, RewriteRequest, StepInfo
+from specedit.engine.requests import RewriteOutcome, RewriteRequest, StepInfo, WarmRequest
 
 if TYPE_CHECKING:
     from specedit.engine.loop.generate import Engine
@@ -48,6 +49,11 @@ class Session(Protocol):
         """
         ...
 
+    def warm(self, request: WarmRequest) -> None:
+        """Offer a document the user has open, to prefill its prompt's start while the engine is idle (see
+        `model.prefix_cache`). Returns at once; never loads a model or starts a daemon; errors are logged."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -58,6 +64,7 @@ def open_engine(options: EngineOptions, *, progress: Any = None) -> Engine:
     from specedit.engine.loop.generate import Engine
     from specedit.engine.model.fallback import load_fallback
     from specedit.engine.model.loading import load_model
+    from specedit.engine.model.prefix_cache import PrefixCache
     from specedit.engine.ops.model_store import cache_dir, resolve_model
 
     _apply_threads(options)
@@ -73,7 +80,8 @@ def open_engine(options: EngineOptions, *, progress: Any = None) -> Engine:
     )
     if fallback is not None:
         log.info("fallback drafter: %s", fallback.describe())
-    return Engine(target, fallback)
+    kept = PrefixCache(options.prefix_cache_mb * 2**20) if options.prefix_cache_mb else None
+    return Engine(target, fallback, kept)
 
 
 class LocalSession:
@@ -85,6 +93,11 @@ class LocalSession:
         self._progress = progress
         self._load_lock = threading.Lock()
         self._run_lock = threading.Lock()
+        self._waiting_runs = 0  # rewrites waiting for the run lock: warming gives way to them
+        self._count_lock = threading.Lock()
+        self._warm_lock = threading.Lock()
+        self._warm_next: WarmRequest | None = None
+        self._warmer: threading.Thread | None = None
 
     @property
     def engine(self) -> Engine | None:
@@ -113,9 +126,15 @@ class LocalSession:
 
         engine = self.load()
         # One model, one rewrite at a time: a second request waits here, and may be cancelled waiting.
-        while not self._run_lock.acquire(timeout=0.05):
-            if cancel is not None and cancel.is_set():
-                return RewriteOutcome.cancelled_before_start()
+        with self._count_lock:
+            self._waiting_runs += 1
+        try:
+            while not self._run_lock.acquire(timeout=0.05):
+                if cancel is not None and cancel.is_set():
+                    return RewriteOutcome.cancelled_before_start()
+        finally:
+            with self._count_lock:
+                self._waiting_runs -= 1
         try:
             _apply_threads(self.options)  # torch's thread count is per thread (OpenMP): this one runs it
             result = rewrite(
@@ -125,6 +144,39 @@ class LocalSession:
             release_freed_memory(collect=False)  # a big request's buffers go back to the system
             self._run_lock.release()
         return result.outcome()
+
+    def prefill(self, request: WarmRequest, should_stop: Callable[[], bool]) -> tuple[int, int]:
+        """Warm `request` now, in this thread, between rewrites, giving way to one as soon as it waits or
+        `should_stop()`; (tokens cached, tokens of the prompt's start) (see `loop.rewrite.warm_document`)."""
+        from specedit.engine.loop.rewrite import warm_document
+
+        engine = self.load()
+        with self._run_lock:
+            _apply_threads(self.options)
+            return warm_document(engine, request, lambda: self._waiting_runs > 0 or should_stop())
+
+    def warm(self, request: WarmRequest) -> None:
+        """Prefill `request` on a thread of its own once the model is loaded (a newer offer replaces one
+        not yet started, and stops one running)."""
+        if self._engine is None or self._engine.prefix_cache is None:
+            return
+        with self._warm_lock:
+            self._warm_next = request
+            if self._warmer is None:
+                self._warmer = threading.Thread(target=self._warm_offered, name="specedit-warm", daemon=True)
+                self._warmer.start()
+
+    def _warm_offered(self) -> None:
+        while True:
+            with self._warm_lock:
+                request, self._warm_next = self._warm_next, None
+                if request is None:
+                    self._warmer = None
+                    return
+            try:
+                self.prefill(request, lambda: self._warm_next is not None)
+            except Exception:
+                log.exception("warming %s failed", request.name or "a document")
 
     def close(self) -> None:
         self._engine = None
@@ -170,6 +222,18 @@ class RemoteSession:
     ) -> RewriteOutcome:
         with self.connect() as client:
             return client.rewrite(request, on_text=on_text, on_step=on_step, on_queued=on_queued, cancel=cancel)
+
+    def warm(self, request: WarmRequest) -> None:
+        """Offer `request` to the daemon if one answers (none is started for it)."""
+        from specedit.engine.serving.client import EngineAddress, EngineClient
+        from specedit.engine.serving.config import DaemonConfig
+
+        address = self.address if self.address is not None else EngineAddress.of(DaemonConfig(options=self._spawn))
+        try:
+            with EngineClient.connect(address, token_file=self._token_file, client_name=self._client_name) as client:
+                client.warm(request)
+        except SpeceditError as error:
+            log.debug("not warmed: %s", error)
 
     def close(self) -> None:
         pass

@@ -2,9 +2,9 @@
 (section `specedit`), then the command line, each overriding the one before.
 
 Keys as the editors spell them (camelCase): engine, engineTokenFile, model, dtype, device, threads, draft,
-draftModel, draftLayers, pMin, delivery, presets, maxNewTokens. `engine` is "inprocess", a daemon address, or
-absent: the shared daemon, started if none runs. The engine's own settings are an `EngineOptions`
-(`ENGINE_KEYS`: the editors' names of its fields).
+draftModel, draftLayers, pMin, prefixCacheMb, delivery, presets, maxNewTokens, warm. `engine` is
+"inprocess", a daemon address, or absent: the shared daemon, started if none runs. The engine's own
+settings are an `EngineOptions` (`ENGINE_KEYS`: the editors' names of its fields).
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ class Settings:
     delivery: Delivery = "live"
     presets: tuple[Preset, ...] = field(default=DEFAULT_PRESETS)
     max_new_tokens: int | None = None
+    warm: bool = True  # offer open documents to the engine to prefill while it is idle (`warming`)
 
     def __post_init__(self) -> None:
         if self.draft not in DRAFT_METHODS:
@@ -87,6 +88,8 @@ class Settings:
             return replace(self, delivery=value)
         if key == "maxNewTokens" and isinstance(value, int):
             return replace(self, max_new_tokens=value)
+        if key == "warm" and isinstance(value, bool):
+            return replace(self, warm=value)
         if key == "presets":
             return replace(self, presets=_presets(value))
         if key in ("trace", "server", "serverCommand", "pythonPath"):

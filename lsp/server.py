@@ -1,8 +1,9 @@
 """specedit's language server: rewrites streamed into the editor as versioned text-document edits.
 
 `SpeceditServer` holds the state: the settings, the documents (its own copies, see `documents.py`), the
-session rewrites run on, the jobs (`jobs.Rewrites`), the edit writer (`writer.EditWriter`) and the
-conditions they wait on (`waiting.Waiting`, woken by every `didChange`).
+session rewrites run on, the jobs (`jobs.Rewrites`), the edit writer (`writer.EditWriter`), the conditions
+they wait on (`waiting.Waiting`, woken by every `didChange`), and the offers of open documents to the
+engine to prefill before a request comes (`warming.Warmer`).
 The handlers below parse their params once (`params.py`), call into those, and map errors to JSON-RPC
 in one place (`_answers_errors`); `build_server` registers them and `run_lsp` serves on stdio. Logs go to
 stderr: stdout is the LSP channel.
@@ -32,6 +33,7 @@ from specedit.lsp.errors import to_jsonrpc
 from specedit.lsp.jobs import Rewrites
 from specedit.lsp.params import JobSelector, RewriteCall
 from specedit.lsp.waiting import Waiting
+from specedit.lsp.warming import Warmer
 from specedit.lsp.writer import EditWriter
 
 log = logging.getLogger("specedit.lsp")
@@ -50,6 +52,7 @@ class SpeceditServer(LanguageServer):
         self.waiting = Waiting()
         self.writer = EditWriter(self, self.waiting)
         self.rewrites = Rewrites(self, self.documents, self.writer, self.waiting, lambda: self.settings, self.session)
+        self.warmer = Warmer(self.documents, self.session, lambda: self.settings.warm)
         self._session: Session | None = None
         self._session_settings: tuple[Any, ...] | None = None
 
@@ -75,6 +78,7 @@ class SpeceditServer(LanguageServer):
         if item.uri in self.documents:  # opened again without a close: what we knew of it is void
             self.did_close(item.uri)
         self.documents[item.uri] = DocumentState(item.uri, item.text, item.version, item.language_id)
+        self.warmer.touch(item.uri)
 
     def did_change(self, params: types.DidChangeTextDocumentParams) -> None:
         doc = self.documents.get(params.text_document.uri)
@@ -93,9 +97,11 @@ class SpeceditServer(LanguageServer):
             text = text[: edit[0]] + edit[2] + text[edit[1] :]
         doc.did_change(params.text_document.version, changes)
         self.waiting.notify()
+        self.warmer.touch(doc.uri)
 
     def did_close(self, uri: str) -> None:
         doc = self.documents.pop(uri, None)
+        self.warmer.forget(uri)
         self.rewrites.close_document(uri)
         if doc is not None:
             doc.drop_all()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -30,8 +31,9 @@ from specedit.engine.errors import ContextLengthError, EngineUnavailableError
 from specedit.engine.loop.generate import Engine
 from specedit.engine.loop.rewrite import rewrite
 from specedit.engine.model.loading import load_model
+from specedit.engine.model.prefix_cache import PrefixCache
 from specedit.engine.options import EngineOptions
-from specedit.engine.requests import RewriteRequest, StepInfo
+from specedit.engine.requests import RewriteRequest, StepInfo, WarmRequest
 from specedit.engine.serving.client import EngineClient, ensure_daemon
 from specedit.engine.serving.config import DaemonConfig
 from specedit.engine.serving.daemon import Daemon, serve
@@ -214,6 +216,56 @@ class GatedEngine:
                 self.gate.wait(TIMEOUT)
 
         return self._engine.generate(*args, on_step=gated, **kwargs)
+
+
+class GatedForward:
+    """A loaded model whose first forward waits for `gate` (after setting `entered`): holds a warming
+    forward open while the test queues a request."""
+
+    def __init__(self, loaded: Any) -> None:
+        self._loaded = loaded
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loaded, name)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.entered.is_set():
+            self.entered.set()
+            self.gate.wait(TIMEOUT)
+        return self._loaded.forward(*args, **kwargs)
+
+
+def test_a_warmed_document_costs_only_its_request_and_warming_gives_way(short_dir: Path, tiny_model_dir: Path) -> None:
+    loaded = load_model(str(tiny_model_dir), dtype="float32", device="cpu")
+    gated = GatedForward(loaded)
+    engine = Engine(gated, prefix_cache=PrefixCache(1 << 28))  # type: ignore[arg-type]
+    document = ADD * 30
+    request = RewriteRequest(document, "Rename add to plus.", language="python", max_new_tokens=8)
+    config = DaemonConfig(socket_path=short_dir / "engine.sock", options=ONE_THREAD)
+    with daemon_thread(config, engine), EngineClient.connect(config.address) as client:
+        assert client.warm(WarmRequest(document, "python", "file:///add.py"))
+        assert gated.entered.wait(TIMEOUT)  # warming's first forward has begun
+        assert status_of(config.address)["warming"] == "file:///add.py"
+        outcome: dict[str, Any] = {}
+        asking = threading.Thread(target=lambda: outcome.update(first=client.rewrite(request)), daemon=True)
+        asking.start()
+        wait_for(lambda: status_of(config.address)["queue_length"] == 1, "the request to be queued")
+        gated.gate.set()  # warming gives way between two layers; the request runs
+        asking.join(TIMEOUT)
+        assert outcome["first"].stats["reused_tokens"] == 0  # warming had finished nothing
+        done = wait_for(
+            lambda: (info := status_of(config.address))["warming"] is None and info["to_warm"] == 0 and info,
+            "warming to resume and finish",
+        )
+        assert done["prefix_cache"]["documents"] == 1
+        second = client.rewrite(dataclasses.replace(request, instruction="Make y three."))
+    assert second.stats["reused_tokens"] > 0.9 * second.stats["prompt_tokens"]
+    assert second.stats["prefill_tokens"] < 0.1 * second.stats["prompt_tokens"]
+    reference = Engine(loaded)
+    assert outcome["first"].text == rewrite(reference, request).text
+    assert second.text == rewrite(reference, dataclasses.replace(request, instruction="Make y three.")).text
 
 
 def test_two_clients_at_once_the_second_queued(short_dir: Path, random_engine: Engine) -> None:

@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import re
 import sys
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -659,6 +660,31 @@ async def test_the_default_engine_is_a_shared_daemon(memorising_model_dir: Path,
         )
         assert answer["status"] == "complete", answer
         assert (await settle(client, uri)) == expected(original, instruction)
+
+        # A document opened now is offered to the loaded engine, which prefills it while idle: asked
+        # later, the rewrite reads only its request.
+        socket = runtime / "specedit" / SOCKET_NAME
+        original, instruction = ADD
+        warmed = new_uri("warmed")
+        client.open(warmed, original)
+
+        def daemon_status() -> dict[str, Any]:
+            with EngineClient.connect(socket) as daemon:
+                return daemon.status()
+
+        def warmed_up(info: dict[str, Any]) -> bool:
+            return info["prefix_cache"]["documents"] >= 2 and info["warming"] is None and not info["to_warm"]
+
+        deadline = time.monotonic() + 30
+        while not warmed_up(info := daemon_status()):
+            assert time.monotonic() < deadline, f"the open document was not warmed: {info}"
+            await asyncio.sleep(0.1)
+        answer = await send_rewrite(
+            client, {"textDocument": {"uri": warmed, "version": 1}, "instruction": instruction, "delivery": "final"}
+        )
+        assert answer["status"] == "complete", answer
+        assert answer["stats"]["reused_tokens"] > answer["stats"]["prefill_tokens"]
+        assert (await settle(client, warmed)) == expected(original, instruction)
     finally:
         await client.shutdown_session()
         await client.stop()

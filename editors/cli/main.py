@@ -7,6 +7,7 @@ usage errors exit 2, Ctrl-C exits 130.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import json
 import logging
@@ -360,7 +361,8 @@ def bench_command(args: argparse.Namespace) -> int:
     if not args.cases.is_file():
         raise InputError(f"{args.cases}: no such file")
     cases = load_cases(args.cases, limit=args.limit, max_chars=args.max_chars)
-    session = local_session(engine_options(args))
+    # Every method prefills its own prompt: a cache kept from the method before would be a head start.
+    session = local_session(dataclasses.replace(engine_options(args), prefix_cache_mb=0))
     engine = session.load()
     print(
         f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}; {len(cases)} cases; "

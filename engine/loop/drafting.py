@@ -89,13 +89,15 @@ def generate_drafted(
     on_step: Callable[[StepInfo], None] | None = None,
 ) -> Generation:
     """`Engine.generate` with the drafters `method` asks for (see `build_drafter`), their governor, and the
-    target cache they share."""
+    target cache they share: from the engine's prefix cache when it keeps one that shares the prompt's
+    start, and kept there afterwards (the prompt's part) for the next request on the same document."""
     sampling = sampling or SamplingConfig()
-    cache = kv_cache.new_cache()
+    kept = engine.prefix_cache
+    cache = kept.take(prompt_ids)[0] if kept is not None else kv_cache.new_cache()
     drafter, governor = build_drafter(
         engine, method, source_ids=source_ids, output_start=len(prompt_ids), sampling=sampling, cache=cache
     )
-    return engine.generate(
+    generation = engine.generate(
         prompt_ids,
         max_new_tokens=max_new_tokens,
         drafter=drafter,
@@ -107,3 +109,7 @@ def generate_drafted(
         governor=governor,
         cache=cache,
     )
+    if kept is not None:  # (not after an exception: a forward cut short may leave the layers uneven)
+        kv_cache.rollback(cache, min(kv_cache.length(cache), len(prompt_ids) - 1))
+        kept.put(prompt_ids, cache)
+    return generation

@@ -21,6 +21,7 @@ from specedit.engine.model import kv_cache
 from specedit.engine.model.energy import EnergyMeter
 from specedit.engine.model.fallback import FallbackConfig
 from specedit.engine.model.loading import LoadedModel
+from specedit.engine.model.prefix_cache import PrefixCache
 from specedit.engine.requests import FinishReason, SamplingConfig, StepInfo
 
 
@@ -36,12 +37,16 @@ class Engine:
     """A loaded target model that generates, with or without a drafter.
 
     `fallback` says what drafts where the copy drafter has nothing (see `model.fallback`); None: plain
-    decoding there.
+    decoding there. `prefix_cache`: the caches of recent prompts, which requests that share a prompt's
+    start reuse (see `model.prefix_cache`); None: every request prefills its whole prompt.
     """
 
-    def __init__(self, loaded: LoadedModel, fallback: FallbackConfig | None = None) -> None:
+    def __init__(
+        self, loaded: LoadedModel, fallback: FallbackConfig | None = None, prefix_cache: PrefixCache | None = None
+    ) -> None:
         self.loaded = loaded
         self.fallback = fallback
+        self.prefix_cache = prefix_cache  # recent prompts' caches, reused by the next request (a daemon's)
         self.energy = EnergyMeter(loaded.device)
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
@@ -75,8 +80,10 @@ class Engine:
         `cancel` is checked before every step. The output is exactly what plain decoding of the
         target gives (greedy: token for token; sampling with a seed and a deterministic draft: also
         token for token, since draws are keyed by position).
-        `governor` hears what every step cost, to back off drafters that stop paying. `cache` is an
-        empty cache for the target, for a drafter that drafts on it (layer skip); by default a new one.
+        `governor` hears what every step cost, to back off drafters that stop paying. `cache` is the
+        target's cache, shared with a drafter that drafts on it (layer skip); by default a new one. It may
+        hold a prefix of the prompt already (from `PrefixCache.take`): only the rest is prefilled, and the
+        answer is the same (the prefill is row-invariant).
         """
         if not prompt_ids:
             raise ValueError("the prompt must hold at least one token")
@@ -94,14 +101,16 @@ class Engine:
         finish: FinishReason = "length"
         if cache is None:
             cache = kv_cache.new_cache()
-        elif kv_cache.length(cache):
-            raise ValueError("generate needs an empty cache")
+        reused = kv_cache.length(cache)
+        if reused >= len(tokens):
+            raise ValueError("the cache must hold less than the prompt: its last token is the first step's input")
+        stats.reused_tokens, stats.prefill_tokens = reused, len(tokens) - 1 - reused
 
         with torch.inference_mode():
-            # Prefill every prompt token but the last, which is pending: it is the first input of the
-            # first step's forward, so the first step predicts the first output token.
-            if len(tokens) > 1:
-                self.loaded.forward(tokens[:-1], cache, logits_to_keep=1)
+            # Prefill every prompt token but the last (and those the cache already holds). The last is
+            # pending: it is the first input of the first step's forward, which predicts the first output.
+            if stats.prefill_tokens:
+                self.loaded.forward(tokens[reused:-1], cache, logits_to_keep=1)
             stats.prefill_seconds = clock.wall()
 
             step = 0

@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from specedit.engine.errors import ContextLengthError
 from specedit.engine.loop.drafting import generate_drafted
 from specedit.engine.loop.generate import Engine, Generation
-from specedit.engine.prompts import AnswerStream, RewritePrompt, build_prompt
+from specedit.engine.prompts import AnswerStream, RewritePrompt, build_prompt, file_prefix
 from specedit.engine.requests import (
     DraftMethod,
     FinishReason,
     RewriteOutcome,
     RewriteRequest,
     StepInfo,
+    WarmRequest,
     status_of,
 )
 
@@ -138,6 +139,21 @@ def rewrite(
 ) -> RewriteResult:
     """Rewrite `request.original`; `on_text` streams the new region's text as it is committed."""
     return run_rewrite(engine, prepare_rewrite(engine, request), on_text=on_text, cancel=cancel, on_step=on_step)
+
+
+def warm_document(engine: Engine, request: WarmRequest, should_stop: Callable[[], bool]) -> tuple[int, int]:
+    """Prefill the start every request on `request.document` shares into the engine's prefix cache, giving
+    way as soon as `should_stop()` is true. Returns (tokens cached, tokens of that start); (0, 0) when the
+    engine keeps no cache or the document cannot fit the context."""
+    kept = engine.prefix_cache
+    limit = engine.max_positions
+    document = request.document.replace("\r\n", "\n")
+    if kept is None or (limit is not None and len(document) > limit * CHARS_PER_TOKEN_BOUND):
+        return 0, 0
+    ids = engine.tokenize(file_prefix(engine.tokenizer, document, request.language))
+    if limit is not None and len(ids) >= limit // 2:  # no answer of its size would fit after it
+        return 0, 0
+    return kept.warm(engine.loaded, ids, should_stop), len(ids)
 
 
 # A token of a code model's vocabulary covers a few characters (3-4 on code for Qwen2.5's); tokenizing the

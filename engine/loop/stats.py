@@ -46,6 +46,8 @@ class Stats:
     """
 
     prompt_tokens: int = 0
+    prefill_tokens: int = 0  # prompt tokens the prefill computed (the last is computed by the first step)
+    reused_tokens: int = 0  # prompt tokens whose keys and values came from a kept cache (`PrefixCache`)
     generated_tokens: int = 0
     target_forwards: int = 0
     drafted_tokens: int = 0
@@ -82,6 +84,8 @@ class Stats:
     def to_dict(self) -> dict[str, Any]:
         return {
             "prompt_tokens": self.prompt_tokens,
+            "prefill_tokens": self.prefill_tokens,
+            "reused_tokens": self.reused_tokens,
             "generated_tokens": self.generated_tokens,
             "target_forwards": self.target_forwards,
             "drafted_tokens": self.drafted_tokens,

@@ -4,7 +4,8 @@ Whether a position's logits depend on the size of the forward that computes them
 kernels, and the kernels differ by CPU class, dtype, thread count and library version (see
 `model.invariant` for what was measured on AVX512-BF16 and on AVX2). So nothing is assumed: `settle`
 runs a fixed probe through the loaded model (a context, then six positions computed one per forward, all
-in one forward, and in chunks of 2+4 and 3+3, across a key-length bucket of the row-invariant attention),
+in one forward, and in chunks of 2+4 and 3+3, across a key-length bucket of the row-invariant attention;
+and after the context prefilled in two pieces, as a prefix kept from an earlier request is extended),
 compares the logits bitwise, and takes the first path that holds, cheapest first:
 
 1. oneDNN's prepacked linear (where it has a kernel for the dtype), a one-token step as one row;
@@ -48,6 +49,7 @@ KERNEL_ENV = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTI
 
 PROBE_CONTEXT = 61  # the probe's positions 61..66 cross the attention's 64-key bucket
 PROBE_SPLITS = ((1, 1, 1, 1, 1, 1), (6,), (2, 4), (3, 3))  # the first is the reference: plain decoding
+PROBE_PREFILL_SPLIT = (29, 32)  # the context also prefilled in two pieces: a prefix kept, then the rest
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,8 @@ def settle(loaded: Any, verdicts: Path | None = None) -> Exactness:
     model = loaded.model
     on_cpu = loaded.device.type == "cpu"
     attention = on_cpu and invariant.install_attention(model)
+    if attention:
+        invariant.install_rotary_table(model)
     packable = on_cpu and invariant.can_pack(loaded.dtype)
     candidates: list[tuple[Linear, int]] = [
         *((("onednn-packed", rows) for rows in (1, 2)) if packable else ()),
@@ -193,13 +197,25 @@ def probe_ids(vocab_size: int, length: int) -> list[int]:
 
 
 def probe_holds(loaded: Any) -> bool:
-    """True when every split of the probe gives the reference's logits, bitwise."""
+    """True when every split of the probe gives the reference's logits, bitwise: the continuation computed
+    in forwards of other sizes, and after the context prefilled in two pieces (as a kept prefix is)."""
     ids = probe_ids(int(loaded.model.config.vocab_size), PROBE_CONTEXT + sum(PROBE_SPLITS[0]))
-    cache = kv_cache.new_cache()
     with torch.inference_mode():
-        loaded.forward(ids[:PROBE_CONTEXT], cache, logits_to_keep=1)
+        cache = _prefilled(loaded, ids, (PROBE_CONTEXT,))
         reference = _split_logits(loaded, ids, PROBE_SPLITS[0], cache)
-        return all(torch.equal(_split_logits(loaded, ids, split, cache), reference) for split in PROBE_SPLITS[1:])
+        if not all(torch.equal(_split_logits(loaded, ids, split, cache), reference) for split in PROBE_SPLITS[1:]):
+            return False
+        pieces = _prefilled(loaded, ids, PROBE_PREFILL_SPLIT)
+        return torch.equal(_split_logits(loaded, ids, PROBE_SPLITS[2], pieces), reference)
+
+
+def _prefilled(loaded: Any, ids: Sequence[int], pieces: Sequence[int]) -> Any:
+    """A cache holding the probe's context, prefilled `pieces[i]` tokens per forward."""
+    cache, position = kv_cache.new_cache(), 0
+    for size in pieces:
+        loaded.forward(ids[position : position + size], cache, logits_to_keep=1)
+        position += size
+    return cache
 
 
 def _split_logits(loaded: Any, ids: Sequence[int], split: Sequence[int], cache: Any) -> torch.Tensor:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import torch
 from transformers import DynamicCache
 
 
@@ -38,3 +39,34 @@ def rollback(cache: DynamicCache, keep: int) -> None:
         drop = int(cache.get_seq_length(index)) - keep
         if drop > 0:
             cast(Any, layer).crop(-drop)  # `crop` is on the concrete (full-attention) layer class
+
+
+def copy_prefix(cache: DynamicCache, keep: int) -> DynamicCache:
+    """A new cache holding copies of the first `keep` positions of `cache` (left as it is)."""
+    if length(cache) < keep:
+        raise ValueError(f"cannot copy {keep} positions of a cache holding {length(cache)}")
+    copy = new_cache()
+    for index, layer in enumerate(cache.layers):
+        keys, values = cast(Any, layer).keys, cast(Any, layer).values
+        copy.update(keys[..., :keep, :].clone(), values[..., :keep, :].clone(), index)
+    return copy
+
+
+def nbytes(cache: DynamicCache) -> int:
+    """The memory the cache's keys and values take (their storage: a cropped view still holds it all)."""
+    total = 0
+    for layer in cache.layers:
+        for states in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if isinstance(states, torch.Tensor):
+                total += states.untyped_storage().nbytes()
+    return total
+
+
+def compact(cache: DynamicCache) -> None:
+    """Copy each layer's keys and values into storage of their own size: after a rollback they are views
+    of the longer tensors they were cropped from, which a kept cache would otherwise hold on to."""
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            states = getattr(layer, name, None)
+            if isinstance(states, torch.Tensor) and states.untyped_storage().nbytes() > states.nbytes:
+                setattr(layer, name, states.clone())

@@ -9,7 +9,7 @@ import inspect
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,11 @@ DTYPES = {
     "float16": torch.float16,
     "float64": torch.float64,
 }
+
+
+class Interrupted(Exception):
+    """A forward stopped between two layers (`LoadedModel.interruptible`): the cache holds it in some
+    layers and not in others, until it is rolled back."""
 
 
 def default_device() -> torch.device:
@@ -91,6 +96,31 @@ class LoadedModel:
             kv_cache.rollback(cache, kv_cache.length(cache) - 1)
             return logits
         return self._run(ids, cache, logits_to_keep)
+
+    @contextlib.contextmanager
+    def interruptible(self, should_stop: Callable[[], bool]) -> Iterator[None]:
+        """Forwards in this block raise `Interrupted` before a layer once `should_stop()` is true: a long
+        forward (prefilling a file in idle time) gives way to a request within one layer's time. The
+        caller rolls the cache back (`kv_cache.rollback` crops each layer to what it held before)."""
+
+        def check(*_: Any) -> None:
+            if should_stop():
+                raise Interrupted
+
+        handles = [layer.register_forward_pre_hook(check) for layer in self._layers()]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _layers(self) -> list[Any]:
+        """The decoder's layers: the module list as long as the model is deep."""
+        depth = getattr(self.model.config, "num_hidden_layers", None)
+        for module in self.model.modules():
+            if isinstance(module, torch.nn.ModuleList) and len(module) == depth:
+                return list(module)
+        return []
 
     def _run(self, ids: Sequence[int], cache: Any, logits_to_keep: int) -> torch.Tensor:
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # (1, T)

@@ -30,12 +30,13 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from specedit.engine.errors import EngineUnavailableError, SpeceditError
-from specedit.engine.requests import RewriteOutcome, RewriteRequest, StepInfo
+from specedit.engine.requests import RewriteOutcome, RewriteRequest, StepInfo, WarmRequest
 from specedit.engine.serving.config import DaemonConfig, check_own_socket, peer_uid, prepare_state_dir, read_token
 from specedit.engine.serving.protocol import (
     DEFAULT_MAX_FRAME_SIZE,
     PROTOCOL_VERSION,
     Cancel,
+    ClientMessage,
     DaemonMessage,
     FrameBuffer,
     Hello,
@@ -43,6 +44,7 @@ from specedit.engine.serving.protocol import (
     Rewrite,
     Status,
     Stop,
+    Warm,
     decode_payload,
     encode_frame,
     error_from,
@@ -213,6 +215,17 @@ class EngineClient:
                     return error_from(message["error_code"] or "engine_error", message["error_message"] or "")
                 return self._decoded(RewriteOutcome, message["outcome"])
 
+    def warm(self, request: WarmRequest, *, timeout: float = CONNECT_TIMEOUT) -> bool:
+        """Offer a document to prefill while the daemon is idle (`session.Session.warm`); False when the
+        daemon keeps no prefix cache."""
+        with self._lock:
+            self._send(Warm(type="warm", request=to_wire(request)))
+            deadline = time.monotonic() + timeout
+            while True:
+                message = self._next(deadline)
+                if message["type"] == "warm_ok":
+                    return message["accepted"]
+
     def status(self, *, timeout: float = CONNECT_TIMEOUT) -> dict[str, Any]:
         """The daemon's state: model, device, dtype, uptime, queue, clients, pid, recent requests."""
         with self._lock:
@@ -260,7 +273,7 @@ class EngineClient:
             message = f"the engine daemon at {self.address} sent a bad {cls.__name__}: {error}"
             raise EngineUnavailableError(message) from None
 
-    def _send(self, message: Hello | Rewrite | Cancel | Status | Stop) -> None:
+    def _send(self, message: ClientMessage) -> None:
         if self._closed:
             raise EngineUnavailableError("the connection to the engine daemon is closed")
         try:

@@ -9,6 +9,11 @@ learns its place (`queued`), then streams `text` and `step` frames, and ends wit
 Cancelling (a `cancel` message, or the client disconnecting) sets a flag that the speculative loop checks
 before every step, so the engine is free within one step; a request still waiting is dropped at once.
 
+When no request waits, the worker prefills the documents editors said are open (`warm`, the most recent
+first; a newer text of the same document replaces the older) into the engine's prefix cache, so that a
+request on one of them pays only for its instruction. Warming gives way between two layers of a forward
+as soon as a request arrives, and resumes after it.
+
 Starting is race-free: the daemon holds an exclusive flock on `<socket>.lock` for its whole life, so of
 two daemons started at the same moment one serves and the other exits (status 0, "already running").
 Whoever holds the lock owns the socket path: a socket file left by a crashed daemon is stale by
@@ -36,7 +41,7 @@ import stat
 import sys
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -44,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from specedit.engine.errors import EngineUnavailableError, SpeceditError
-from specedit.engine.requests import RewriteOutcome, RewriteRequest, StepInfo
+from specedit.engine.requests import RewriteOutcome, RewriteRequest, StepInfo, WarmRequest
 from specedit.engine.serving.config import LOOPBACK_HOSTS, DaemonConfig, peer_uid, prepare_state_dir, read_token
 from specedit.engine.serving.protocol import (
     END_OF_STREAM,
@@ -64,6 +69,8 @@ from specedit.engine.serving.protocol import (
     Step,
     StopOk,
     Text,
+    Warm,
+    WarmOk,
     encode_frame,
     error_code_for,
     from_wire,
@@ -78,6 +85,7 @@ log = logging.getLogger(__name__)
 HELLO_TIMEOUT = 10.0  # seconds a new connection has to say hello
 STOP_GRACE = 30.0  # seconds to wait for the running request to notice its cancel flag when stopping
 RECENT_REQUESTS = 16  # finished requests kept for `status`
+WARM_PENDING = 8  # documents waiting to be warmed; the least recently offered go
 _SHUTTING_DOWN: tuple[ErrorCode, str] = ("shutting_down", "the engine daemon is stopping")
 
 
@@ -320,6 +328,8 @@ class Daemon:
         self._arrivals = itertools.count()
         self._waiting: list[_Job] = []
         self._running: _Job | None = None
+        self._to_warm: OrderedDict[str, WarmRequest] = OrderedDict()  # by document name, newest last
+        self._warming: str | None = None
         self._served: Counter[str] = Counter()
         self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_REQUESTS)
         self._started_wall = time.time()
@@ -477,6 +487,8 @@ class Daemon:
             job = connection.jobs.get(message["id"])
             if job is not None:
                 self._cancel(job)
+        elif message["type"] == "warm":
+            connection.send(WarmOk(type="warm_ok", accepted=self._offer_warm(message)))
         elif message["type"] == "status":
             connection.send(StatusOk(type="status_ok", info=self.status_info()))
         elif message["type"] == "stop":
@@ -542,6 +554,21 @@ class Daemon:
         assert self._wakeup is not None
         self._wakeup.set()
 
+    def _offer_warm(self, message: Warm) -> bool:
+        if self.config.options.prefix_cache_mb == 0 or self._failure is not None or self._stopping:
+            return False
+        try:
+            request = from_wire(WarmRequest, message["request"])
+        except (ProtocolError, ValueError):
+            return False
+        self._to_warm.pop(request.name, None)
+        self._to_warm[request.name] = request
+        while len(self._to_warm) > WARM_PENDING:
+            self._to_warm.popitem(last=False)
+        assert self._wakeup is not None
+        self._wakeup.set()
+        return True
+
     def _cancel(self, job: _Job) -> None:
         if job in self._waiting:
             self._waiting.remove(job)
@@ -581,10 +608,15 @@ class Daemon:
         while not self._stopping:
             await self._wakeup.wait()
             self._wakeup.clear()
-            while self._waiting and not self._stopping:
-                job = min(self._waiting, key=lambda j: j.key)
-                self._waiting.remove(job)
-                await self._run(job)
+            while not self._stopping:
+                if self._waiting:
+                    job = min(self._waiting, key=lambda j: j.key)
+                    self._waiting.remove(job)
+                    await self._run(job)
+                elif self._to_warm:
+                    await self._warm(*self._to_warm.popitem())
+                else:
+                    break
 
     async def _run(self, job: _Job) -> None:
         assert self._loop is not None
@@ -597,6 +629,28 @@ class Daemon:
         finally:
             self._running = None
         self._finish(job, done)
+
+    async def _warm(self, name: str, request: WarmRequest) -> None:
+        """Prefill `request` on the worker until done or a request arrives (then it waits its turn again)."""
+        assert self._loop is not None
+
+        def should_stop() -> bool:  # read on the worker thread; the list's truth needs no lock
+            return bool(self._waiting) or self._stopping
+
+        self._warming = name
+        try:
+            cached, total = await self._loop.run_in_executor(
+                self._executor, self._session.prefill, request, should_stop
+            )
+        except Exception:
+            log.exception("warming %s failed", name)
+            return
+        finally:
+            self._warming = None
+        if cached < total and name not in self._to_warm and not self._stopping:
+            self._to_warm[name] = request
+            self._to_warm.move_to_end(name, last=False)  # after the documents offered since
+        log.info("warm %s: %d of %d prompt tokens cached", name, cached, total)
 
     def _generate(self, job: _Job) -> Done:
         """On the worker thread: run one rewrite, streaming text and steps back through the loop."""
@@ -684,6 +738,11 @@ class Daemon:
                 "cancelled": running.cancel_flag.is_set(),
             },
             "served": dict(self._served),
+            "prefix_cache": engine.prefix_cache.describe()
+            if engine is not None and engine.prefix_cache is not None
+            else None,
+            "warming": self._warming,
+            "to_warm": len(self._to_warm),
             "recent": list(self._recent),
             "idle_timeout": self.config.idle_timeout,
             "max_frame_size": self.config.max_frame_size,

@@ -12,6 +12,8 @@ The length is checked against the receiver's maximum *before* anything is alloca
                                        <-    text {id, delta} / step {id, info} (one of each per engine step)
     cancel {id}                        ->                                      (any time; unknown ids ignored)
                                        <-    done {id, outcome | error_code, error_message} (one per rewrite)
+    warm {request}                     ->                                      (a document the user has open)
+                                       <-    warm_ok {accepted}                (prefilled when nothing else runs)
     status {}                          ->
                                        <-    status_ok {info}
     stop {}                            ->
@@ -50,7 +52,7 @@ from specedit.engine.errors import (
     SpeceditError,
 )
 
-PROTOCOL_VERSION = 2  # 2: requests, steps and outcomes as their dataclasses (`to_wire`)
+PROTOCOL_VERSION = 3  # 2: requests, steps and outcomes as their dataclasses (`to_wire`); 3: warm, document
 # A request holds at most MAX_INPUT_BYTES (1 MB) each of original, instruction and sketch (`requests`).
 DEFAULT_MAX_FRAME_SIZE = 4 * 1024 * 1024
 HELLO_MAX_FRAME_SIZE = 64 * 1024  # before the hello is accepted (TCP: before the token is checked)
@@ -113,6 +115,13 @@ class Cancel(TypedDict):
     id: str
 
 
+class Warm(TypedDict):
+    """Prefill this document's shared prompt start while idle; a newer one of the same name replaces it."""
+
+    type: Literal["warm"]
+    request: dict[str, Any]  # a `WarmRequest` (`to_wire`)
+
+
 class Status(TypedDict):
     type: Literal["status"]
 
@@ -163,6 +172,11 @@ class Done(TypedDict):
     error_message: str | None
 
 
+class WarmOk(TypedDict):
+    type: Literal["warm_ok"]
+    accepted: bool  # False: the daemon keeps no prefix cache, or the request was not a `WarmRequest`
+
+
 class StatusOk(TypedDict):
     type: Literal["status_ok"]
     info: dict[str, Any]
@@ -179,8 +193,8 @@ class Error(TypedDict):
     id: str | None  # the request it is about, when there is one
 
 
-ClientMessage = Hello | Rewrite | Cancel | Status | Stop
-DaemonMessage = HelloOk | Queued | Started | Text | Step | Done | StatusOk | StopOk | Error
+ClientMessage = Hello | Rewrite | Cancel | Warm | Status | Stop
+DaemonMessage = HelloOk | Queued | Started | Text | Step | Done | WarmOk | StatusOk | StopOk | Error
 Message = ClientMessage | DaemonMessage
 
 
@@ -194,8 +208,8 @@ def _schemas(*declarations: type) -> dict[str, dict[str, Any]]:
     return schemas
 
 
-_CLIENT_SCHEMAS = _schemas(Hello, Rewrite, Cancel, Status, Stop)
-_DAEMON_SCHEMAS = _schemas(HelloOk, Queued, Started, Text, Step, Done, StatusOk, StopOk, Error)
+_CLIENT_SCHEMAS = _schemas(Hello, Rewrite, Cancel, Warm, Status, Stop)
+_DAEMON_SCHEMAS = _schemas(HelloOk, Queued, Started, Text, Step, Done, WarmOk, StatusOk, StopOk, Error)
 CLIENT_MESSAGE_TYPES = tuple(_CLIENT_SCHEMAS)
 DAEMON_MESSAGE_TYPES = tuple(_DAEMON_SCHEMAS)
 

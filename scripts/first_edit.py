@@ -1,0 +1,190 @@
+"""How long a user waits for the first edit: the language server, a live rewrite, an edit near the top.
+
+    .venv/bin/python scripts/first_edit.py [--sizes 50,200,1000] [--json bench-results/first-edit.json]
+
+Starts the language server as an editor does (`python -m specedit.lsp`, the shared engine daemon with the
+default model, in a private runtime folder), and plays the editor with the end-to-end tests' client
+(`tests/test_lsp_e2e.py`: it applies the server's edits and reports the changes back, as VS Code and
+Neovim do). For the first 50, 200 and 1,000 lines of a real file (psf/requests, from
+`../shared/data/edits/git_history.jsonl`) it asks for a live rewrite whose edit is on the first line:
+
+- cold: the request comes right after the document is opened (the engine loaded, the file never seen);
+- warm: the document has been open long enough for the daemon to prefill it (`lsp.warming`).
+
+and reports the time to the first edit applied in the editor (from sending the request), the prefill's
+share, and the tokens reused; then cancels the rewrite. Last, two command-line rewrites of the 200-line
+file through the same daemon: the second's prefill against the first's. Run nothing else meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from lsprotocol import types
+from pytest_lsp import ClientServerConfig, client_capabilities
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from test_lsp_e2e import EditorClient, command, make_client, send_rewrite  # noqa: E402
+
+from specedit.engine.serving.client import EngineClient  # noqa: E402
+from specedit.engine.serving.config import SOCKET_NAME  # noqa: E402
+from specedit.lsp import protocol  # noqa: E402
+
+SOURCE_CASE = "git/psf/requests/dfe46c1b7f55"  # 1,094 lines of requests' Python
+INSTRUCTION = "Add the comment line `# Reviewed.` at the very top of the file. Change nothing else."
+CLI_INSTRUCTIONS = ("Add a comment `# checked` at the top of the file.", "Add a comment `# seen` at the top.")
+
+
+def source_lines() -> list[str]:
+    with (ROOT.parent / "shared" / "data" / "edits" / "git_history.jsonl").open(encoding="utf-8") as cases:
+        for line in cases:
+            case = json.loads(line)
+            if case["id"] == SOURCE_CASE:
+                return list(case["before"].splitlines(keepends=True))
+    raise SystemExit(f"{SOURCE_CASE} is not in git_history.jsonl")
+
+
+def daemon_status(socket: Path) -> dict[str, Any]:
+    with EngineClient.connect(socket) as daemon:
+        return daemon.status()
+
+
+async def wait_warmed(socket: Path, timeout: float = 900.0) -> float:
+    """Seconds until the daemon has nothing left to warm."""
+    started = time.monotonic()
+    await asyncio.sleep(1.5)  # the server offers a document a second after it opened
+    while True:
+        info = daemon_status(socket)
+        if info["warming"] is None and not info["to_warm"] and info["running"] is None:
+            return time.monotonic() - started
+        if time.monotonic() - started > timeout:
+            raise SystemExit("warming did not finish")
+        await asyncio.sleep(0.1)
+
+
+async def first_edit(client: EditorClient, uri: str, text: str) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    params = {"textDocument": {"uri": uri, "version": 1}, "instruction": INSTRUCTION, "delivery": "live"}
+    pending = asyncio.ensure_future(send_rewrite(client, params))
+    while client.documents[uri].text == text and not pending.done():
+        await asyncio.sleep(0.005)
+    seconds = loop.time() - started
+    await command(client, protocol.COMMAND_CANCEL, {"uri": uri})
+    result = await pending
+    stats = result.get("stats", {})
+    return {
+        "first_edit_seconds": round(seconds, 2),
+        "edited": client.documents[uri].text != text,
+        "status": result["status"],
+        "prefill_seconds": stats.get("prefill_seconds"),
+        "prompt_tokens": stats.get("prompt_tokens"),
+        "reused_tokens": stats.get("reused_tokens"),
+        "prefill_tokens": stats.get("prefill_tokens"),
+        "queue_seconds": stats.get("queue_seconds"),
+    }
+
+
+def cli_prefills(socket: Path, path: Path) -> list[float]:
+    seconds = []
+    for number, instruction in enumerate(CLI_INSTRUCTIONS):
+        stats = path.with_suffix(f".stats{number}.json")
+        command = [
+            str(Path(sys.executable).parent / "specedit"),
+            "rewrite",
+            str(path),
+            "-i",
+            instruction,
+            "--engine",
+            str(socket),
+        ]
+        command += ["--max-new-tokens", "8", "--stats", str(stats), "--no-progress", "-o", os.devnull]
+        subprocess.run(command, check=False, capture_output=True)
+        seconds.append(json.loads(stats.read_text())["prefill_seconds"])
+    return seconds
+
+
+async def measure(sizes: list[int]) -> dict[str, Any]:
+    lines = source_lines()
+    runtime = Path(tempfile.mkdtemp(prefix="se-"))
+    runtime.chmod(0o700)
+    socket = runtime / "specedit" / SOCKET_NAME
+    config = ClientServerConfig(
+        server_command=[sys.executable, "-m", "specedit.lsp", "--threads", "2"],
+        client_factory=lambda: make_client("nvim"),
+        server_env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
+    )
+    client = await config.start()
+    assert isinstance(client, EditorClient)
+    report: dict[str, Any] = {"load_average_before": os.getloadavg(), "runs": []}
+    try:
+        result = await client.initialize_session(
+            types.InitializeParams(
+                capabilities=client_capabilities("neovim"), initialization_options={"specedit": {"delivery": "live"}}
+            )
+        )
+        client.encoding = str(result.capabilities.position_encoding or "utf-16")
+        # Load the model first: its load is not what is measured here.
+        client.open("file:///work/load.py", "x = 1\n")
+        await first_edit(client, "file:///work/load.py", "x = 1\n")
+        info = daemon_status(socket)
+        report["exactness"] = info["exactness"]
+        print(f"CPU class {info['exactness']['cpu_class']}, {info['dtype']}, load {os.getloadavg()}", file=sys.stderr)
+        for size in sizes:
+            for mode in ("cold", "warm"):
+                text = f"# {mode} {size}\n" + "".join(lines[:size])  # shares nothing with the others
+                uri = f"file:///work/{mode}-{size}.py"
+                if mode == "warm":
+                    await wait_warmed(socket)  # what is left from the cold run
+                client.open(uri, text)
+                warm_seconds = await wait_warmed(socket) if mode == "warm" else None
+                run = {"lines": size, "mode": mode, "warm_seconds": warm_seconds, **await first_edit(client, uri, text)}
+                cache = daemon_status(socket)["prefix_cache"]
+                run["prefix_cache"] = cache
+                report["runs"].append(run)
+                print(json.dumps(run), file=sys.stderr)
+                client.close(uri)
+        await wait_warmed(socket)
+        path = runtime / "requests_200.py"
+        path.write_text("".join(lines[:200]), encoding="utf-8")
+        report["cli_prefill_seconds"] = cli_prefills(socket, path)
+        print(f"command line, the same file twice: prefill {report['cli_prefill_seconds']} s", file=sys.stderr)
+    finally:
+        report["load_average_after"] = os.getloadavg()
+        await client.shutdown_session()
+        await client.stop()
+        if socket.exists():
+            with EngineClient.connect(socket) as daemon:
+                daemon.stop()
+    return report
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="50,200,1000")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    report = asyncio.run(measure([int(size) for size in args.sizes.split(",")]))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    for run in report["runs"]:
+        print(
+            f"{run['lines']:>5} lines {run['mode']}: first edit {run['first_edit_seconds']} s "
+            f"(prefill {run['prefill_seconds']} s of {run['prefill_tokens']} tokens, {run['reused_tokens']} reused)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
