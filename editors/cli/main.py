@@ -225,7 +225,8 @@ def rewrite_command(args: argparse.Namespace) -> int:
             log.warning("the engine flags (--model, --draft-model, ...) are ignored with --engine: it serves its own")
         session = RemoteSession(args.engine, token_file=args.engine_token_file, client_name="specedit rewrite")
     else:
-        session = local_session(options)
+        # One process, one pass over the files: no later request could reuse a kept prompt cache.
+        session = local_session(dataclasses.replace(options, prefix_cache_mb=0))
     all_stats: list[dict[str, Any]] = []
     results: list[tuple[SourceText, str]] = []
     stream_to_stdout = not (args.in_place or args.output or args.diff)
