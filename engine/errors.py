@@ -54,6 +54,12 @@ class FileChangedError(SpeceditError):
     exit_code = 9
 
 
+class MergeError(SpeceditError):
+    """The answer to an edit sketch is not a merge of it (`merge_checks`): nothing is written or applied."""
+
+    exit_code = 11
+
+
 class WriteError(SpeceditError):
     """The result could not be written (a read-only or full file system, no permission): nothing was
     replaced, and no file was left behind."""

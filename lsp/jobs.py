@@ -21,6 +21,7 @@ from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
 from specedit.engine.errors import EngineUnavailableError, ModelLoadError, SpeceditError
+from specedit.engine.merge_checks import MergeCheck, check_merge
 from specedit.engine.prompts import language_for_path
 from specedit.engine.requests import RewriteOutcome, RewriteRequest, StepInfo
 from specedit.engine.session import Session
@@ -260,6 +261,10 @@ class Rewrites:
         doc = self._documents.get(job.uri)
         status: protocol.Status
         message = ""
+        if outcome.complete and job.stop_reason is None and job.request.sketch is not None:
+            check = check_merge(job.request.original, job.request.sketch, outcome.text)
+            if not check.ok:
+                return await self._not_a_merge(job, doc, outcome, check)
         if outcome.complete and job.stop_reason is None:
             try:
                 hunks = job.core.finish(outcome.text)
@@ -294,6 +299,22 @@ class Rewrites:
         if job.uri not in self._documents:
             self.jobs.pop(job.id, None)
         return result
+
+    async def _not_a_merge(
+        self, job: RewriteJob, doc: DocumentState | None, outcome: RewriteOutcome, check: MergeCheck
+    ) -> protocol.RewriteResult:
+        """An answer to a sketch that is not a merge is never left in the document: nothing more is written,
+        and what a live rewrite wrote already is restored; no hunk is offered."""
+        region = job.core.region
+        for hunk_id in sorted(region.hunks):
+            region.mark_rejected(hunk_id)
+        applied = [hunk_id for hunk_id in sorted(region.hunks) if region.states[hunk_id] is HunkState.APPLIED]
+        if doc is not None:
+            if applied:
+                await self._carry_out(job, doc, Intent(job.core, "revert", applied))
+            await self._waiting.until(lambda: not doc.pending_intents(job.core) or job.uri not in self._documents)
+        message = f"the answer is not a merge of the edit sketch: {check.describe()}; nothing was applied"
+        return {"jobId": job.id, "status": "error", "message": message, "stats": outcome.stats}
 
     def _error_result(self, job: RewriteJob, error: BaseException) -> protocol.RewriteResult:
         if isinstance(error, (EngineUnavailableError, ModelLoadError)) and not self._engine_error_shown:

@@ -150,14 +150,27 @@ MEMORISED_REWRITES = [
     ("x = 1\ny = 2\n", "Make y three.", "x = 1\ny = 3\n"),
     ("print('héllo 🙂')\r\nz = 0\r\n", "Set z to 5.", "print('héllo 🙂')\nz = 5\n"),
 ]
+# An edit sketch the model answers by echoing it, elision marker and all: what the merge checks catch.
+# (original, sketch, answer)
+ECHOED_SKETCH = (
+    "def add(a, b):\n    return a + b\n\n\nprint(add(1, 2))\n",
+    "def add(a, b):\n    return a - b\n\n# ... existing code ...\n",
+    "def add(a, b):\n    return a - b\n\n# ... existing code ...\n",
+)
 
 
 def train_memorising_model(tokenizer: Any, *, steps: int = 200) -> Any:
     from specedit.engine.prompts import RewritePrompt, build_prompt
 
     sequences = []
-    for original, instruction, answer in MEMORISED_REWRITES:
-        prompt = build_prompt(tokenizer, RewritePrompt(original.replace("\r\n", "\n"), instruction, None, "python"))
+    prompts = [
+        (RewritePrompt(original.replace("\r\n", "\n"), instruction, None, "python"), answer)
+        for original, instruction, answer in MEMORISED_REWRITES
+    ]
+    original, sketch, answer = ECHOED_SKETCH
+    prompts.append((RewritePrompt(original, None, sketch, "python"), answer))
+    for rewrite_prompt, answer in prompts:
+        prompt = build_prompt(tokenizer, rewrite_prompt)
         ids = [*tokenizer.encode(prompt + answer + "```\n", add_special_tokens=False), tokenizer.eos_token_id]
         sequences.append(torch.tensor(ids))
     batch = torch.nn.utils.rnn.pad_sequence(sequences, batch_first=True, padding_value=0)  # (B, T)

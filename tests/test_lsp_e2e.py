@@ -500,6 +500,24 @@ async def test_code_action_from_an_instruction_comment(client: EditorClient, exp
     client.close(uri)
 
 
+@pytest.mark.parametrize("delivery", ["live", "preview", "final"])
+async def test_an_echoed_sketch_is_never_left_in_the_document(client: EditorClient, delivery: str) -> None:
+    """The model answers the sketch with the sketch itself, elision marker and all: whatever a live rewrite
+    wrote is restored, nothing else is written, and no hunk is offered."""
+    from conftest import ECHOED_SKETCH
+
+    original, sketch, _ = ECHOED_SKETCH
+    uri = new_uri("sketch")
+    client.open(uri, original)
+    params = {"textDocument": {"uri": uri, "version": 1}, "sketch": sketch, "delivery": delivery}
+    result = await send_rewrite(client, params)
+    assert result["status"] == "error" and "not a merge of the edit sketch" in result["message"], result
+    assert "elision markers" in result["message"] and "drops code" in result["message"]
+    assert result.get("hunks", []) == []
+    assert (await settle(client, uri)) == original
+    client.close(uri)
+
+
 async def test_bad_requests_are_json_rpc_errors(client: EditorClient) -> None:
     from pygls.exceptions import JsonRpcInvalidParams
 

@@ -30,7 +30,8 @@ from specedit.cli.files import (
 )
 from specedit.cli.progress import RewriteProgress
 from specedit.cli.serve_command import add_serve_parser, serve_command
-from specedit.engine.errors import FileChangedError, IncompleteOutputError, InputError, SpeceditError
+from specedit.engine.errors import FileChangedError, IncompleteOutputError, InputError, MergeError, SpeceditError
+from specedit.engine.merge_checks import check_merge
 from specedit.engine.options import EngineOptions, add_engine_arguments
 from specedit.engine.requests import DRAFT_METHODS
 from specedit.lsp.command import add_lsp_parser, lsp_command
@@ -257,6 +258,13 @@ def rewrite_command(args: argparse.Namespace) -> int:
                 f"{source.name}: the model used all {result.stats.get('generated_tokens')} tokens of its budget "
                 "without finishing the code; no file was written (raise --max-new-tokens)"
             )
+        if request.sketch is not None:  # an echoed sketch or lost code is never written
+            try:
+                check_merge(region.region, request.sketch, result.text).raise_if_not_ok(source.name)
+            except MergeError:
+                if args.stats:
+                    write_stats(args.stats, all_stats)
+                raise
         new_text = region.before + result.text + region.after
         if args.diff:
             print_diff(source.name, source.text, new_text)

@@ -1,0 +1,120 @@
+"""An answer to an edit sketch is written only when it is a merge: the failure modes users met, caught."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specedit.cli.main import main
+from specedit.engine.merge_checks import check_merge, is_elision
+
+from conftest import ECHOED_SKETCH
+
+ORIGINAL = """\
+import os
+
+
+def load(path):
+    with open(path) as handle:
+        return handle.read()
+
+
+def display_output(text):
+    for line in text.splitlines():
+        print(line)
+
+
+def main():
+    display_output(load(os.environ["FILE"]))
+"""
+
+SKETCH = """\
+# ... existing code ...
+
+def load(path):
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+# ... existing code ...
+"""
+
+MERGED = ORIGINAL.replace("open(path)", 'open(path, encoding="utf-8")')
+
+
+def test_a_merge_passes() -> None:
+    assert check_merge(ORIGINAL, SKETCH, MERGED).ok
+
+
+def test_an_echoed_sketch_is_caught() -> None:
+    check = check_merge(ORIGINAL, SKETCH, SKETCH)
+    assert check.markers == ["# ... existing code ...", "# ... existing code ..."]
+    assert "display_output(text):" in " ".join(check.dropped)
+
+
+def test_code_the_sketch_did_not_touch_must_survive() -> None:
+    answer = MERGED.replace("def display_output(text):\n    for line in text.splitlines():\n        print(line)\n", "")
+    check = check_merge(ORIGINAL, SKETCH, answer)
+    assert check.dropped == ["def display_output(text):", "for line in text.splitlines():", "print(line)"]
+    assert not check.markers and not check.missing
+
+
+def test_an_ignored_change_is_caught() -> None:
+    check = check_merge(ORIGINAL, SKETCH, ORIGINAL)
+    assert check.missing == ['with open(path, encoding="utf-8") as handle:']
+    assert "leaves out lines the sketch adds" in check.describe()
+
+
+def test_a_chunk_may_change_and_delete_what_it_spans() -> None:
+    """The chunk spans `load` (its first and last lines match): the body it replaces is not 'dropped'."""
+    sketch = "# ...\n\ndef load(path):\n    return Path(path).read_text()\n\n# ...\n"
+    answer = ORIGINAL.replace(
+        "    with open(path) as handle:\n        return handle.read()\n", "    return Path(path).read_text()\n"
+    )
+    assert check_merge(ORIGINAL, sketch, answer).ok
+
+
+def test_a_changed_line_is_located_by_likeness() -> None:
+    """The sketch's first chunk changes the import line (no exact match): it still stands at the top, and
+    the chunk after the last marker covers the file's end."""
+    original = 'from api import App\n\napp = App()\n\n@app.get("/")\ndef root():\n    return {"hello": "world"}\n'
+    sketch = (
+        'from api import App, HTTPError\n\n# ... same ...\n\n@app.get("/")\ndef root():\n    raise HTTPError(404)\n'
+    )
+    answer = original.replace("App\n", "App, HTTPError\n", 1).replace(
+        'return {"hello": "world"}', "raise HTTPError(404)"
+    )
+    assert check_merge(original, sketch, answer).ok
+
+
+def test_a_sketch_without_markers_covers_what_it_spans() -> None:
+    original = "class Hello:\n    def hello(self):\n        return 'hi'\n\n\n"
+    original += "class Bye:\n    def bye(self):\n        return 'bye'\n"
+    sketch = "class Bye:\n    def bye(self):\n        return 'au revoir'\n"
+    assert check_merge(original, sketch, original.replace("'bye'", "'au revoir'")).ok
+    assert not check_merge(original, sketch, sketch).ok  # the answer lost class Hello
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["// ... existing code ...", "# ... (same as before)", "...", "  /* rest of the file unchanged */", "-- ..."],
+)
+def test_elision_markers(line: str) -> None:
+    assert is_elision(line)
+
+
+@pytest.mark.parametrize("line", ["print(*args, ...)", "return [...items]", "# a comment", "x = ...  # default"])
+def test_code_is_not_a_marker(line: str) -> None:
+    assert not is_elision(line)
+
+
+def test_the_command_line_writes_no_echoed_sketch(tmp_path: Path, memorising_model_dir: Path) -> None:
+    original, sketch, _ = ECHOED_SKETCH
+    source, sketch_file, output = tmp_path / "add.py", tmp_path / "sketch.py", tmp_path / "out.py"
+    source.write_text(original)
+    sketch_file.write_text(sketch)
+    common = ["rewrite", str(source), "--sketch", str(sketch_file), "--model", str(memorising_model_dir)]
+    assert main([*common, "--no-progress", "-o", str(output)]) == 11
+    assert not output.exists()
+    assert main([*common, "--no-progress", "--in-place"]) == 11
+    assert source.read_text() == original and not (tmp_path / "add.py.orig").exists()
