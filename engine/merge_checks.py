@@ -26,10 +26,20 @@ from rapidfuzz import fuzz, process
 
 from specedit.engine.errors import MergeError
 
-# A comment line that stands for code left out, or a line that is only an ellipsis.
-_COMMENT = r"(?:#|//|--|/\*+|\*|<!--|;+|%|\{/\*)"
-_ELISION_WORDS = r"(?:\.\.\.|…|existing code|unchanged|same as before|rest of (?:the )?(?:code|file|class|function))"
-ELISION = re.compile(rf"^\s*(?:{_COMMENT}.*{_ELISION_WORDS}.*|\.\.\.|…)\s*$", re.IGNORECASE)
+# A comment line that stands for code left out, or a line that is only an ellipsis: "// ... existing code
+# ...", "# ... (same as before)", "/* rest of the file unchanged */", "-- ...". Not a comment that merely
+# holds an ellipsis ("* @param {...number} args") or says "unchanged" in passing ("# keep it unchanged").
+_COMMENT_START = re.compile(r"^(?:#+|//+|--|/\*+|\*|<!--|;+|%|\{/\*)")
+_COMMENT_END = re.compile(r"(?:\*+/\}?|-->)$")
+_ELLIPSIS = re.compile(r"\.\.\.|…")
+_ELIDES = re.compile(  # what an elision says, with an ellipsis beside it
+    r"\b(?:existing|unchanged|same|before|rest|remaining|other|previous|original|omitted|elided|etc)\b"
+)
+_ELIDES_ALONE = re.compile(  # what says it without one
+    r"existing code|same as before|(?:code|file|rest|everything else|remainder) (?:is |stays |remains )?"
+    r"unchanged|unchanged (?:code|lines)|rest of (?:the )?(?:code|file|class|function|module|methods)"
+)
+MAX_ELISION_WORDS = 8
 MIN_ALNUM = 3  # a line counts when it has at least this many letters or digits
 FUZZY_SCORE = 50  # rapidfuzz's ratio (0-100) from which a changed line is taken to stand for an original one
 
@@ -65,7 +75,19 @@ class MergeCheck:
 
 
 def is_elision(line: str) -> bool:
-    return bool(ELISION.match(line))
+    text = line.strip()
+    if text in ("...", "…"):
+        return True
+    start = _COMMENT_START.match(text)
+    if start is None:
+        return False
+    body = _COMMENT_END.sub("", text[start.end() :]).strip()
+    words = _ELLIPSIS.sub(" ", body).strip(" \t()[]:,;-").lower()
+    if len(words.split()) > MAX_ELISION_WORDS:
+        return False
+    if _ELLIPSIS.search(body):
+        return not words or bool(_ELIDES.search(words))
+    return bool(_ELIDES_ALONE.search(words))
 
 
 def check_merge(original: str, sketch: str, answer: str) -> MergeCheck:

@@ -97,13 +97,33 @@ def test_a_sketch_without_markers_covers_what_it_spans() -> None:
 
 @pytest.mark.parametrize(
     "line",
-    ["// ... existing code ...", "# ... (same as before)", "...", "  /* rest of the file unchanged */", "-- ..."],
+    [
+        "// ... existing code ...",
+        "# ... (same as before)",
+        "...",
+        "  /* rest of the file unchanged */",
+        "-- ...",
+        "<!-- ... -->",
+        "# ... other methods ...",
+        "// rest of code unchanged",
+    ],
 )
 def test_elision_markers(line: str) -> None:
     assert is_elision(line)
 
 
-@pytest.mark.parametrize("line", ["print(*args, ...)", "return [...items]", "# a comment", "x = ...  # default"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "print(*args, ...)",
+        "return [...items]",
+        "# a comment",
+        "x = ...  # default",
+        " * @param {...number} values - the numbers",
+        "# keep the header unchanged",
+        "// TODO: retry ... then give up",
+    ],
+)
 def test_code_is_not_a_marker(line: str) -> None:
     assert not is_elision(line)
 
