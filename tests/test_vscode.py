@@ -93,6 +93,15 @@ def test_the_extension_in_vscode(memorising_model_dir: Path, tiny_model_dir: Pat
     assert re.search(r"\d+ passing", output) and "failing" not in output and "pending" not in output, output[-12000:]
 
 
+def test_the_extensions_sketch_case_is_conftests() -> None:
+    """rewrite.test.ts carries a copy of ECHOED_SKETCH (the memorising model's echoed sketch)."""
+    from conftest import ECHOED_SKETCH
+
+    source = (EXTENSION / "src" / "test" / "rewrite.test.ts").read_text(encoding="utf-8")
+    for text in ECHOED_SKETCH[:2]:
+        assert f"'{text.encode('unicode_escape').decode()}'" in source
+
+
 def test_the_extension_packages_as_a_vsix() -> None:
     _require(EXTENSION / "node_modules" / ".bin" / "vsce")
     returncode, output = _run(["npm", "run", "package"], cwd=EXTENSION, env=dict(os.environ), timeout=180)

@@ -14,6 +14,15 @@ end, {
   bang = true,
   desc = "specedit: rewrite the range (default: the whole buffer) as instructed; ! for a preview",
 })
+command("SpeceditApply", function(args)
+  require("specedit")._command_apply(args)
+end, {
+  nargs = "?",
+  range = true,
+  bang = true,
+  desc = "specedit: merge the edit sketch in a register (default: the clipboard) into the range or buffer; "
+    .. "a preview, ! to write it live",
+})
 command("SpeceditAccept", function()
   require("specedit").accept()
 end, { desc = "specedit: write the previewed (or pending) rewrite" })

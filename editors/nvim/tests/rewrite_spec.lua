@@ -267,3 +267,25 @@ t.it("consecutive server edits are one undo step; the user's change in between i
   vim.cmd.undo()
   t.eq("A\nB\nC\nd\n", t.text(bufnr), "the next undo: the user's change")
 end)
+
+t.it(":SpeceditApply! merges the sketch in a register; an answer that is not a merge is never applied", function()
+  specedit.setup({ cmd = settings.cmd, delivery = "live" })
+  local bufnr = t.open("sketch.py", settings.sketch_original)
+  vim.fn.setreg("s", settings.echoed_sketch)
+  local done
+  vim.api.nvim_create_autocmd("User", {
+    pattern = "SpeceditDone",
+    once = true,
+    callback = function(args)
+      done = args.data.result
+    end,
+  })
+  vim.cmd("SpeceditApply! s") -- live: whatever it wrote is taken back
+  t.wait(TIMEOUT, function()
+    return done ~= nil
+  end, "SpeceditDone")
+  t.eq("error", done.status, "status")
+  t.truthy(done.message:find("not a merge of the edit sketch", 1, true), "message: " .. tostring(done.message))
+  t.sleep(300)
+  t.eq(settings.sketch_original, t.text(bufnr), "buffer after an echoed sketch")
+end)

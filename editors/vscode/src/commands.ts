@@ -27,6 +27,7 @@ export function registerCommands(rewrites: Rewrites, server: Server): vscode.Dis
   return [
     vscode.commands.registerCommand('specedit.rewriteSelection', rewrite(false)),
     vscode.commands.registerCommand('specedit.rewriteFile', rewrite(true)),
+    vscode.commands.registerCommand('specedit.applySketch', (args?: RewriteArgs) => applySketch(rewrites, args)),
     vscode.commands.registerCommand('specedit.acceptRewrite', (uri?: vscode.Uri) => {
       const target = uri ?? activeUri();
       return target && rewrites.accept(target);
@@ -47,6 +48,30 @@ export function registerCommands(rewrites: Rewrites, server: Server): vscode.Dis
     vscode.commands.registerCommand('specedit.restartServer', () => server.restart().catch(() => undefined)),
     vscode.commands.registerCommand('specedit.showOutput', () => server.output.show()),
   ];
+}
+
+/**
+ * Merge an edit sketch (what a chat answered: the changed parts, `... existing code ...` for the rest) from
+ * the clipboard, or `args.sketch`, into the selected lines or the whole file; a preview unless
+ * `args.delivery` says otherwise. The server refuses an answer that is not a merge (nothing is applied).
+ */
+async function applySketch(rewrites: Rewrites, args?: RewriteArgs) {
+  const editor = vscode.window.activeTextEditor;
+  if (!editor) return undefined;
+  const sketch = args?.sketch ?? (await vscode.env.clipboard.readText());
+  if (!sketch.trim()) {
+    void vscode.window.showWarningMessage('specedit: the clipboard holds no edit sketch (copy the chat\'s answer first)');
+    return undefined;
+  }
+  const range = editor.selection.isEmpty ? undefined : selectedLines(editor);
+  try {
+    return await rewrites.rewrite(editor, range, { sketch, delivery: args?.delivery ?? 'preview' });
+  } catch (error) {
+    if (!(error instanceof config.ServerSetupError)) {
+      void vscode.window.showErrorMessage(`specedit: ${error instanceof Error ? error.message : String(error)}`);
+    }
+    return undefined;
+  }
 }
 
 /** The selection as whole lines (a selection ending at column 0 leaves that line out); empty: the cursor's line. */

@@ -28,7 +28,23 @@ end
 ---@param opts? table
 function M.setup(opts)
   config.set(opts)
-  preview.define_highlights()
+  --- `:SpeceditApply[!] [register]`: merge the edit sketch a chat answered (in `register`, default the
+--- clipboard `+`, else the unnamed register) into the range or the buffer; a preview, or live with !.
+function M._command_apply(args)
+  local register = args.args ~= "" and args.args or (vim.fn.has("clipboard") == 1 and "+" or '"')
+  local sketch = vim.fn.getreg(register)
+  if type(sketch) ~= "string" or vim.trim(sketch) == "" then
+    vim.notify(("specedit: register %s holds no edit sketch"):format(register), vim.log.levels.WARN)
+    return
+  end
+  local opts = { sketch = sketch, delivery = args.bang and "live" or "preview" }
+  if args.range > 0 then
+    opts.range = { args.line1, args.line2 }
+  end
+  return M.rewrite(opts)
+end
+
+preview.define_highlights()
   client.autostart()
   return M
 end

@@ -18,6 +18,11 @@ import { NAMES, RewriteResult } from '../protocol';
 const ADD = { before: 'def add(a, b):\n    return a + b\n', instruction: 'Rename add to plus.', after: 'def plus(a, b):\n    return a + b\n' };
 const XY = { before: 'x = 1\ny = 2\n', instruction: 'Make y three.', after: 'x = 1\ny = 3\n' };
 const EMOJI = { before: "print('héllo 🙂')\r\nz = 0\r\n", instruction: 'Set z to 5.', after: "print('héllo 🙂')\r\nz = 5\r\n" };
+// tests/conftest.py's ECHOED_SKETCH: the model answers this sketch with the sketch itself.
+const ECHO = {
+  before: 'def add(a, b):\n    return a + b\n\n\nprint(add(1, 2))\n',
+  sketch: 'def add(a, b):\n    return a - b\n\n# ... existing code ...\n',
+};
 const REWRITE_TIMEOUT_MS = 45_000;
 
 let api: SpeceditApi;
@@ -107,6 +112,22 @@ suite('specedit in VS Code', () => {
     );
     assert.strictEqual(result?.status, 'complete');
     assert.strictEqual(editor.document.getText(), ADD.after);
+  });
+
+  test('an edit sketch from the clipboard whose answer is not a merge is never applied', async () => {
+    const editor = await openFile(ECHO.before);
+    await vscode.env.clipboard.writeText(ECHO.sketch);
+    for (const delivery of ['preview', 'live'] as const) {
+      const args = delivery === 'live' ? { delivery } : undefined; // preview: the command's default
+      const result = await within(
+        vscode.commands.executeCommand<RewriteResult>('specedit.applySketch', args),
+        REWRITE_TIMEOUT_MS,
+        `apply sketch (${delivery})`,
+      );
+      assert.strictEqual(result?.status, 'error', JSON.stringify(result));
+      assert.match(result?.message ?? '', /not a merge of the edit sketch: it still holds elision markers/);
+      assert.strictEqual(editor.document.getText(), ECHO.before, `${delivery}: the document is as it was`);
+    }
   });
 
   test('a preview changes nothing until accepted, and Accept is one undo step', async () => {
