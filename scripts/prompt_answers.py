@@ -8,6 +8,8 @@
 
 `--regions` turns each case whose edit is one hunk into a region rewrite: the hunk's lines with
 `REGION_CONTEXT` lines either side; the answer is exact when it is the region as the real edit left it.
+Sketch cases (`scripts/sketch_cases.py`) are merged and their answers checked (`engine/merge_checks.py`):
+`summary` counts exact merges, answers the checks catch, and wrong answers the checks let through.
 Greedy decoding with the default drafters: the answer is plain decoding's (see the README).
 Run it from a checkout of any revision (`PYTHONPATH` pointing at another one) to compare their prompts.
 """
@@ -46,6 +48,7 @@ def region_case(case: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def answer(args: argparse.Namespace) -> int:
+    from specedit.engine.merge_checks import check_merge
     from specedit.engine.options import EngineOptions
     from specedit.engine.requests import RewriteRequest
     from specedit.engine.session import LocalSession
@@ -65,16 +68,24 @@ def answer(args: argparse.Namespace) -> int:
                     continue
                 fields = {"original": region["region"]}
                 expected = region["expected"]
-            request = RewriteRequest(instruction=case["instruction"], language=case["language"], **fields)
+            if "sketch" in case:  # a sketch case (scripts/sketch_cases.py): merged, then checked
+                fields["sketch"] = case["sketch"]
+            else:
+                fields["instruction"] = case["instruction"]
+            request = RewriteRequest(language=case["language"], **fields)
             started = time.monotonic()
             outcome = session.run(request)
             record = {
                 "id": case["id"],
                 "output": outcome.text,
                 "exact": outcome.text == expected,
+                "whitespace_only": outcome.text != expected and outcome.text.split() == expected.split(),
                 "status": outcome.status,
                 "seconds": round(time.monotonic() - started, 2),
             }
+            if request.sketch is not None:
+                check = check_merge(request.original, request.sketch, outcome.text)
+                record["merge_check"] = "ok" if check.ok else check.describe()
             out.write(json.dumps(record) + "\n")
             out.flush()
             written += 1
@@ -104,6 +115,23 @@ def compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def summary(args: argparse.Namespace) -> int:
+    records = [json.loads(line) for line in args.answers.read_text().splitlines()]
+    exact = sum(r["exact"] for r in records)
+    spaces = sum(r.get("whitespace_only", False) for r in records)
+    checked = [r for r in records if "merge_check" in r]
+    caught = sum(r["merge_check"] != "ok" for r in checked)
+    let_through = sum(r["merge_check"] == "ok" and not r["exact"] and not r["whitespace_only"] for r in checked)
+    wrongly_caught = sum(r["merge_check"] != "ok" and r["exact"] for r in checked)
+    print(
+        f"{len(records)} cases: {exact} exact, {spaces} differ in whitespace only; merge checks: {caught} caught "
+        f"({wrongly_caught} of them exact), {let_through} wrong answers let through; "
+        f"{sum(r['status'] != 'complete' for r in records)} incomplete; "
+        f"median {sorted(r['seconds'] for r in records)[len(records) // 2]} s"
+    )
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -115,6 +143,9 @@ def main() -> int:
     run.add_argument("--threads", type=int, default=2)
     run.add_argument("--regions", action="store_true")
     run.set_defaults(handler=answer)
+    totals = commands.add_parser("summary")
+    totals.add_argument("answers", type=Path)
+    totals.set_defaults(handler=summary)
     both = commands.add_parser("compare")
     both.add_argument("old", type=Path)
     both.add_argument("new", type=Path)
