@@ -34,7 +34,7 @@ from specedit.engine.model.loading import load_model
 from specedit.engine.model.prefix_cache import PrefixCache
 from specedit.engine.options import EngineOptions
 from specedit.engine.requests import RewriteRequest, StepInfo, WarmRequest
-from specedit.engine.serving.client import EngineClient, ensure_daemon
+from specedit.engine.serving.client import EngineAddress, EngineClient, ensure_daemon
 from specedit.engine.serving.config import DaemonConfig
 from specedit.engine.serving.daemon import Daemon, serve
 from specedit.engine.serving.protocol import PROTOCOL_VERSION, encode_frame, recv_payload, to_wire
@@ -651,3 +651,21 @@ def _alive(pid: int) -> bool:
     with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as stat:
         return stat.read().split(")")[-1].split()[0] != "Z"
     return True
+
+
+@pytest.mark.parametrize(
+    ("text", "path"),
+    [
+        ("/run/user/1000/specedit/engine.sock", "/run/user/1000/specedit/engine.sock"),
+        ("unix:///tmp/x.sock", "/tmp/x.sock"),
+        ("unix:/tmp/x.sock", "/tmp/x.sock"),  # the form the editors' settings document
+    ],
+)
+def test_engine_addresses_name_a_socket(text: str, path: str) -> None:
+    assert EngineAddress.parse(text) == EngineAddress(path=Path(path))
+
+
+@pytest.mark.parametrize("text", ["", "http://host:1", "tcp://host", "tcp://:7341", "tcp://host:99999"])
+def test_other_addresses_are_refused(text: str) -> None:
+    with pytest.raises(EngineUnavailableError, match="not an engine address"):
+        EngineAddress.parse(text)

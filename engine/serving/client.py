@@ -72,7 +72,8 @@ class EngineAddress:
 
     @classmethod
     def parse(cls, text: str | os.PathLike[str]) -> EngineAddress:
-        """`/run/user/1000/specedit/engine.sock`, `unix:///tmp/x.sock`, `tcp://127.0.0.1:7341`, `tcp://[::1]:7341`."""
+        """`/run/user/1000/specedit/engine.sock`, `unix:///tmp/x.sock` or `unix:/tmp/x.sock`,
+        `tcp://127.0.0.1:7341`, `tcp://[::1]:7341`."""
         text = os.fspath(text)
         if text.startswith("tcp://"):
             rest = text[len("tcp://") :].rstrip("/")
@@ -81,8 +82,10 @@ class EngineAddress:
             if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise EngineUnavailableError(f"not an engine address: {text!r} (expected tcp://HOST:PORT)")
             return cls(host=host, port=int(port))
-        if text.startswith("unix://"):
-            text = text[len("unix://") :]
+        for scheme in ("unix://", "unix:"):  # the URL form, and the short one the editors' settings show
+            if text.startswith(scheme):
+                text = text[len(scheme) :]
+                break
         if not text or "://" in text:
             raise EngineUnavailableError(f"not an engine address: {text!r} (a socket path or tcp://HOST:PORT)")
         return cls(path=Path(text).expanduser())
