@@ -149,6 +149,7 @@ MEMORISED_REWRITES = [
     ("def add(a, b):\n    return a + b\n", "Rename add to plus.", "def plus(a, b):\n    return a + b\n"),
     ("x = 1\ny = 2\n", "Make y three.", "x = 1\ny = 3\n"),
     ("print('héllo 🙂')\r\nz = 0\r\n", "Set z to 5.", "print('héllo 🙂')\nz = 5\n"),
+    ("x = 1\ny = 3\n", "Make y three.", "x = 1\ny = 3\n"),  # nothing to change
 ]
 # An edit sketch the model answers by echoing it, elision marker and all: what the merge checks catch.
 # (original, sketch, answer)

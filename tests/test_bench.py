@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,7 @@ def test_bench_runs_every_method_on_every_case(
     assert report["settings"]["llama_cpp"] == "not installed"
     assert "llama.cpp: not installed" in table
 
-    assert [case["id"] for case in report["cases"]] == ["memorised/0", "memorised/1", "memorised/2"]
+    assert [case["id"] for case in report["cases"]] == [f"memorised/{i}" for i in range(len(MEMORISED_REWRITES))]
     for case in report["cases"]:
         plain, ours = case["methods"]["plain"], case["methods"]["specedit"]
         for run in case["methods"].values():
@@ -96,14 +97,14 @@ def test_bench_runs_every_method_on_every_case(
     ratios = sorted(
         c["methods"]["plain"]["wall_seconds"] / c["methods"]["specedit"]["wall_seconds"] for c in report["cases"]
     )
-    assert summary["speedup_vs_plain"]["specedit"] == pytest.approx(ratios[1], abs=1e-3)
+    assert summary["speedup_vs_plain"]["specedit"] == pytest.approx(statistics.median(ratios), abs=1e-3)
     # Over the faster plain reference, case by case: never more than over either one.
     fastest = sorted(
         min(c["methods"][plain]["wall_seconds"] for plain in ("plain", "plain-stock"))
         / c["methods"]["specedit"]["wall_seconds"]
         for c in report["cases"]
     )
-    assert summary["speedup_vs_fastest_plain"]["specedit"] == pytest.approx(fastest[1], abs=1e-3)
+    assert summary["speedup_vs_fastest_plain"]["specedit"] == pytest.approx(statistics.median(fastest), abs=1e-3)
 
 
 def test_bench_compares_the_chain_with_each_of_its_drafters(tmp_path: Path, memorising_model_dir: Path) -> None:

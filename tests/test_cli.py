@@ -91,6 +91,20 @@ def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 # --- rewrites with a real model that finishes its answers -------------------------------------------
 
 
+def test_a_rewrite_that_changes_nothing_says_so(
+    tmp_path: Path, memorising_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    unchanged, instruction, answer = MEMORISED_REWRITES[3]
+    assert answer == unchanged
+    source = tmp_path / "xy.py"
+    source.write_text(unchanged)
+    assert specedit("rewrite", source, "-i", instruction, "--model", memorising_model_dir, "--diff") == 0
+    captured = capsys.readouterr()
+    assert captured.out == "" and f"specedit: {source}: no changes" in captured.err
+    assert specedit("rewrite", source, "-i", instruction, "--model", memorising_model_dir, "--in-place") == 0
+    assert "no changes; not written" in capsys.readouterr().err and not (tmp_path / "xy.py.orig").exists()
+
+
 def test_rewrite_prints_the_new_text(
     tmp_path: Path, memorising_model_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

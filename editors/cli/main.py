@@ -266,7 +266,9 @@ def rewrite_command(args: argparse.Namespace) -> int:
                     write_stats(args.stats, all_stats)
                 raise
         new_text = region.before + result.text + region.after
-        if args.diff:
+        if new_text == source.text and not args.in_place:  # (--in-place says it when it writes nothing)
+            print(f"specedit: {source.name}: no changes", file=sys.stderr)
+        elif args.diff:
             print_diff(source.name, source.text, new_text)
         results.append((source, new_text))
     if args.stats:
