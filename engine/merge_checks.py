@@ -121,7 +121,12 @@ def check_merge(original: str, sketch: str, answer: str) -> MergeCheck:
 
 def _counted(text: str) -> list[str]:
     """The lines that count, stripped."""
-    return [line.strip() for line in text.splitlines() if sum(c.isalnum() for c in line) >= MIN_ALNUM]
+    return [line.strip() for line in text.splitlines() if _counts(line)]
+
+
+def _counts(line: str) -> bool:
+    """Whether a line says enough to be compared: `MIN_ALNUM` letters or digits."""
+    return sum(c.isalnum() for c in line) >= MIN_ALNUM
 
 
 def _chunks(sketch_lines: list[str]) -> list[tuple[list[str], bool, bool]]:
@@ -131,7 +136,7 @@ def _chunks(sketch_lines: list[str]) -> list[tuple[list[str], bool, bool]]:
     for line in sketch_lines:
         if is_elision(line):
             runs.append([])
-        elif sum(c.isalnum() for c in line) >= MIN_ALNUM:
+        elif _counts(line):
             runs[-1].append(line)
     last = len(runs) - 1
     if last == 0:  # no marker: the whole file, or a part of it with the rest implied (a method alone)

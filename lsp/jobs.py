@@ -305,13 +305,8 @@ class Rewrites:
     ) -> protocol.RewriteResult:
         """An answer to a sketch that is not a merge is never left in the document: nothing more is written,
         and what a live rewrite wrote already is restored; no hunk is offered."""
-        region = job.core.region
-        for hunk_id in sorted(region.hunks):
-            region.mark_rejected(hunk_id)
-        applied = [hunk_id for hunk_id in sorted(region.hunks) if region.states[hunk_id] is HunkState.APPLIED]
         if doc is not None:
-            if applied:
-                await self._carry_out(job, doc, Intent(job.core, "revert", applied))
+            await self._drop(job, doc, sorted(job.core.region.hunks))
             await self._waiting.until(lambda: not doc.pending_intents(job.core) or job.uri not in self._documents)
         message = f"the answer is not a merge of the edit sketch: {check.describe()}; nothing was applied"
         return {"jobId": job.id, "status": "error", "message": message, "stats": outcome.stats}
@@ -422,13 +417,19 @@ class Rewrites:
         region = job.core.region
         job.stop("cancelled")
         wanted = selector.pick(sorted(region.hunks))
-        for hunk_id in wanted:
-            region.mark_rejected(hunk_id)
-        intent = Intent(job.core, "revert", [i for i in wanted if region.states[i] is HunkState.APPLIED])
-        await self._carry_out(job, doc, intent)
+        intent = await self._drop(job, doc, wanted)
         restored = [i for i in intent.hunk_ids or [] if region.states[i] is HunkState.REJECTED]
         skipped = [i for i in wanted if region.states[i] is HunkState.DIRTY]
         return {"jobId": job.id, "applied": restored, "skipped": skipped}
+
+    async def _drop(self, job: RewriteJob, doc: DocumentState, hunk_ids: list[int]) -> Intent:
+        """Reject `hunk_ids`: those not written are no longer offered, those written are restored."""
+        region = job.core.region
+        for hunk_id in hunk_ids:
+            region.mark_rejected(hunk_id)
+        intent = Intent(job.core, "revert", [i for i in hunk_ids if region.states[i] is HunkState.APPLIED])
+        await self._carry_out(job, doc, intent)
+        return intent
 
     async def _carry_out(self, job: RewriteJob, doc: DocumentState, intent: Intent) -> None:
         doc.queue(intent)

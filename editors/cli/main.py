@@ -30,7 +30,7 @@ from specedit.cli.files import (
 )
 from specedit.cli.progress import RewriteProgress
 from specedit.cli.serve_command import add_serve_parser, serve_command
-from specedit.engine.errors import FileChangedError, IncompleteOutputError, InputError, MergeError, SpeceditError
+from specedit.engine.errors import FileChangedError, IncompleteOutputError, InputError, SpeceditError
 from specedit.engine.merge_checks import check_merge
 from specedit.engine.options import EngineOptions, add_engine_arguments
 from specedit.engine.requests import DRAFT_METHODS
@@ -251,20 +251,18 @@ def rewrite_command(args: argparse.Namespace) -> int:
         if stream_to_stdout:
             write_stdout(region.after)
         all_stats.append({"path": source.name, "finish_reason": result.finish_reason, **result.stats})
-        if not result.complete:
-            if args.stats:
-                write_stats(args.stats, all_stats)
-            raise IncompleteOutputError(
-                f"{source.name}: the model used all {result.stats.get('generated_tokens')} tokens of its budget "
-                "without finishing the code; no file was written (raise --max-new-tokens)"
-            )
-        if request.sketch is not None:  # an echoed sketch or lost code is never written
-            try:
+        try:
+            if not result.complete:
+                raise IncompleteOutputError(
+                    f"{source.name}: the model used all {result.stats.get('generated_tokens')} tokens of its "
+                    "budget without finishing the code; no file was written (raise --max-new-tokens)"
+                )
+            if request.sketch is not None:  # an echoed sketch or lost code is never written
                 check_merge(region.region, request.sketch, result.text).raise_if_not_ok(source.name)
-            except MergeError:
-                if args.stats:
-                    write_stats(args.stats, all_stats)
-                raise
+        except SpeceditError:
+            if args.stats:  # what the failed rewrite cost is still reported
+                write_stats(args.stats, all_stats)
+            raise
         new_text = region.before + result.text + region.after
         if new_text == source.text and not args.in_place:  # (--in-place says it when it writes nothing)
             print(f"specedit: {source.name}: no changes", file=sys.stderr)

@@ -76,7 +76,10 @@ class PrefixCache:
         return best, shared
 
     def _take(self, ids: Sequence[int], limit: int) -> tuple[Any, int]:
-        best, shared = self._best(ids, limit)
+        return self._taken(*self._best(ids, limit))
+
+    def _taken(self, best: _Entry | None, shared: int) -> tuple[Any, int]:
+        """`best`'s first `shared` tokens for a caller to extend (see `take`)."""
         if best is None or shared < MIN_SHARED:
             return kv_cache.new_cache(), 0
         if shared < len(best.ids):  # a part of another prompt (another file shares the system prompt)
@@ -112,11 +115,11 @@ class PrefixCache:
         """Extend the kept cache that shares most of `ids` to all of them, `WARM_CHUNK` tokens per forward,
         giving way as soon as `should_stop()` is true (between two layers); what was done is kept. Returns
         how many of the tokens are cached now. An error other than giving way drops the cache."""
-        covering, shared = self._best(ids, len(ids))
-        if covering is not None and shared == len(ids):  # warm already
-            covering.used = next(self._clock)
+        best, shared = self._best(ids, len(ids))
+        if best is not None and shared == len(ids):  # warm already
+            best.used = next(self._clock)
             return shared
-        cache, held = self._take(ids, len(ids))
+        cache, held = self._taken(best, shared)
         try:
             with torch.inference_mode(), loaded.interruptible(should_stop):
                 while held < len(ids) and not should_stop():

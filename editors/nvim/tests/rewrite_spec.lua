@@ -23,6 +23,25 @@ local function rewrite(opts)
   return results[1], job
 end
 
+--- Listen for the next SpeceditDone event (a rewrite started by a command); the returned function waits
+--- for it and gives its result.
+local function next_done()
+  local result
+  vim.api.nvim_create_autocmd("User", {
+    pattern = "SpeceditDone",
+    once = true,
+    callback = function(args)
+      result = args.data.result
+    end,
+  })
+  return function()
+    t.wait(TIMEOUT, function()
+      return result ~= nil
+    end, "SpeceditDone")
+    return result
+  end
+end
+
 local function preview_lines(bufnr)
   local lines = {}
   local ns = require("specedit.preview").ns
@@ -131,14 +150,7 @@ end)
 t.it("final (:1,$SpeceditRewrite, instruction asked for): one edit at the end", function()
   specedit.setup({ cmd = settings.cmd, delivery = "final" })
   local bufnr = t.open("final.py", settings.original)
-  local done
-  vim.api.nvim_create_autocmd("User", {
-    pattern = "SpeceditDone",
-    once = true,
-    callback = function(args)
-      done = args.data.result
-    end,
-  })
+  local done = next_done()
   local ticks = {}
   vim.api.nvim_buf_attach(bufnr, false, {
     on_lines = function()
@@ -152,11 +164,9 @@ t.it("final (:1,$SpeceditRewrite, instruction asked for): one edit at the end", 
   end
   vim.cmd("1,$SpeceditRewrite")
   vim.ui.input = input
-  t.wait(TIMEOUT, function()
-    return done ~= nil
-  end, "SpeceditDone")
+  local result = done()
   specedit.setup({ cmd = settings.cmd, delivery = "live" })
-  t.eq("complete", done.status, "status")
+  t.eq("complete", result.status, "status")
   t.eq(settings.expected, t.text(bufnr), "buffer after a final rewrite")
   t.eq(1, #ticks, "buffer changes (one edit)")
 end)
@@ -272,20 +282,11 @@ t.it(":SpeceditApply! merges the sketch in a register; an answer that is not a m
   specedit.setup({ cmd = settings.cmd, delivery = "live" })
   local bufnr = t.open("sketch.py", settings.sketch_original)
   vim.fn.setreg("s", settings.echoed_sketch)
-  local done
-  vim.api.nvim_create_autocmd("User", {
-    pattern = "SpeceditDone",
-    once = true,
-    callback = function(args)
-      done = args.data.result
-    end,
-  })
+  local done = next_done()
   vim.cmd("SpeceditApply! s") -- live: whatever it wrote is taken back
-  t.wait(TIMEOUT, function()
-    return done ~= nil
-  end, "SpeceditDone")
-  t.eq("error", done.status, "status")
-  t.truthy(done.message:find("not a merge of the edit sketch", 1, true), "message: " .. tostring(done.message))
+  local result = done()
+  t.eq("error", result.status, "status")
+  t.truthy(result.message:find("not a merge of the edit sketch", 1, true), "message: " .. tostring(result.message))
   t.sleep(300)
   t.eq(settings.sketch_original, t.text(bufnr), "buffer after an echoed sketch")
 end)

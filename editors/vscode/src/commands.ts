@@ -14,14 +14,7 @@ export function registerCommands(rewrites: Rewrites, server: Server): vscode.Dis
     if (!editor) return undefined;
     const request = args?.instruction !== undefined || args?.sketch !== undefined ? args : await askInstruction(editor, args);
     if (!request) return undefined;
-    try {
-      return await rewrites.rewrite(editor, whole ? undefined : selectedLines(editor), request);
-    } catch (error) {
-      if (!(error instanceof config.ServerSetupError)) {
-        void vscode.window.showErrorMessage(`specedit: ${error instanceof Error ? error.message : String(error)}`);
-      }
-      return undefined;
-    }
+    return run(rewrites, editor, whole ? undefined : selectedLines(editor), request);
   };
   const activeUri = (): vscode.Uri | undefined => vscode.window.activeTextEditor?.document.uri;
   return [
@@ -64,8 +57,13 @@ async function applySketch(rewrites: Rewrites, args?: RewriteArgs) {
     return undefined;
   }
   const range = editor.selection.isEmpty ? undefined : selectedLines(editor);
+  return run(rewrites, editor, range, { sketch, delivery: args?.delivery ?? 'preview' });
+}
+
+/** A rewrite of `range` (undefined: the whole file); an error is shown, not thrown (setup errors show their own). */
+async function run(rewrites: Rewrites, editor: vscode.TextEditor, range: vscode.Range | undefined, request: RewriteArgs) {
   try {
-    return await rewrites.rewrite(editor, range, { sketch, delivery: args?.delivery ?? 'preview' });
+    return await rewrites.rewrite(editor, range, request);
   } catch (error) {
     if (!(error instanceof config.ServerSetupError)) {
       void vscode.window.showErrorMessage(`specedit: ${error instanceof Error ? error.message : String(error)}`);
