@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 
 from rapidfuzz import fuzz, process
@@ -121,10 +122,10 @@ def check_merge(original: str, sketch: str, answer: str) -> MergeCheck:
 
 def _counted(text: str) -> list[str]:
     """The lines that count, stripped."""
-    return [line.strip() for line in text.splitlines() if _counts(line)]
+    return [line.strip() for line in text.splitlines() if counts(line)]
 
 
-def _counts(line: str) -> bool:
+def counts(line: str) -> bool:
     """Whether a line says enough to be compared: `MIN_ALNUM` letters or digits."""
     return sum(c.isalnum() for c in line) >= MIN_ALNUM
 
@@ -136,7 +137,7 @@ def _chunks(sketch_lines: list[str]) -> list[tuple[list[str], bool, bool]]:
     for line in sketch_lines:
         if is_elision(line):
             runs.append([])
-        elif _counts(line):
+        elif counts(line):
             runs[-1].append(line)
     last = len(runs) - 1
     if last == 0:  # no marker: the whole file, or a part of it with the rest implied (a method alone)
@@ -148,23 +149,41 @@ def _covered(original_lines: list[str], chunks: list[tuple[list[str], bool, bool
     """Indices of the original's lines that some chunk spans: from the first line of the original that one
     of the chunk's lines matches (in order, exactly; else the most alike, at least `FUZZY_SCORE`, between
     the places of its matched neighbours) to the last; a chunk that starts the sketch spans from the
-    original's start, one that ends it to the original's end."""
+    original's start, one that ends it to the original's end (a chunk with no line in the original spans
+    nothing). Each chunk is matched in the whole original
+    and, where the chunks before it were found, after them (a line its neighbours share, `Use: "test",`,
+    must not pull it back to an earlier place); it spans both."""
     covered: set[int] = set()
+    after = 0  # past the last line the chunk before matched
     for chunk, at_start, at_end in chunks:
-        matcher = difflib.SequenceMatcher(None, original_lines, chunk, autojunk=False)
-        matched = {block.b + k: block.a + k for block in matcher.get_matching_blocks() for k in range(block.size)}
-        anchors = list(matched.values())
-        for position, line in enumerate(chunk):
-            if position in matched:
-                continue
-            # A changed line stands where the most alike line is, between its neighbours' places.
-            low = max((matched[p] for p in matched if p < position), default=-1) + 1
-            high = min((matched[p] for p in matched if p > position), default=len(original_lines))
-            found = process.extractOne(line, original_lines[low:high], scorer=fuzz.ratio, score_cutoff=FUZZY_SCORE)
-            if found is not None:
-                anchors.append(low + found[2])
-        if anchors or at_start or at_end:
-            first = 0 if at_start else min(anchors)
-            last = len(original_lines) - 1 if at_end else max(anchors)
-            covered.update(range(first, last + 1))
+        spans = [_span(original_lines, chunk, low, unique) for low in (0, after) for unique in (False, True)]
+        for span in spans:
+            if span is not None:
+                first = 0 if at_start else span[0]
+                last = len(original_lines) - 1 if at_end else span[1]
+                covered.update(range(first, last + 1))
+        ordered = [span[1] for span in spans[2:] if span is not None]  # found after the chunk before
+        if ordered:
+            after = min(ordered) + 1
     return covered
+
+
+def _span(original_lines: list[str], chunk: list[str], low: int, unique: bool) -> tuple[int, int] | None:
+    """The first and last lines of `original_lines[low:]` that `chunk`'s lines match (see `_covered`); with
+    `unique`, only lines the original has once start a match (`return ret;` must not pull it elsewhere)."""
+    rest = original_lines[low:]
+    seen = Counter(rest)
+    junk = (lambda line: seen[line] != 1) if unique else None
+    matcher = difflib.SequenceMatcher(junk, rest, chunk, autojunk=False)
+    matched = {block.b + k: block.a + k for block in matcher.get_matching_blocks() for k in range(block.size)}
+    anchors = list(matched.values())
+    for position, line in enumerate(chunk):
+        if position in matched:
+            continue
+        # A changed line stands where the most alike line is, between its neighbours' places.
+        start = max((matched[p] for p in matched if p < position), default=-1) + 1
+        stop = min((matched[p] for p in matched if p > position), default=len(rest))
+        found = process.extractOne(line, rest[start:stop], scorer=fuzz.ratio, score_cutoff=FUZZY_SCORE)
+        if found is not None:
+            anchors.append(start + found[2])
+    return (low + min(anchors), low + max(anchors)) if anchors else None

@@ -4,9 +4,11 @@
         --language python --max-chars 6000 --limit 20 --out bench-results/sketch-git-python.jsonl
 
 For each before/after pair, the sketch is the after's changed lines with `--context` lines either side,
-the rest elided by the language's comment (`# ... existing code ...`, `// ... existing code ...`). Each
-case keeps `before` and `after` (the merge it should give) and drops the instruction: `sketch` takes its
-place. Cases whose edit changes nothing, or whose sketch would be most of the file, are left out.
+the rest elided by the language's comment (`# ... existing code ...`, `// ... existing code ...`). With
+`--styles mixed` the elisions take, case by case in turn, the forms chat models also write: a bare `...`,
+`// rest unchanged`, `# ... (same as before)`. Each case keeps `before` and `after` (the merge it should
+give) and drops the instruction: `sketch` takes its place. Cases whose edit changes nothing, or whose
+sketch would be most of the file, are left out.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import difflib
 import json
 import sys
 from pathlib import Path
+
+from specedit.engine.merge_checks import counts
 
 COMMENT = {
     "python": "#",
@@ -30,27 +34,43 @@ COMMENT = {
 MAX_SKETCH_SHARE = 0.6  # a sketch holding more of the file than this is a rewrite, not a sketch
 
 
-def elision(language: str) -> str:
-    return f"{COMMENT.get(language.lower(), '//')} ... existing code ..."
+# How chat models write an elision: `{c}` is the language's line comment.
+STYLES = ("{c} ... existing code ...", "...", "{c} rest unchanged", "{c} ... (same as before)")
 
 
-def sketch_of(before: str, after: str, language: str, context: int) -> str | None:
+def elision(language: str, style: int = 0) -> str:
+    return STYLES[style].format(c=COMMENT.get(language.lower(), "//"))
+
+
+def sketch_of(before: str, after: str, language: str, context: int, style: int = 0) -> str | None:
+    """The sketch of the edit `before` -> `after`: each changed part of `after` with `context` lines either
+    side, widened until that context holds a line that says something (`merge_checks.counts`: blank lines
+    and a lone `}` do not say where a deletion next to them was)."""
     old, new = before.splitlines(keepends=True), after.splitlines(keepends=True)
-    groups = list(difflib.SequenceMatcher(None, old, new, autojunk=False).get_grouped_opcodes(context))
-    if not groups:
+    parts: list[list[int]] = []  # [start, stop) in `new`, per changed part
+    for tag, _, _, new_start, new_stop in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        start, stop = max(0, new_start - context), min(len(new), new_stop + context)
+        while start > 0 and not any(counts(line) for line in new[start:new_start]):
+            start -= 1
+        while stop < len(new) and not any(counts(line) for line in new[new_stop:stop]):
+            stop += 1
+        if parts and start <= parts[-1][1]:
+            parts[-1][1] = max(parts[-1][1], stop)
+        else:
+            parts.append([start, stop])
+    if not parts:
         return None
-    marker = elision(language) + "\n"
-    parts: list[str] = []
-    for number, group in enumerate(groups):
-        first, last = group[0], group[-1]
-        if number == 0 and first[3] > 0:
-            parts.append(marker)
+    marker = elision(language, style) + "\n"
+    pieces = [marker] if parts[0][0] > 0 else []
+    for number, (start, stop) in enumerate(parts):
         if number > 0:
-            parts.append(marker)
-        parts.append("".join(new[first[3] : last[4]]))
-        if number == len(groups) - 1 and last[4] < len(new):
-            parts.append(marker)
-    sketch = "".join(parts)
+            pieces.append(marker)
+        pieces.append("".join(new[start:stop]))
+    if parts[-1][1] < len(new):
+        pieces.append(marker)
+    sketch = "".join(pieces)
     return sketch if len(sketch) <= MAX_SKETCH_SHARE * len(after) else None
 
 
@@ -62,8 +82,10 @@ def main() -> int:
     parser.add_argument("--context", type=int, default=2)
     parser.add_argument("--max-chars", type=int, default=8000)
     parser.add_argument("--limit", type=int, default=20)
+    parser.add_argument("--styles", choices=("existing", "mixed"), default="existing")
+    parser.add_argument("--skip", type=int, default=0, help="leave out the first N cases that qualify")
     args = parser.parse_args()
-    written = 0
+    written = skipped = 0
     with args.cases.open(encoding="utf-8") as cases, args.out.open("w", encoding="utf-8") as out:
         for line in cases:
             case = json.loads(line)
@@ -71,8 +93,12 @@ def main() -> int:
                 continue
             if len(case["before"]) >= args.max_chars:
                 continue
-            sketch = sketch_of(case["before"], case["after"], case["language"], args.context)
+            style = written % len(STYLES) if args.styles == "mixed" else 0
+            sketch = sketch_of(case["before"], case["after"], case["language"], args.context, style)
             if sketch is None:
+                continue
+            if skipped < args.skip:
+                skipped += 1
                 continue
             record = {key: case[key] for key in ("id", "language", "before", "after", "source") if key in case}
             out.write(json.dumps({**record, "sketch": sketch}) + "\n")

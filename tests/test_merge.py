@@ -1,0 +1,154 @@
+"""Edit sketches merged by their lines: each placement rule on a small case shaped like the real ones that
+taught it, and what is left to the model."""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+
+from specedit.engine import merge
+from specedit.engine.merge import merge_sketch
+from specedit.engine.merge_checks import check_merge
+
+CALCULATOR = """\
+class Calculator {
+  constructor() {
+    this.result = 0;
+  }
+
+  add(number) {
+    this.result += number;
+    return this;
+  }
+
+  reset() {
+    this.result = 0;
+    return this;
+  }
+}
+"""
+
+
+def merged(original: str, sketch: str) -> str:
+    result = merge_sketch(original, sketch)
+    assert result.resolved, result.unresolved
+    assert check_merge(original, sketch, result.text).ok
+    return result.text
+
+
+def test_the_docstring_example() -> None:
+    assert doctest.testmod(merge).failed == 0
+
+
+def test_a_changed_line_between_context_lines() -> None:
+    original = "import os\n\n\ndef load(path):\n    with open(path) as f:\n        return f.read()\n\n\ndef main():\n"
+    sketch = (
+        "# ... existing code ...\ndef load(path):\n    with open(path, encoding='utf-8') as f:\n"
+        "        return f.read()\n# ... existing code ...\n"
+    )
+    assert merged(original, sketch) == original.replace("open(path)", "open(path, encoding='utf-8')")
+
+
+def test_a_new_method_goes_after_the_closing_brace_it_repeats() -> None:
+    """The chunk's first lines are context (`}` and a blank line): the method goes after that brace, not
+    after the first `}` of the file."""
+    sketch = "  // ... existing code ...\n  }\n\n  double(number) {\n    this.result *= 2;\n  }\n\n  reset() {\n"
+    sketch = "class Calculator {\n" + sketch + "  // ... existing code ...\n}\n"
+    expected = CALCULATOR.replace("  reset() {", "  double(number) {\n    this.result *= 2;\n  }\n\n  reset() {")
+    assert merged(CALCULATOR, sketch) == expected
+
+
+def test_a_changed_first_line_and_an_appended_function() -> None:
+    """A chunk before the first marker starts the file (its first line changed); one after the last ends it."""
+    original = "from fastapi import FastAPI\n\napp = FastAPI()\n\n\ndef root():\n    return {}\n"
+    sketch = (
+        "from fastapi import FastAPI, HTTPException\n\n# ... same ...\n\n"
+        "def root():\n    return {}\n\n\ndef missing():\n    raise HTTPException(404)\n"
+    )
+    expected = original.replace("FastAPI\n", "FastAPI, HTTPException\n", 1) + (
+        "\n\ndef missing():\n    raise HTTPException(404)\n"
+    )
+    assert merged(original, sketch) == expected
+
+
+def test_a_deletion_between_two_context_lines() -> None:
+    original = "def a():\n    return 1\n\n\ndef unused():\n    return 2\n\n\ndef b():\n    return 3\n"
+    sketch = "# ... existing code ...\n    return 1\n\n\ndef b():\n    return 3\n"
+    assert merged(original, sketch) == "def a():\n    return 1\n\n\ndef b():\n    return 3\n"
+
+
+def test_a_unique_line_of_new_code_does_not_pull_the_chunk_over_old_code() -> None:
+    """A new test repeats `s = requests.session()`, which the original has once, far from where the new test
+    goes: the placement that would replace everything in between loses to the one at the chunk's context."""
+    filler = "".join(f"    def test_{n}(self):\n        r = get({n})\n        assert r.ok_{n}\n\n" for n in range(30))
+    original = (
+        "class Tests:\n    def test_session(self):\n        s = requests.session()\n        assert s\n\n"
+        + filler
+        + "    def test_last(self):\n        assert r.ok\n\n\nif __name__ == '__main__':\n    main()\n"
+    )
+    new_test = "    def test_cookies(self):\n        s = requests.session()\n        assert s.cookies\n"
+    sketch = (
+        "# ... existing code ...\n        assert r.ok\n\n" + new_test + "\nif __name__ == '__main__':\n# ... rest\n"
+    )
+    expected = original.replace("        assert r.ok\n\n\n", "        assert r.ok\n\n" + new_test + "\n")
+    assert merged(original, sketch) == expected
+
+
+def test_a_method_added_as_a_near_copy_of_another_keeps_the_original() -> None:
+    """New code that copies an old method's lines in the same order would also fit as a change of it; the
+    chunk's own context (its first line, at the old method's end) says it is an insertion."""
+    original = (
+        "class Holder {\n  Holder(Map map) {\n    this.collection = collection;\n    this.map = map;\n  }\n}\n\n"
+        "class Base {\n  int b;\n}\n"
+    )
+    added = "class Other {\n  Other(Map map) {\n    this.collection = collection;\n    this.map = map;\n  }\n}\n"
+    sketch = "// ... existing code ...\n  int b;\n}\n\n" + added
+    assert merged(original, sketch) == original + "\n" + added
+
+
+def test_a_chunk_written_without_its_class_indentation_is_indented_like_the_original() -> None:
+    original = "class A:\n    def f(self):\n        return 1\n\n    def g(self):\n        return 2\n"
+    sketch = "# ... existing code ...\ndef g(self):\n    return 3\n"
+    assert merged(original, sketch) == original.replace("return 2", "return 3")
+
+
+def test_lines_the_chunk_repeats_keep_the_originals_text() -> None:
+    """The sketch writes a blank line without the original's spaces: the merge keeps the original's."""
+    original = "x = 1\n    \ny = 2\nz = 3\n"
+    sketch = "x = 1\n\ny = 20\n# ... existing code ...\n"
+    assert merged(original, sketch) == "x = 1\n    \ny = 20\nz = 3\n"
+
+
+def test_crlf_and_no_final_newline_survive() -> None:
+    original = "a = 1\r\nb = 2\r\nc = 3"
+    sketch = "# ... existing code ...\nb = 20\nc = 3\n"
+    assert merged(original, sketch) == "a = 1\r\nb = 20\r\nc = 3"
+
+
+@pytest.mark.parametrize(
+    ("sketch", "why"),
+    [
+        # Nothing in it is in the original, and markers on both sides: it could go anywhere.
+        ("// ... existing code ...\n  exp(n) {\n    this.result **= n;\n  }\n// ... existing code ...\n", "once"),
+        # Its only lines in the original occur more than once (`return this;`).
+        ("// ... existing code ...\n    return this;\n  }\n// ... existing code ...\n", "once"),
+        # New lines that open a block nothing closes, before a line that says where: not an insertion.
+        ("// ... existing code ...\n  if (x) {\n  reset() {\n// ... existing code ...\n", "more than one place"),
+    ],
+)
+def test_what_the_lines_cannot_place_is_left_to_the_model(sketch: str, why: str) -> None:
+    result = merge_sketch(CALCULATOR, sketch)
+    assert not result.resolved and why in result.unresolved[0], result.unresolved
+    assert result.text == CALCULATOR  # the partial merge (the model's draft): nothing placed here
+
+
+def test_a_merge_that_fails_the_checks_is_not_resolved() -> None:
+    """The lines place the chunk, but the merge drops a line the checks say the sketch did not touch: the
+    model decides (a second opinion on the placement)."""
+    original = "def f():\n    return 1\n\n\ndef g():\n    return 2\n"
+    result = merge_sketch(original, "def f():\n    return 1\n")  # no marker: the whole file, g deleted?
+    assert result.resolved and result.text == original  # a part of the file: it changes nothing
+    echoed = merge_sketch(original, "# ... existing code ...\n# ... existing code ...\n")
+    assert echoed.resolved and echoed.text == original
+
