@@ -25,6 +25,11 @@ MAX_INPUT_BYTES = 1_000_000
 MIN_TEMPERATURE = 1e-3
 MIN_TOP_P = 1e-6
 DRAFT_METHODS: tuple[DraftMethod, ...] = ("auto", "copy", "fallback", "none")
+# How an edit sketch is merged. auto: by its lines where every chunk says where it goes (`merge`), in
+# milliseconds and without the model; else by the model, with that partial merge as its draft. model: by
+# the model always (the merge is still its draft).
+MergeMethod = Literal["auto", "model"]
+MERGE_METHODS: tuple[MergeMethod, ...] = ("auto", "model")
 
 
 @dataclass(frozen=True)
@@ -57,12 +62,15 @@ class RewriteRequest:
     draft: DraftMethod = "auto"
     sampling: SamplingConfig = SamplingConfig()
     max_new_tokens: int | None = None  # None: room for the original twice over, within the context
+    merge: MergeMethod = "auto"  # for a sketch
 
     def __post_init__(self) -> None:
         for name in ("original", "instruction", "sketch"):
             _check_size(name, getattr(self, name))
         if self.draft not in DRAFT_METHODS:
             raise ValueError(f"draft must be one of {DRAFT_METHODS}, got {self.draft!r}")
+        if self.merge not in MERGE_METHODS:
+            raise ValueError(f"merge must be one of {MERGE_METHODS}, got {self.merge!r}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
         RewritePrompt(self.original, self.instruction, self.sketch, self.language)  # validates

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -84,6 +85,24 @@ def open_engine(options: EngineOptions, *, progress: Any = None) -> Engine:
     return Engine(target, fallback, kept)
 
 
+def _merged_by_lines(request: RewriteRequest) -> RewriteOutcome | None:
+    """The answer to an edit sketch whose every chunk says where it goes (`merge.merge_sketch`): merged by
+    its lines in milliseconds, with no model (none is even loaded); None for any other request, or when the
+    request asks for the model (`merge="model"`)."""
+    if request.sketch is None or request.merge != "auto":
+        return None
+    from specedit.engine.loop.stats import Stats
+    from specedit.engine.merge import merge_sketch
+
+    started = time.perf_counter()
+    merged = merge_sketch(request.original, request.sketch)
+    if not merged.resolved:
+        log.info("the model merges the sketch: %s", "; ".join(merged.unresolved))
+        return None
+    stats = {**Stats(wall_seconds=time.perf_counter() - started).to_dict(), "merge": "lines"}
+    return RewriteOutcome.finished(merged.text, "stop", stats)
+
+
 class LocalSession:
     """The model in this process: loaded on first use (or given), one rewrite at a time."""
 
@@ -121,6 +140,11 @@ class LocalSession:
         on_queued: Callable[[int], None] | None = None,
         cancel: threading.Event | None = None,
     ) -> RewriteOutcome:
+        merged = _merged_by_lines(request)
+        if merged is not None:
+            if on_text is not None and merged.text:
+                on_text(merged.text)
+            return merged
         from specedit.engine.loop.rewrite import rewrite
         from specedit.engine.model.loading import release_freed_memory
 

@@ -151,12 +151,19 @@ MEMORISED_REWRITES = [
     ("print('héllo 🙂')\r\nz = 0\r\n", "Set z to 5.", "print('héllo 🙂')\nz = 5\n"),
     ("x = 1\ny = 3\n", "Make y three.", "x = 1\ny = 3\n"),  # nothing to change
 ]
-# An edit sketch the model answers by echoing it, elision marker and all: what the merge checks catch.
-# (original, sketch, answer)
+# An edit sketch the model answers by echoing it, elision markers and all: what the merge checks catch.
+# Its lines cannot say where it goes (none is in the original), so the model is asked. (original, sketch,
+# answer)
 ECHOED_SKETCH = (
     "def add(a, b):\n    return a + b\n\n\nprint(add(1, 2))\n",
+    "# ... existing code ...\n\ndef sub(a, b):\n    return a - b\n\n# ... existing code ...\n",
+    "# ... existing code ...\n\ndef sub(a, b):\n    return a - b\n\n# ... existing code ...\n",
+)
+# An edit sketch its lines merge (`engine.merge`), with no model: (original, sketch, merged).
+LINES_SKETCH = (
+    ECHOED_SKETCH[0],
     "def add(a, b):\n    return a - b\n\n# ... existing code ...\n",
-    "def add(a, b):\n    return a - b\n\n# ... existing code ...\n",
+    "def add(a, b):\n    return a - b\n\n\nprint(add(1, 2))\n",
 )
 
 

@@ -518,6 +518,28 @@ async def test_an_echoed_sketch_is_never_left_in_the_document(client: EditorClie
     client.close(uri)
 
 
+@pytest.mark.parametrize("delivery", ["live", "preview", "final"])
+async def test_a_sketch_its_lines_place_is_merged_without_the_model(client: EditorClient, delivery: str) -> None:
+    """The sketch's lines say where it goes: it is merged by them (no token generated), and delivered like
+    any answer: hunks to accept or reject."""
+    from conftest import LINES_SKETCH
+
+    original, sketch, merged = LINES_SKETCH
+    uri = new_uri("lines-sketch")
+    client.open(uri, original)
+    params = {"textDocument": {"uri": uri, "version": 1}, "sketch": sketch, "delivery": delivery}
+    result = await send_rewrite(client, params)
+    assert result["status"] == "complete", result
+    assert result["stats"]["merge"] == "lines" and result["stats"]["generated_tokens"] == 0
+    if delivery == "preview":
+        assert await settle(client, uri) == original
+        await command(client, protocol.COMMAND_ACCEPT, {"jobId": result["jobId"]})
+    assert (await settle(client, uri)) == merged
+    await command(client, protocol.COMMAND_REJECT, {"jobId": result["jobId"]})
+    assert (await settle(client, uri)) == original
+    client.close(uri)
+
+
 async def test_bad_requests_are_json_rpc_errors(client: EditorClient) -> None:
     from pygls.exceptions import JsonRpcInvalidParams
 

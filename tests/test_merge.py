@@ -4,12 +4,18 @@ taught it, and what is left to the model."""
 from __future__ import annotations
 
 import doctest
+import json
+from pathlib import Path
 
 import pytest
 
+from specedit.cli.main import main
 from specedit.engine import merge
+from specedit.engine.errors import ModelLoadError
 from specedit.engine.merge import merge_sketch
 from specedit.engine.merge_checks import check_merge
+
+from conftest import ECHOED_SKETCH, LINES_SKETCH
 
 CALCULATOR = """\
 class Calculator {
@@ -152,3 +158,40 @@ def test_a_merge_that_fails_the_checks_is_not_resolved() -> None:
     echoed = merge_sketch(original, "# ... existing code ...\n# ... existing code ...\n")
     assert echoed.resolved and echoed.text == original
 
+
+def test_the_command_line_merges_by_lines_without_loading_a_model(tmp_path: Path) -> None:
+    """`--merge auto` (the default) needs no model for a sketch its lines place: a model that cannot load
+    is never touched. `--merge model` asks it, and fails cleanly."""
+    original, sketch, merged_text = LINES_SKETCH
+    source, sketch_file, stats = tmp_path / "add.py", tmp_path / "sketch.py", tmp_path / "stats.json"
+    source.write_text(original)
+    sketch_file.write_text(sketch)
+    common = ["rewrite", str(source), "--sketch", str(sketch_file), "--model", str(tmp_path / "no-such-model")]
+    assert main([*common, "--no-progress", "--in-place", "--stats", str(stats)]) == 0
+    assert source.read_text() == merged_text and (tmp_path / "add.py.orig").read_text() == original
+    assert json.loads(stats.read_text())["merge"] == "lines"
+    source.write_text(original)
+    assert main([*common, "--no-progress", "--in-place", "--merge", "model"]) == ModelLoadError.exit_code
+    assert source.read_text() == original
+
+
+def test_the_model_drafts_from_the_merge_by_lines(tmp_path: Path, memorising_model_dir: Path) -> None:
+    """With `merge="model"` the model writes the answer (the same as plain decoding), and the lines' merge
+    is the copy drafter's first source; an unplaced sketch's stats say why the lines could not merge it."""
+    from specedit.engine.options import EngineOptions
+    from specedit.engine.requests import RewriteRequest
+    from specedit.engine.session import LocalSession
+
+    session = LocalSession(EngineOptions(model=str(memorising_model_dir), threads=1))
+    original, sketch, _ = LINES_SKETCH
+    by_model = session.run(RewriteRequest(original, sketch=sketch, language="python", merge="model"))
+    plain = session.run(RewriteRequest(original, sketch=sketch, language="python", merge="model", draft="none"))
+    assert by_model.stats["merge"] == "model" and by_model.text == plain.text
+    from specedit.engine.loop.rewrite import prepare_rewrite
+
+    engine = session.load()
+    prepared = prepare_rewrite(engine, RewriteRequest(original, sketch=sketch, merge="model"))
+    assert prepared.source_ids[: len(engine.tokenize(LINES_SKETCH[2]))] == engine.tokenize(LINES_SKETCH[2])
+    echoed = session.run(RewriteRequest(ECHOED_SKETCH[0], sketch=ECHOED_SKETCH[1], language="python"))
+    assert echoed.stats["merge"] == "model" and "once" in echoed.stats["merge_unresolved"][0]
+    session.close()

@@ -25,7 +25,7 @@ import pytest
 
 from specedit.lsp.protocol import NAMES
 
-from conftest import ECHOED_SKETCH, MEMORISED_REWRITES
+from conftest import ECHOED_SKETCH, LINES_SKETCH, MEMORISED_REWRITES
 
 PLUGIN = Path(__file__).resolve().parent.parent / "editors" / "nvim"
 SPEC_TIMEOUT = 150  # s for one spec file; each waits for its own conditions with far shorter timeouts
@@ -160,6 +160,8 @@ def memorised_settings(tmp_path_factory: pytest.TempPathFactory, memorising_mode
         "region_expected_typed": region_expected[: -len("# notes\n")] + TYPED_LINE + "\n",
         "sketch_original": ECHOED_SKETCH[0],
         "echoed_sketch": ECHOED_SKETCH[1],
+        "lines_sketch": LINES_SKETCH[1],
+        "lines_merged": LINES_SKETCH[2],
         "crlf_original": CRLF_ORIGINAL,
         "crlf_instruction": CRLF_INSTRUCTION,
         "crlf_expected": cli_rewrite(

@@ -93,12 +93,13 @@ def test_the_extension_in_vscode(memorising_model_dir: Path, tiny_model_dir: Pat
     assert re.search(r"\d+ passing", output) and "failing" not in output and "pending" not in output, output[-12000:]
 
 
-def test_the_extensions_sketch_case_is_conftests() -> None:
-    """rewrite.test.ts carries a copy of ECHOED_SKETCH (the memorising model's echoed sketch)."""
-    from conftest import ECHOED_SKETCH
+def test_the_extensions_sketch_cases_are_conftests() -> None:
+    """rewrite.test.ts carries copies of ECHOED_SKETCH (the memorising model's echoed sketch) and
+    LINES_SKETCH (merged by its lines)."""
+    from conftest import ECHOED_SKETCH, LINES_SKETCH
 
     source = (EXTENSION / "src" / "test" / "rewrite.test.ts").read_text(encoding="utf-8")
-    for text in ECHOED_SKETCH[:2]:
+    for text in (*ECHOED_SKETCH[:2], *LINES_SKETCH):
         assert f"'{text.encode('unicode_escape').decode()}'" in source
 
 

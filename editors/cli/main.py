@@ -33,7 +33,7 @@ from specedit.cli.serve_command import add_serve_parser, serve_command
 from specedit.engine.errors import FileChangedError, IncompleteOutputError, InputError, SpeceditError
 from specedit.engine.merge_checks import check_merge
 from specedit.engine.options import EngineOptions, add_engine_arguments
-from specedit.engine.requests import DRAFT_METHODS
+from specedit.engine.requests import DRAFT_METHODS, MERGE_METHODS
 from specedit.lsp.command import add_lsp_parser, lsp_command
 
 if TYPE_CHECKING:
@@ -59,6 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     what = rewrite.add_mutually_exclusive_group(required=True)
     what.add_argument("-i", "--instruction", help="what to change, in plain language")
     what.add_argument("--sketch", metavar="FILE", help="an edit sketch with '... existing code ...' elisions to merge")
+    rewrite.add_argument(
+        "--merge",
+        default="auto",
+        choices=MERGE_METHODS,
+        help="how a --sketch is merged. auto (default): by its lines where every part of it says where it goes "
+        "(milliseconds, no model), else by the model; model: by the model always",
+    )
     rewrite.add_argument("--language", help="the code's language, for the prompt (default: from the file name)")
     rewrite.add_argument(
         "--lines", metavar="A:B", help="rewrite only lines A to B (1-based, inclusive); the rest stays byte for byte"
@@ -92,7 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="compare specedit with plain decoding and prompt lookup, side by side")
     bench.add_argument(
-        "--cases", required=True, type=Path, help="a JSONL file of edits (id, language, instruction, before)"
+        "--cases",
+        required=True,
+        type=Path,
+        help="a JSONL file of edits (id, language, instruction, before), or of edit sketches (id, language, "
+        "sketch, before, after: scripts/sketch_cases.py), whose merges are reported too",
     )
     bench.add_argument("--limit", type=int, help="run only the first N cases")
     bench.add_argument("--max-chars", type=int, help="skip cases whose `before` has this many characters or more")
@@ -226,8 +237,13 @@ def rewrite_command(args: argparse.Namespace) -> int:
             log.warning("the engine flags (--model, --draft-model, ...) are ignored with --engine: it serves its own")
         session = RemoteSession(args.engine, token_file=args.engine_token_file, client_name="specedit rewrite")
     else:
-        # One process, one pass over the files: no later request could reuse a kept prompt cache.
-        session = local_session(dataclasses.replace(options, prefix_cache_mb=0))
+        # One process, one pass over the files: no later request could reuse a kept prompt cache. A sketch
+        # that its lines merge everywhere needs no model: none is loaded.
+        from specedit.engine.merge import merge_sketch
+
+        by_lines = sketch is not None and args.merge == "auto"
+        by_lines = by_lines and all(merge_sketch(region.region, sketch or "").resolved for _, region in jobs)
+        session = local_session(dataclasses.replace(options, prefix_cache_mb=0), load=not by_lines)
     all_stats: list[dict[str, Any]] = []
     results: list[tuple[SourceText, str]] = []
     stream_to_stdout = not (args.in_place or args.output or args.diff)
@@ -240,6 +256,7 @@ def rewrite_command(args: argparse.Namespace) -> int:
             draft=args.draft,
             sampling=sampling,
             max_new_tokens=args.max_new_tokens,
+            merge=args.merge,
         )
         if stream_to_stdout and len(jobs) > 1:
             write_stdout(f"==> {source.name} <==\n")
@@ -311,10 +328,13 @@ def _current_bytes(name: str) -> bytes | None:
         return None
 
 
-def local_session(options: EngineOptions) -> LocalSession:
-    """The model in this process, loaded now (provisioning shows a progress bar on a terminal)."""
+def local_session(options: EngineOptions, *, load: bool = True) -> LocalSession:
+    """The model in this process, loaded now (provisioning shows a progress bar on a terminal); with
+    `load=False`, on first use."""
     from specedit.engine.session import LocalSession
 
+    if not load:
+        return LocalSession(options)
     with fetch_progress() as progress:
         session = LocalSession(options, progress=progress)
         session.load()
@@ -444,11 +464,31 @@ def bench_command(args: argparse.Namespace) -> int:
     print("CPU seconds per token: " + ", ".join(f"{m} {v}" for m, v in summary["cpu_seconds_per_token"].items()))
     if summary["joules_per_token"]:
         print("GPU joules per token: " + ", ".join(f"{m} {v}" for m, v in summary["joules_per_token"].items()))
+    if "merges" in summary:
+        print_merges(summary["merges"])
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     print(f"load average after: {load}; llama.cpp: {report['settings']['llama_cpp']}")
     if args.json:
         write_atomically(args.json, json.dumps(report, indent=2) + "\n")
     return 0
+
+
+def print_merges(merges: dict[str, Any]) -> None:
+    """The sketch cases' merges, per answer (see `ops.bench.summarise_merges`)."""
+    print(f"sketches: {merges['cases']}, merged by their lines: {merges['resolved_by_lines']}")
+    for name, figures in merges.items():
+        if isinstance(figures, dict) and "exact" in figures:
+            print(
+                f"  {name:<16} answered {figures['answered']:>3}: exact {figures['exact']}, whitespace only "
+                f"{figures['whitespace_only']}, caught by the checks {figures['caught']}, wrong and let through "
+                f"{figures['let_through']}; median {figures['median_seconds']} s"
+            )
+    if "specedit_on_resolved" in merges:
+        resolved = merges["specedit_on_resolved"]
+        print(
+            f"  the model verifying the lines' merge (specedit): {resolved['tokens_per_forward']} tokens per forward, "
+            f"{resolved['tokens_per_second']} tokens/s (medians)"
+        )
 
 
 # ----------------------------------------------------------------------------------------- calibrate

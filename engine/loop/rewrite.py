@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from specedit.engine.errors import ContextLengthError
 from specedit.engine.loop.drafting import generate_drafted
 from specedit.engine.loop.generate import Engine, Generation
+from specedit.engine.merge import SketchMerge, merge_sketch
 from specedit.engine.prompts import AnswerStream, RewritePrompt, build_prompt, file_prefix
 from specedit.engine.requests import (
     DraftMethod,
@@ -33,6 +35,7 @@ class RewriteResult:
     text: str  # the rewritten region, in the original's line endings
     finish_reason: FinishReason
     generation: Generation
+    merge: dict[str, Any] | None = None  # for a sketch: how it was merged (the model), and why not by lines
 
     @property
     def complete(self) -> bool:
@@ -40,7 +43,8 @@ class RewriteResult:
         return status_of(self.finish_reason) == "complete"
 
     def outcome(self) -> RewriteOutcome:
-        return RewriteOutcome.finished(self.text, self.finish_reason, self.generation.stats.to_dict())
+        stats = self.generation.stats.to_dict()
+        return RewriteOutcome.finished(self.text, self.finish_reason, {**stats, **(self.merge or {})})
 
 
 @dataclass(frozen=True)
@@ -51,9 +55,10 @@ class PreparedRewrite:
     prompt: RewritePrompt  # with "\n" line endings
     prompt_text: str  # the chat template applied: what the model reads
     prompt_ids: list[int]
-    source_ids: list[int]  # what the copy drafter copies from: the original, then the edit sketch
+    source_ids: list[int]  # what the copy drafter copies from: the sketch merged by lines, the original, the sketch
     max_new_tokens: int
     crlf: bool  # the original has CRLF line endings: the answer gets them back
+    sketch_merge: SketchMerge | None = None  # the sketch merged by its lines, as far as they say where
 
     @property
     def fence(self) -> str:
@@ -84,10 +89,15 @@ def prepare_rewrite(engine: Engine, request: RewriteRequest) -> PreparedRewrite:
     prompt_text = build_prompt(engine.tokenizer, prompt)
     prompt_ids = engine.tokenize(prompt_text)
     original_ids = engine.tokenize(prompt.original)
-    # An edit sketch holds the new code: the answer copies from it as well as from the original.
-    source_ids = original_ids + (engine.tokenize(prompt.sketch) if prompt.sketch is not None else [])
+    source_ids = original_ids
+    sketch_merge = None
+    if prompt.sketch is not None:
+        # The sketch merged by its lines is the first draft: a model that agrees with it writes it at copy
+        # speed; where it does not (or a chunk could not be placed), the original and the sketch's new code.
+        sketch_merge = merge_sketch(prompt.original, prompt.sketch)
+        source_ids = engine.tokenize(sketch_merge.text) + original_ids + engine.tokenize(prompt.sketch)
     max_new_tokens = _budget(engine, request, len(prompt_ids), len(original_ids))
-    return PreparedRewrite(request, prompt, prompt_text, prompt_ids, source_ids, max_new_tokens, crlf)
+    return PreparedRewrite(request, prompt, prompt_text, prompt_ids, source_ids, max_new_tokens, crlf, sketch_merge)
 
 
 def run_rewrite(
@@ -126,7 +136,10 @@ def run_rewrite(
     code = trailing.finish(answer.code)
     if on_text is not None and trailing.released_at_end:
         on_text(trailing.released_at_end.replace("\n", "\r\n") if crlf else trailing.released_at_end)
-    return RewriteResult(code.replace("\n", "\r\n") if crlf else code, generation.finish_reason, generation)
+    merge = None
+    if prepared.sketch_merge is not None:
+        merge = {"merge": "model", "merge_unresolved": list(prepared.sketch_merge.unresolved)}
+    return RewriteResult(code.replace("\n", "\r\n") if crlf else code, generation.finish_reason, generation, merge)
 
 
 def rewrite(

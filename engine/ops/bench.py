@@ -28,6 +28,7 @@ import logging
 import math
 import os
 import statistics
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ import torch
 from specedit.engine.errors import ContextLengthError
 from specedit.engine.loop.generate import Engine
 from specedit.engine.loop.rewrite import PreparedRewrite, prepare_rewrite, run_rewrite
+from specedit.engine.merge import merge_sketch
+from specedit.engine.merge_checks import check_merge
 from specedit.engine.model.invariant import stock_kernels
 from specedit.engine.ops.method_run import MethodRun, Timer
 from specedit.engine.prompts import extract_code
@@ -62,14 +65,39 @@ PLAIN_METHODS = ("plain", "plain-stock")
 
 @dataclass(frozen=True)
 class BenchCase:
+    """An edit: an instruction, or an edit sketch (`scripts/sketch_cases.py`) with the merge it should
+    give (`after`)."""
+
     id: str
     language: str
-    instruction: str
+    instruction: str | None
     before: str
+    sketch: str | None = None
+    after: str | None = None
 
     @classmethod
     def from_json(cls, record: dict[str, Any]) -> BenchCase:
-        return cls(record["id"], record.get("language", ""), record["instruction"], record["before"])
+        sketch = record.get("sketch")
+        return cls(
+            record["id"],
+            record.get("language", ""),
+            None if sketch is not None else record["instruction"],
+            record["before"],
+            sketch,
+            record.get("after") if sketch is not None else None,
+        )
+
+    def request(self, max_new_tokens: int | None) -> RewriteRequest:
+        """The request every method answers; a sketch is merged by the model (its lines' merge is the
+        draft), and the merge by lines alone is measured apart (`merge_record`)."""
+        return RewriteRequest(
+            self.before,
+            self.instruction,
+            self.sketch,
+            language=self.language,
+            max_new_tokens=max_new_tokens,
+            merge="model",
+        )
 
 
 def load_cases(path: Path, *, limit: int | None = None, max_chars: int | None = None) -> list[BenchCase]:
@@ -187,6 +215,62 @@ def _geomean(values: Iterable[float]) -> float | None:
     return round(math.exp(sum(math.log(v) for v in values) / len(values)), 3) if values else None
 
 
+def merge_record(case: BenchCase, runs: dict[str, MethodRun]) -> dict[str, Any]:
+    """How each answer to a sketch case fares: the merge by lines (where it places every chunk), each
+    method's (the model's), and `auto`'s (what the product answers: the lines' merge, else the model's
+    through `specedit`): exact (the real edit's `after`), differing in whitespace only, or else caught by
+    the checks before writing (`merge_checks`) or let through."""
+    assert case.sketch is not None and case.after is not None
+    started = time.perf_counter()
+    lines = merge_sketch(case.before, case.sketch)
+    seconds = time.perf_counter() - started
+    answers: dict[str, tuple[str, float]] = {m: (r.text, r.wall_seconds) for m, r in runs.items()}
+    if lines.resolved:
+        answers["lines"] = (lines.text, seconds)
+    if lines.resolved or "specedit" in runs:
+        answers["auto"] = answers["lines"] if lines.resolved else answers["specedit"]
+    record: dict[str, Any] = {"resolved_by_lines": lines.resolved, "unresolved": list(lines.unresolved)}
+    for name, (text, wall) in answers.items():
+        check = check_merge(case.before, case.sketch, text)
+        record[name] = {
+            "exact": text == case.after,
+            "whitespace_only": text != case.after and text.split() == case.after.split(),
+            "check": "ok" if check.ok else check.describe(),
+            "seconds": round(wall, 4),
+        }
+    return record
+
+
+def summarise_merges(cases: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per answer (`lines`, each method, `auto`): how many cases it answered, exact, whitespace only,
+    caught by the checks, and wrong but let through; its median seconds; and for the cases the lines
+    resolve, how fast `specedit` verifies their merge (tokens per target forward)."""
+    names = sorted({name for c in cases for name, value in c["merge"].items() if isinstance(value, dict)})
+    summary: dict[str, Any] = {
+        "cases": len(cases),
+        "resolved_by_lines": sum(c["merge"]["resolved_by_lines"] for c in cases),
+    }
+    for name in names:
+        verdicts = [c["merge"][name] for c in cases if name in c["merge"]]
+        summary[name] = {
+            "answered": len(verdicts),
+            "exact": sum(v["exact"] for v in verdicts),
+            "whitespace_only": sum(v["whitespace_only"] for v in verdicts),
+            "caught": sum(v["check"] != "ok" for v in verdicts),
+            "let_through": sum(v["check"] == "ok" and not v["exact"] and not v["whitespace_only"] for v in verdicts),
+            "median_seconds": _median(v["seconds"] for v in verdicts),
+        }
+    resolved = [
+        c["methods"]["specedit"] for c in cases if c["merge"]["resolved_by_lines"] and "specedit" in c["methods"]
+    ]
+    if resolved:
+        summary["specedit_on_resolved"] = {
+            "tokens_per_forward": _median(r["generated_tokens"] / max(1, r["target_forwards"]) for r in resolved),
+            "tokens_per_second": _median(r["tokens_per_second"] for r in resolved),
+        }
+    return summary
+
+
 def summarise(
     cases: list[dict[str, Any]], methods: Sequence[str], load_before: tuple[float, ...], load_after: tuple[float, ...]
 ) -> dict[str, Any]:
@@ -271,7 +355,7 @@ def run_bench(
         if llama is None:
             ordered.remove("llama-cpp")
     for case in cases:
-        request = RewriteRequest(case.before, case.instruction, language=case.language, max_new_tokens=max_new_tokens)
+        request = case.request(max_new_tokens)
         try:
             prepared = prepare_rewrite(engine, request)
         except ContextLengthError as error:
@@ -299,12 +383,17 @@ def run_bench(
             "original_tokens": len(engine.tokenize(prepared.prompt.original)),
             "methods": {m: r.to_dict() for m, r in runs.items()},
         }
+        if case.sketch is not None:
+            record["merge"] = merge_record(case, runs)
         results.append(record)
         if on_case is not None:
             on_case(record)
     present = [m for m in METHODS if any(m in r["methods"] for r in results)]
+    summary = summarise(results, present, load_before, os.getloadavg())
+    if any("merge" in r for r in results):
+        summary["merges"] = summarise_merges([r for r in results if "merge" in r])
     return {
-        "summary": summarise(results, present, load_before, os.getloadavg()),
+        "summary": summary,
         "cases": results,
         "settings": {
             "max_new_tokens": max_new_tokens,

@@ -52,7 +52,8 @@ from specedit.engine.errors import (
     SpeceditError,
 )
 
-PROTOCOL_VERSION = 3  # 2: requests, steps and outcomes as their dataclasses (`to_wire`); 3: warm, document
+PROTOCOL_VERSION = 4  # 2: requests, steps and outcomes as their dataclasses (`to_wire`); 3: warm, document;
+# 4: a request's `merge`
 # A request holds at most MAX_INPUT_BYTES (1 MB) each of original, instruction and sketch (`requests`).
 DEFAULT_MAX_FRAME_SIZE = 4 * 1024 * 1024
 HELLO_MAX_FRAME_SIZE = 64 * 1024  # before the hello is accepted (TCP: before the token is checked)

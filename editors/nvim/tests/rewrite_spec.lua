@@ -278,6 +278,28 @@ t.it("consecutive server edits are one undo step; the user's change in between i
   t.eq("A\nB\nC\nd\n", t.text(bufnr), "the next undo: the user's change")
 end)
 
+t.it(":SpeceditApply previews a sketch its lines merge; accepting writes the merge", function()
+  specedit.setup({ cmd = settings.cmd, delivery = "preview" })
+  local bufnr = t.open("lines_sketch.py", settings.sketch_original)
+  vim.fn.setreg("l", settings.lines_sketch)
+  local done = next_done()
+  vim.cmd("SpeceditApply l")
+  local result = done()
+  t.eq("complete", result.status, "status")
+  t.eq("lines", result.stats.merge, "merged by its lines")
+  t.eq(settings.sketch_original, t.text(bufnr), "buffer while previewing")
+  local accepted
+  specedit.accept({
+    on_done = function(edit)
+      accepted = edit
+    end,
+  })
+  t.wait(10000, function()
+    return accepted ~= nil
+  end, "accept")
+  t.eq(settings.lines_merged, t.text(bufnr), "buffer after accept")
+end)
+
 t.it(":SpeceditApply! merges the sketch in a register; an answer that is not a merge is never applied", function()
   specedit.setup({ cmd = settings.cmd, delivery = "live" })
   local bufnr = t.open("sketch.py", settings.sketch_original)

@@ -99,6 +99,9 @@ local function finish(job, result)
       stats.tokens_per_second or 0,
       100 * (stats.acceptance_rate or 0)
     )
+    if stats.merge == "lines" then
+      summary = "merged by its lines, without the model"
+    end
     if job.delivery == "preview" and next(job.marks) ~= nil then
       notify(("specedit: preview ready (:SpeceditAccept / :SpeceditReject) · %s"):format(summary))
     else

@@ -21,7 +21,13 @@ const EMOJI = { before: "print('héllo 🙂')\r\nz = 0\r\n", instruction: 'Set z
 // tests/conftest.py's ECHOED_SKETCH: the model answers this sketch with the sketch itself.
 const ECHO = {
   before: 'def add(a, b):\n    return a + b\n\n\nprint(add(1, 2))\n',
+  sketch: '# ... existing code ...\n\ndef sub(a, b):\n    return a - b\n\n# ... existing code ...\n',
+};
+// tests/conftest.py's LINES_SKETCH: its lines say where it goes, and merge it without the model.
+const LINES = {
+  before: ECHO.before,
   sketch: 'def add(a, b):\n    return a - b\n\n# ... existing code ...\n',
+  after: 'def add(a, b):\n    return a - b\n\n\nprint(add(1, 2))\n',
 };
 const REWRITE_TIMEOUT_MS = 45_000;
 
@@ -128,6 +134,22 @@ suite('specedit in VS Code', () => {
       assert.match(result?.message ?? '', /not a merge of the edit sketch: it still holds elision markers/);
       assert.strictEqual(editor.document.getText(), ECHO.before, `${delivery}: the document is as it was`);
     }
+  });
+
+  test('an edit sketch whose lines say where it goes is previewed, then accepted', async () => {
+    const editor = await openFile(LINES.before);
+    await vscode.env.clipboard.writeText(LINES.sketch);
+    const result = await within(
+      vscode.commands.executeCommand<RewriteResult>('specedit.applySketch'),
+      REWRITE_TIMEOUT_MS,
+      'apply sketch merged by its lines',
+    );
+    assert.strictEqual(result?.status, 'complete', JSON.stringify(result));
+    assert.strictEqual(result?.stats?.merge, 'lines');
+    assert.strictEqual(editor.document.getText(), LINES.before, 'a preview writes nothing');
+    const accepted = await vscode.commands.executeCommand<{ applied: number[]; skipped: number[] }>('specedit.acceptRewrite');
+    assert.deepStrictEqual(accepted?.skipped, []);
+    assert.strictEqual(editor.document.getText(), LINES.after);
   });
 
   test('a preview changes nothing until accepted, and Accept is one undo step', async () => {
