@@ -53,7 +53,7 @@ def answer(args: argparse.Namespace) -> int:
     from specedit.engine.requests import RewriteRequest
     from specedit.engine.session import LocalSession
 
-    session = LocalSession(EngineOptions(threads=args.threads))
+    session = LocalSession(EngineOptions(model=args.model, threads=args.threads))
     written = 0
     with args.cases.open(encoding="utf-8") as cases, args.out.open("w", encoding="utf-8") as out:
         for line in cases:
@@ -72,7 +72,7 @@ def answer(args: argparse.Namespace) -> int:
                 fields["sketch"] = case["sketch"]
             else:
                 fields["instruction"] = case["instruction"]
-            request = RewriteRequest(language=case["language"], **fields)
+            request = RewriteRequest(language=case["language"], max_new_tokens=args.max_new_tokens, **fields)
             started = time.monotonic()
             outcome = session.run(request)
             record = {
@@ -81,6 +81,7 @@ def answer(args: argparse.Namespace) -> int:
                 "exact": outcome.text == expected,
                 "whitespace_only": outcome.text != expected and outcome.text.split() == expected.split(),
                 "status": outcome.status,
+                "merge": outcome.stats.get("merge"),
                 "seconds": round(time.monotonic() - started, 2),
             }
             if request.sketch is not None:
@@ -141,7 +142,9 @@ def main() -> int:
     run.add_argument("--limit", type=int, default=20)
     run.add_argument("--max-chars", type=int, default=4000)
     run.add_argument("--threads", type=int, default=2)
+    run.add_argument("--model", help="a model folder or known name (default: the embedded default)")
     run.add_argument("--regions", action="store_true")
+    run.add_argument("--max-new-tokens", type=int, help="output budget per case (default: twice the original)")
     run.set_defaults(handler=answer)
     totals = commands.add_parser("summary")
     totals.add_argument("answers", type=Path)

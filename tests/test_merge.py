@@ -137,6 +137,12 @@ def test_crlf_and_no_final_newline_survive() -> None:
     [
         # Nothing in it is in the original, and markers on both sides: it could go anywhere.
         ("// ... existing code ...\n  exp(n) {\n    this.result **= n;\n  }\n// ... existing code ...\n", "once"),
+        # A new method much like an old one (`add`): an addition, or `add` changed? Not for the lines to say.
+        (
+            "// ... existing code ...\n  subtract(number) {\n    this.result -= number;\n  }\n"
+            "// ... existing code ...\n",
+            "once",
+        ),
         # Its only lines in the original occur more than once (`return this;`).
         ("// ... existing code ...\n    return this;\n  }\n// ... existing code ...\n", "once"),
         # New lines that open a block nothing closes, before a line that says where: not an insertion.
@@ -195,3 +201,45 @@ def test_the_model_drafts_from_the_merge_by_lines(tmp_path: Path, memorising_mod
     echoed = session.run(RewriteRequest(ECHOED_SKETCH[0], sketch=ECHOED_SKETCH[1], language="python"))
     assert echoed.stats["merge"] == "model" and "once" in echoed.stats["merge_unresolved"][0]
     session.close()
+
+
+ORDER = (
+    "import os\n\n\ndef total(items):\n    s = 0\n    for item in items:\n        s += item.price\n    return s\n"
+    "\n\ndef main():\n    print(total([]))\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("sketch", "old", "new"),
+    [
+        # A changed signature alone.
+        (
+            "# ... existing code ...\ndef total(items, tax=0.0):\n    # ... existing code ...\n",
+            "(items):",
+            "(items, tax=0.0):",
+        ),
+        # A partial function: its start and one changed line, the rest "unchanged".
+        ("# ... existing code ...\ndef total(items):\n    s = 0.0\n    # ... rest unchanged\n", "s = 0\n", "s = 0.0\n"),
+        # Bare `...` markers, the changed line last in its chunk.
+        (
+            "...\ndef total(items):\n    s = 0\n    for item in items:\n        s += item.price * 2\n...\n",
+            "price\n",
+            "price * 2\n",
+        ),
+        # `# rest unchanged`, the changed line first in its chunk, blank lines between it and its context.
+        (
+            "# rest unchanged\n    return round(s, 2)\n\n\ndef main():\n# rest unchanged\n",
+            "return s\n",
+            "return round(s, 2)\n",
+        ),
+        # `# ... (same as before)` around a new function.
+        (
+            "# ... (same as before)\n    return s\n\n\ndef count(items):\n    return len(items)\n\n\ndef main():\n"
+            "# ... (same as before)\n",
+            "\n\ndef main",
+            "\n\ndef count(items):\n    return len(items)\n\n\ndef main",
+        ),
+    ],
+)
+def test_the_styles_chat_models_write(sketch: str, old: str, new: str) -> None:
+    assert merged(ORDER, sketch) == ORDER.replace(old, new, 1)
