@@ -160,6 +160,8 @@ def memorised_settings(tmp_path_factory: pytest.TempPathFactory, memorising_mode
         "region_expected_typed": region_expected[: -len("# notes\n")] + TYPED_LINE + "\n",
         "sketch_original": ECHOED_SKETCH[0],
         "echoed_sketch": ECHOED_SKETCH[1],
+        "noop_original": MEMORISED_REWRITES[3][0],
+        "noop_instruction": MEMORISED_REWRITES[3][1],
         "lines_sketch": LINES_SKETCH[1],
         "lines_merged": LINES_SKETCH[2],
         "crlf_original": CRLF_ORIGINAL,

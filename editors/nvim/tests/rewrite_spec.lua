@@ -101,6 +101,25 @@ t.it("preview: virtual lines only, then :SpeceditAccept writes them", function()
   t.eq(settings.original, t.text(bufnr), "buffer after one undo")
 end)
 
+t.it("a rewrite that changes nothing says so", function()
+  local told = {}
+  local notify = vim.notify
+  vim.notify = function(message)
+    told[#told + 1] = message
+  end
+  for _, delivery in ipairs({ "live", "preview", "final" }) do
+    local bufnr = t.open("unchanged_" .. delivery .. ".py", settings.noop_original)
+    local result = rewrite({ instruction = settings.noop_instruction, delivery = delivery })
+    t.eq("complete", result.status, delivery .. ": status")
+    t.eq(settings.noop_original, t.text(bufnr), delivery .. ": buffer")
+    t.truthy(told[#told]:find("^specedit: no changes"), delivery .. ": told " .. vim.inspect(told[#told]))
+  end
+  t.open("changed.py", settings.original)
+  t.eq("complete", rewrite({ instruction = settings.instruction, delivery = "live" }).status, "status")
+  t.truthy(told[#told]:find("^specedit: done"), "a rewrite that changed the buffer: " .. vim.inspect(told[#told]))
+  vim.notify = notify
+end)
+
 t.it("preview: :SpeceditReject leaves the buffer as it was", function()
   local bufnr = t.open("reject.py", settings.original)
   local result = rewrite({ instruction = settings.instruction, delivery = "preview" })

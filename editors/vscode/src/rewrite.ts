@@ -48,6 +48,7 @@ export interface RewriteEvent {
   jobId?: string;
   stats?: LiveStats;
   result?: RewriteResult;
+  told?: string; // what the user was told when it ended (a notification), if anything
 }
 
 interface Running {
@@ -104,13 +105,14 @@ export class Rewrites implements vscode.Disposable {
         });
         this.begin(run);
         let result: RewriteResult | undefined;
+        let told: string | undefined;
         try {
           result = await this.send(client, document, range, args, run, token);
-          await this.conclude(client, run, result);
+          told = await this.conclude(client, run, result);
           return result;
         } finally {
           listener.dispose();
-          this.end(run, result);
+          this.end(run, result, told);
         }
       },
     );
@@ -189,8 +191,9 @@ export class Rewrites implements vscode.Disposable {
     }
   }
 
-  /** Restores what a cancelled live rewrite wrote; tells the user how a rewrite ended, when it matters. */
-  private async conclude(client: LanguageClient, run: Running, result: RewriteResult | undefined): Promise<void> {
+  /** Restores what a cancelled live rewrite wrote; tells the user how a rewrite ended, when it matters
+   * (what it told, returned). */
+  private async conclude(client: LanguageClient, run: Running, result: RewriteResult | undefined): Promise<string | undefined> {
     run.jobId = result?.jobId ?? run.jobId;
     if (run.delivery === 'live' && run.jobId !== undefined) this.lastLiveJob.set(run.uri.toString(), run.jobId);
     const wrote = this.applier.appliedCount(run.uri) > run.editsBefore;
@@ -200,18 +203,26 @@ export class Rewrites implements vscode.Disposable {
     }
     if (result === undefined) {
       if (run.delivery === 'preview' && run.jobId !== undefined) this.previews.clear(run.uri, run.jobId);
-      return;
+      return undefined;
     }
     if (run.delivery === 'preview' && result.status !== 'complete') this.previews.clear(run.uri, result.jobId);
-    if (result.status === 'complete' && run.delivery === 'preview' && !this.previews.has(run.uri)) {
-      void vscode.window.showInformationMessage('specedit: no changes.');
+    const changed = run.delivery === 'preview' ? this.previews.has(run.uri) : wrote;
+    if (result.status === 'complete' && !changed) {
+      const told = 'specedit: no changes.';
+      void vscode.window.showInformationMessage(told);
+      return told;
     } else if (result.status === 'conflict') {
-      void vscode.window.showWarningMessage(`specedit: stopped: ${result.message ?? 'the document was edited where the rewrite had not written yet'}.`);
+      const told = `specedit: stopped: ${result.message ?? 'the document was edited where the rewrite had not written yet'}.`;
+      void vscode.window.showWarningMessage(told);
+      return told;
     } else if (result.status === 'error') {
-      void vscode.window.showErrorMessage(`specedit: ${result.message ?? 'the rewrite failed'}`, 'Show Output').then((choice) => {
+      const told = `specedit: ${result.message ?? 'the rewrite failed'}`;
+      void vscode.window.showErrorMessage(told, 'Show Output').then((choice) => {
         if (choice) this.server.output.show();
       });
+      return told;
     }
+    return undefined;
   }
 
   private async cancel(run: Running): Promise<void> {
@@ -228,12 +239,12 @@ export class Rewrites implements vscode.Disposable {
     this.events.fire({ uri: run.uri, kind: 'started', delivery: run.delivery });
   }
 
-  private end(run: Running, result: RewriteResult | undefined): void {
+  private end(run: Running, result: RewriteResult | undefined, told?: string): void {
     this.running.delete(run);
     if (run.delivery === 'live') this.applier.close(run.uri);
     this.status.rewriteEnded();
     void vscode.commands.executeCommand('setContext', 'specedit.rewriting', this.running.size > 0);
-    this.events.fire({ uri: run.uri, kind: 'ended', delivery: run.delivery, jobId: run.jobId, result });
+    this.events.fire({ uri: run.uri, kind: 'ended', delivery: run.delivery, jobId: run.jobId, result, told });
   }
 
   private async command(command: string, selector: JobSelector, client?: LanguageClient): Promise<EditResult> {

@@ -102,7 +102,9 @@ local function finish(job, result)
     if stats.merge == "lines" then
       summary = "merged by its lines, without the model"
     end
-    if job.delivery == "preview" and next(job.marks) ~= nil then
+    if #job.hunks == 0 then
+      notify(("specedit: no changes · %s"):format(summary))
+    elseif job.delivery == "preview" and next(job.marks) ~= nil then
       notify(("specedit: preview ready (:SpeceditAccept / :SpeceditReject) · %s"):format(summary))
     else
       notify(("specedit: done · %s"):format(summary))

@@ -83,13 +83,30 @@ suite('specedit in VS Code', () => {
   test('a live rewrite streams into the document and is one undo step', async () => {
     const editor = await openFile(ADD.before);
     const reports: number[] = [];
-    const listener = api.onDidChangeRewrite((event) => event.kind === 'report' && reports.push(event.stats?.generated_tokens ?? 0));
+    const told: (string | undefined)[] = [];
+    const listener = api.onDidChangeRewrite((event) => {
+      if (event.kind === 'report') reports.push(event.stats?.generated_tokens ?? 0);
+      if (event.kind === 'ended') told.push(event.told);
+    });
     const result = await rewriteFile(ADD.instruction, 'live').finally(() => listener.dispose());
     assert.strictEqual(result.status, 'complete', result.message);
     assert.strictEqual(editor.document.getText(), ADD.after);
     assert.ok(reports.length > 0, 'progress was reported while rewriting');
+    assert.deepStrictEqual(told, [undefined], 'a rewrite that changed the document needs no message');
     await undo(editor);
     assert.strictEqual(editor.document.getText(), ADD.before, 'one undo takes the whole rewrite back');
+  });
+
+  test('a rewrite that changes nothing says so, in every delivery', async () => {
+    for (const delivery of ['live', 'preview', 'final']) {
+      const editor = await openFile(XY.after); // tests/conftest.py: the model answers it with itself
+      const told: (string | undefined)[] = [];
+      const listener = api.onDidChangeRewrite((event) => event.kind === 'ended' && told.push(event.told));
+      const result = await rewriteFile(XY.instruction, delivery).finally(() => listener.dispose());
+      assert.strictEqual(result.status, 'complete', result.message);
+      assert.strictEqual(editor.document.getText(), XY.after);
+      assert.deepStrictEqual(told, ['specedit: no changes.'], delivery);
+    }
   });
 
   test('Reject after a live rewrite restores the original', async () => {
