@@ -85,10 +85,10 @@ def open_engine(options: EngineOptions, *, progress: Any = None) -> Engine:
     return Engine(target, fallback, kept)
 
 
-def _merged_by_lines(request: RewriteRequest) -> RewriteOutcome | None:
+def _merged_by_lines(request: RewriteRequest, on_text: TextCallback | None) -> RewriteOutcome | None:
     """The answer to an edit sketch whose every chunk says where it goes (`merge.merge_sketch`): merged by
-    its lines in milliseconds, with no model (none is even loaded); None for any other request, or when the
-    request asks for the model (`merge="model"`)."""
+    its lines in milliseconds, here, with no model (none is loaded, no daemon asked), and streamed whole to
+    `on_text`; None for any other request, or when the request asks for the model (`merge="model"`)."""
     if request.sketch is None or request.merge != "auto":
         return None
     from specedit.engine.loop.stats import Stats
@@ -100,6 +100,8 @@ def _merged_by_lines(request: RewriteRequest) -> RewriteOutcome | None:
         log.info("the model merges the sketch: %s", "; ".join(merged.unresolved))
         return None
     stats = {**Stats(wall_seconds=time.perf_counter() - started).to_dict(), "merge": "lines"}
+    if on_text is not None and merged.text:
+        on_text(merged.text)
     return RewriteOutcome.finished(merged.text, "stop", stats)
 
 
@@ -140,10 +142,8 @@ class LocalSession:
         on_queued: Callable[[int], None] | None = None,
         cancel: threading.Event | None = None,
     ) -> RewriteOutcome:
-        merged = _merged_by_lines(request)
+        merged = _merged_by_lines(request, on_text)
         if merged is not None:
-            if on_text is not None and merged.text:
-                on_text(merged.text)
             return merged
         from specedit.engine.loop.rewrite import rewrite
         from specedit.engine.model.loading import release_freed_memory
@@ -244,6 +244,9 @@ class RemoteSession:
         on_queued: Callable[[int], None] | None = None,
         cancel: threading.Event | None = None,
     ) -> RewriteOutcome:
+        merged = _merged_by_lines(request, on_text)
+        if merged is not None:  # no daemon is started (or its model loaded) for it
+            return merged
         with self.connect() as client:
             return client.rewrite(request, on_text=on_text, on_step=on_step, on_queued=on_queued, cancel=cancel)
 

@@ -243,3 +243,19 @@ ORDER = (
 )
 def test_the_styles_chat_models_write(sketch: str, old: str, new: str) -> None:
     assert merged(ORDER, sketch) == ORDER.replace(old, new, 1)
+
+
+def test_a_remote_session_merges_by_lines_without_asking_a_daemon(tmp_path: Path) -> None:
+    """No daemon answers at the address: a sketch its lines place is merged anyway (none is started or
+    asked), streamed whole; one they cannot place needs the daemon, and says it is unreachable."""
+    from specedit.engine.errors import EngineUnavailableError
+    from specedit.engine.requests import RewriteRequest
+    from specedit.engine.session import RemoteSession
+
+    session = RemoteSession(f"unix:{tmp_path / 'nobody.sock'}")
+    original, sketch, merged_text = LINES_SKETCH
+    streamed: list[str] = []
+    outcome = session.run(RewriteRequest(original, sketch=sketch), on_text=streamed.append)
+    assert outcome.text == merged_text and streamed == [merged_text] and outcome.stats["merge"] == "lines"
+    with pytest.raises(EngineUnavailableError):
+        session.run(RewriteRequest(ECHOED_SKETCH[0], sketch=ECHOED_SKETCH[1]))
