@@ -12,7 +12,7 @@ from specedit.cli.main import main
 from specedit.engine.ops import llama_cpp
 from specedit.engine.ops.bench import first_difference, summarise
 
-from conftest import MEMORISED_REWRITES
+from conftest import ECHOED_SKETCH, LINES_SKETCH, MEMORISED_REWRITES
 
 
 def write_cases(path: Path) -> Path:
@@ -129,6 +129,36 @@ def test_bench_compares_the_chain_with_each_of_its_drafters(tmp_path: Path, memo
         assert runs["plain"]["drafters"] == {} and runs["plain"]["joules"] is None  # no GPU here
     # The fallback alone needs a fallback.
     assert main([*arguments, "--methods", "plain,specedit-fallback"]) == 2
+
+
+def test_a_sketch_set_reports_each_answers_merges(tmp_path: Path, memorising_model_dir: Path) -> None:
+    """Sketch cases (`scripts/sketch_cases.py`): the lines' merge, each method's and what the product
+    answers (`auto`) are counted as exact, whitespace only, caught by the checks or let through."""
+    cases = tmp_path / "sketches.jsonl"
+    records = [
+        {
+            "id": "lines",
+            "language": "python",
+            "before": LINES_SKETCH[0],
+            "sketch": LINES_SKETCH[1],
+            "after": LINES_SKETCH[2],
+        },
+        {"id": "echo", "language": "python", "before": ECHOED_SKETCH[0], "sketch": ECHOED_SKETCH[1], "after": "x\n"},
+    ]
+    cases.write_text("".join(json.dumps(record) + "\n" for record in records))
+    out = tmp_path / "bench.json"
+    arguments = ["bench", "--cases", str(cases), "--model", str(memorising_model_dir), "--methods", "plain,specedit"]
+    assert main([*arguments, "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    merges = report["summary"]["merges"]
+    assert merges["cases"] == 2 and merges["resolved_by_lines"] == 1
+    assert merges["lines"] == {**merges["lines"], "answered": 1, "exact": 1, "caught": 0, "let_through": 0}
+    # The model echoes the sketch it cannot place: the checks catch it, for both methods and for auto.
+    for name in ("plain", "specedit", "auto"):
+        assert merges[name]["answered"] == 2 and merges[name]["caught"] >= 1, (name, merges[name])
+    assert merges["auto"]["exact"] == 1
+    echo = next(c for c in report["cases"] if c["id"] == "echo")
+    assert not echo["merge"]["resolved_by_lines"] and "elision markers" in echo["merge"]["specedit"]["check"]
 
 
 def test_summary_pairs_cases_not_totals() -> None:
