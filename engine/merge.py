@@ -37,6 +37,7 @@ another place of the file (a Go template holding the same imports) goes there.
 from __future__ import annotations
 
 import difflib
+import functools
 from dataclasses import dataclass
 
 from rapidfuzz import fuzz
@@ -85,18 +86,22 @@ class _Anchor:
     size: int
 
 
+@functools.lru_cache(maxsize=8)
 def merge_sketch(original: str, sketch: str) -> SketchMerge:
     """`sketch` merged into `original` where its chunks say where they go (see the module docstring); in
-    the original's line endings."""
+    the original's line endings. Kept for the last few requests: the session asks before choosing the
+    model, the model's prompt asks again for its draft, and the command line before loading anything."""
     crlf = "\r\n" in original
     original = original.replace("\r\n", "\n")
     sketch = sketch.replace("\r\n", "\n")
     lines = _lines(original)
+    keys = [line.strip() for line in lines]  # compared for anchors and likeness
+    raw = [line.rstrip() for line in lines]  # compared with their indentation, at a chunk's edges
     merged: list[str] = []
     unresolved: list[str] = []
     cursor = 0  # the original's lines before it are placed (copied or replaced)
     for chunk in _chunks(sketch):
-        placed = _place(lines, cursor, chunk)
+        placed = _place(lines, keys, raw, cursor, chunk)
         if isinstance(placed, str):
             unresolved.append(f"{placed} (the chunk starting {chunk.lines[0].strip()!r})")
             continue
@@ -138,7 +143,9 @@ def _chunks(sketch: str) -> list[_Chunk]:
     return chunks
 
 
-def _place(lines: list[str], cursor: int, chunk: _Chunk) -> tuple[int, int, list[str]] | str:
+def _place(
+    lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk: _Chunk
+) -> tuple[int, int, list[str]] | str:
     """Where `chunk` goes: it replaces `lines[start:stop]` with its lines (re-indented like the original's
     where all its anchors are shifted alike); or why that cannot be said.
 
@@ -147,11 +154,10 @@ def _place(lines: list[str], cursor: int, chunk: _Chunk) -> tuple[int, int, list
     the one that loses the fewest lines of the original (lines that say something, and that the chunk does
     not have) is taken, and of those the one that replaces the fewest.
     """
-    keys = [line.strip() for line in lines]
     chunk_keys = [line.strip() for line in chunk.lines]
     anchors = _anchors(keys, cursor, chunk_keys)
     chains = [_best_chain(keys, chunk_keys, anchors), *([a] for a in anchors)] if anchors else [[]]
-    placements = [_place_on(chain, lines, cursor, chunk) for chain in chains]
+    placements = [_place_on(chain, lines, raw, cursor, chunk) for chain in chains]
     required = _required(anchors, chunk_keys, chunk)
     held = [
         placement
@@ -205,10 +211,11 @@ def _keeping_unchanged(old: list[str], new: list[str]) -> list[str]:
     return merged
 
 
-def _place_on(chain: list[_Anchor], lines: list[str], cursor: int, chunk: _Chunk) -> tuple[int, int, list[str]] | str:
+def _place_on(
+    chain: list[_Anchor], lines: list[str], raw: list[str], cursor: int, chunk: _Chunk
+) -> tuple[int, int, list[str]] | str:
     """The placement of `chunk` on the anchors `chain` (see `_place`)."""
     new_lines = _reindented(chunk.lines, chain, lines)
-    raw = [line.rstrip() for line in lines]
     new_raw = [line.rstrip() for line in new_lines]
     if chain:
         start, stop = chain[0].original, chain[-1].original + chain[-1].size

@@ -156,13 +156,14 @@ def _covered(original_lines: list[str], chunks: list[tuple[list[str], bool, bool
     covered: set[int] = set()
     after = 0  # past the last line the chunk before matched
     for chunk, at_start, at_end in chunks:
-        spans = [_span(original_lines, chunk, low, unique) for low in (0, after) for unique in (False, True)]
+        lows = (0, after) if after else (0,)
+        spans = [_span(original_lines, chunk, low, unique) for low in lows for unique in (False, True)]
         for span in spans:
             if span is not None:
                 first = 0 if at_start else span[0]
                 last = len(original_lines) - 1 if at_end else span[1]
                 covered.update(range(first, last + 1))
-        ordered = [span[1] for span in spans[2:] if span is not None]  # found after the chunk before
+        ordered = [span[1] for span in spans[-2:] if span is not None]  # found after the chunk before
         if ordered:
             after = min(ordered) + 1
     return covered

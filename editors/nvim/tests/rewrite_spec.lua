@@ -23,6 +23,20 @@ local function rewrite(opts)
   return results[1], job
 end
 
+--- Run specedit.accept or specedit.reject on the current buffer and wait for what it did.
+local function edit_and_wait(action)
+  local result
+  specedit[action]({
+    on_done = function(edit)
+      result = edit
+    end,
+  })
+  t.wait(10000, function()
+    return result ~= nil
+  end, action)
+  return result
+end
+
 --- Listen for the next SpeceditDone event (a rewrite started by a command); the returned function waits
 --- for it and gives its result.
 local function next_done()
@@ -85,15 +99,7 @@ t.it("preview: virtual lines only, then :SpeceditAccept writes them", function()
   t.eq("complete", result.status, "status")
   t.eq(settings.original, t.text(bufnr), "buffer while previewing")
   t.eq({ { 0, "def plus(a, b):" } }, preview_lines(bufnr), "virtual lines (row, text)")
-  local accepted
-  specedit.accept({
-    on_done = function(edit)
-      accepted = edit
-    end,
-  })
-  t.wait(10000, function()
-    return accepted ~= nil
-  end, "accept")
+  local accepted = edit_and_wait("accept")
   t.truthy(#accepted.applied > 0, "hunks applied: " .. vim.inspect(accepted))
   t.eq(settings.expected, t.text(bufnr), "buffer after accept")
   t.eq(0, marks(bufnr), "extmarks left after accept")
@@ -195,15 +201,7 @@ t.it("live, then :SpeceditReject restores the original", function()
   local result = rewrite({ instruction = settings.instruction, delivery = "live" })
   t.eq("complete", result.status, "status")
   t.eq(settings.expected, t.text(bufnr), "buffer after the live rewrite")
-  local rejected
-  specedit.reject({
-    on_done = function(edit)
-      rejected = edit
-    end,
-  })
-  t.wait(10000, function()
-    return rejected ~= nil
-  end, "reject")
+  edit_and_wait("reject")
   t.eq(settings.original, t.text(bufnr), "buffer after reject")
 end)
 
@@ -307,15 +305,7 @@ t.it(":SpeceditApply previews a sketch its lines merge; accepting writes the mer
   t.eq("complete", result.status, "status")
   t.eq("lines", result.stats.merge, "merged by its lines")
   t.eq(settings.sketch_original, t.text(bufnr), "buffer while previewing")
-  local accepted
-  specedit.accept({
-    on_done = function(edit)
-      accepted = edit
-    end,
-  })
-  t.wait(10000, function()
-    return accepted ~= nil
-  end, "accept")
+  edit_and_wait("accept")
   t.eq(settings.lines_merged, t.text(bufnr), "buffer after accept")
 end)
 
