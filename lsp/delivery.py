@@ -11,6 +11,11 @@ first change the client reports after that version *is* the edit (possibly split
 or followed by the user's typing in the same notification). So the edit counts as applied when, and only
 when, the text after some prefix of the first changes after its version equals the text the edit would
 give. Otherwise it was not applied, and it is planned again, rebased on the current text.
+
+A live job keeps its document in step with the model: every edit it sends writes the hunks settled so far
+and replaces the *provisional* text (the output not settled yet, written just before the frontier) with
+the current one, so the user watches the new code being written; the lines not yet reached stay as they
+are below it. When the job stops writing live, its provisional text is taken out again.
 """
 
 from __future__ import annotations
@@ -65,6 +70,17 @@ class Job:
     def writes_live(self) -> bool:
         return self.delivery == "live" and not self.stopped and not self.region.conflict
 
+    @property
+    def provisional(self) -> str:
+        """The provisional text the document should hold now ("" unless the job writes live)."""
+        return self.tracker.provisional if self.writes_live else ""
+
+    def in_step(self) -> bool:
+        """The document holds the provisional text it should (live jobs; the others never write it)."""
+        region = self.region
+        wanted = self.provisional
+        return region.provisional_text() == wanted and (not wanted or region.provisional_at == region.frontier)
+
     def feed(self, text: str) -> list[Hunk]:
         return self._settled(self.tracker.feed(text))
 
@@ -87,7 +103,7 @@ class Intent:
     job: Job
     kind: Literal["apply", "revert"]
     hunk_ids: list[int] | None = None
-    live: bool = False
+    live: bool = False  # keep a live job's document in step: its pending hunks and its provisional text
     confirm: bool = False  # ask the user to confirm it, where the client can (a `final` rewrite's edit)
     attempts: int = 0
     outcome: Outcome | None = None
@@ -100,9 +116,10 @@ class PlannedEdit:
     id: int
     intent: Intent
     version: int
-    edits: list[Edit]  # in the coordinates of the text at `version`, ascending
-    hunk_ids: list[int]  # parallel to `edits`
+    edits: list[Edit]  # in the coordinates of the text at `version`, ascending, none touching another
+    hunk_ids: list[int]  # the hunks it writes (or reverts)
     expected_text: str  # the text once the edit is applied
+    provisional: tuple[int, str] | None = None  # the provisional text it writes, and the original's offset
     echo: bool | None = None  # True: seen in didChange; False: the client's next change was not it
     response: bool | None = None  # the client's `applied`
 
@@ -132,9 +149,12 @@ class DocumentState:
         self.intents.append(intent)
 
     def settled(self, job: Job, hunks: Sequence[Hunk]) -> None:
-        """New hunks of a job: queued for writing when the job writes live."""
-        if hunks and job.writes_live:
-            self.queue(Intent(job, "apply", [hunk.id for hunk in hunks], live=True))
+        """New output of a job (and the hunks it settled): a live job's document is brought in step."""
+        if job.delivery != "live" or (not (hunks and job.writes_live) and job.in_step()):
+            return
+        waiting = self.in_flight.intent if self.in_flight is not None else None
+        if not any(intent.job is job and intent.live and intent is not waiting for intent in self.intents):
+            self.queue(Intent(job, "apply", live=True))  # planned on the job's state when its turn comes
 
     def pending_intents(self, job: Job) -> bool:
         """True while the job has something queued or in flight."""
@@ -148,14 +168,43 @@ class DocumentState:
             return None
         while self.intents:
             intent = self.intents[0]
-            edits, hunk_ids = self._edits_for(intent)
-            if not edits:
+            provisional = None
+            if intent.live:
+                edits, hunk_ids, provisional = self._live_edits(intent.job)
+            else:
+                edits, hunk_ids = self._edits_for(intent)
+            planned = PlannedEdit(next(self._ids), intent, self.version, [], hunk_ids, self.text, provisional)
+            planned.edits = [edit for edit in edits if self.text[edit[0] : edit[1]] != edit[2]]
+            if not planned.edits:
+                if hunk_ids or provisional is not None:  # the document holds it already: nothing to send
+                    self._confirm(planned)
                 self._retire(intent, Outcome.DROPPED if intent.live and not intent.job.writes_live else Outcome.DONE)
                 continue
-            expected = apply_edits(self.text, edits)
-            self.in_flight = PlannedEdit(next(self._ids), intent, self.version, edits, hunk_ids, expected)
-            return self.in_flight
+            planned.expected_text = apply_edits(self.text, planned.edits)
+            self.in_flight = planned
+            return planned
         return None
+
+    def _live_edits(self, job: Job) -> tuple[list[Edit], list[int], tuple[int, str] | None]:
+        """What brings a live job's document in step: its pending hunks, and its provisional text moved to
+        the frontier (or taken out, once the job no longer writes live)."""
+        region = job.region
+        edits, hunk_ids = self._edits_for(Intent(job, "apply", live=True)) if job.writes_live else ([], [])
+        if job.in_step():
+            return edits, hunk_ids, None
+        text, at = job.provisional, region.frontier
+        where = region.offset_of(at) if text else None
+        if where is None:
+            text = ""
+        old = region.provisional_range()
+        if old is not None:
+            edits.append((old[0], old[1], ""))
+        if text:
+            assert where is not None
+            edits.append((where, where, text))
+        if not edits:
+            return [], [], None
+        return _joined(edits), hunk_ids, (at, text)
 
     def _edits_for(self, intent: Intent) -> tuple[list[Edit], list[int]]:
         job, region = intent.job, intent.job.region
@@ -233,6 +282,8 @@ class DocumentState:
         if edit.echo:
             # An intent for all pending hunks may have more to do (hunks settled meanwhile): it ends here.
             self._retire(intent, Outcome.DONE)
+            if intent.live:  # what is in the document now is not what the job wants (it stopped meanwhile)
+                self.settled(intent.job, [])
             return intent
         refused = edit.response is False and edit.echo is None and self.version == edit.version
         intent.attempts += 1
@@ -258,7 +309,25 @@ class DocumentState:
                 job.region.mark_applied(hunk_id)
             else:
                 job.region.mark_reverted(hunk_id)
+        if edit.provisional is not None:
+            job.region.mark_provisional(*edit.provisional)
         for other in self.jobs:
             if other is not job:
                 for start, end, new_text in reversed(edit.edits):
                     other.region.our_edit(start, end, new_text)
+
+
+def _joined(edits: list[Edit]) -> list[Edit]:
+    """Edits in order, those that touch joined into one (a hunk written where provisional text was, the
+    provisional text written right after a hunk): one edit per place, whatever order the client applies
+    them in. At one point, the edits keep the order they came in."""
+    ordered = sorted(enumerate(edits), key=lambda item: (item[1][0], item[1][1], item[0]))
+    joined: list[Edit] = []
+    for _, (start, end, text) in ordered:
+        if joined and start <= joined[-1][1]:
+            previous = joined[-1]
+            assert start == previous[1], "edits overlap"
+            joined[-1] = (previous[0], end, previous[2] + text)
+        else:
+            joined.append((start, end, text))
+    return joined

@@ -15,6 +15,8 @@ from functools import cached_property
 from lsprotocol import types
 from pygls.workspace.position_codec import PositionCodec
 
+from specedit.lsp import protocol
+
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
@@ -69,6 +71,14 @@ class TextIndex:
 
     def range_at(self, start: int, end: int, codec: PositionCodec) -> types.Range:
         return types.Range(start=self.position_at(start, codec), end=self.position_at(end, codec))
+
+    def range_payload(self, start: int, end: int, codec: PositionCodec) -> protocol.Range:
+        """`range_at`, as our extensions' payloads carry it."""
+        where = self.range_at(start, end, codec)
+        return {
+            "start": {"line": where.start.line, "character": where.start.character},
+            "end": {"line": where.end.line, "character": where.end.character},
+        }
 
 
 def minimal_change(before: str, after: str) -> tuple[int, int, str]:

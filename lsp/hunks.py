@@ -24,8 +24,11 @@ import bisect
 import difflib
 import enum
 import itertools
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+_LINE_BREAKS = re.compile("\r\n|\r|\n|\u2028|\u2029|\x85")  # all that editors take for line ends
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,31 @@ class HunkTracker:
         return self._old_starts[self._i]
 
     @property
+    def provisional(self) -> str:
+        """The output not settled yet, as whole lines (the line being written ends with a newline too), or
+        "" while the output is in step with the original (nothing written past the frontier, or only the
+        beginning of the frontier's own line). What an editor shows, marked pending, before the frontier.
+
+        >>> tracker = HunkTracker("a = 1\\nb = 2\\n")
+        >>> tracker.feed("a = 1\\nb"); tracker.provisional
+        []
+        ''
+        >>> tracker.feed("bb = 2\\nc"); tracker.provisional
+        []
+        'bbb = 2\\nc\\n'
+        """
+        if self.finished:
+            return ""
+        written = self._new[self._j :]
+        if not written and self._i < len(self._old) and self._old[self._i].startswith(self._partial):
+            return ""
+        newline = "\r\n" if self._old and self._old[0].endswith("\r\n") else "\n"
+        text = "".join(written) + (self._partial + "\n" if self._partial else "")
+        # Shown only: its line ends are the document's (an editor would convert others, and the edit that
+        # writes it would no longer be recognised in the editor's echo).
+        return _LINE_BREAKS.sub(newline, text)
+
+    @property
     def lines_done(self) -> int:
         return self._i
 
@@ -266,6 +294,7 @@ class HunkTracker:
 class PieceKind(enum.Enum):
     ORIGINAL = "original"  # original[start:end], intact
     HUNK = "hunk"  # a hunk's new text, written by us and untouched since
+    PROVISIONAL = "provisional"  # the output not settled yet, written before the frontier, untouched since
     FOREIGN = "foreign"  # anything else: the user's typing, remnants of a hunk the user edited
 
 
@@ -274,7 +303,7 @@ class _Piece:
     kind: PieceKind
     start: int = 0  # ORIGINAL: the slice of the original
     end: int = 0
-    text: str = ""  # HUNK and FOREIGN: the text
+    text: str = ""  # HUNK, PROVISIONAL and FOREIGN: the text
     hunk_id: int = -1
 
     def __len__(self) -> int:
@@ -297,6 +326,9 @@ class RegionTracker:
     intact (inside one ORIGINAL piece); the remainder likewise, or the user has typed into the part not
     yet written: a `conflict`, which is sticky.
 
+    A live rewrite also writes its *provisional* text, the output not settled yet, just before the
+    frontier (at most one such piece); the user's typing into it makes it foreign, like a written hunk.
+
     Boundaries: typing exactly at the region's start is before the region, exactly at its end after it.
 
     >>> region = RegionTracker("a\\nb\\nc\\n", start=10)
@@ -317,6 +349,7 @@ class RegionTracker:
     start: int
     frontier: int = 0  # see HunkTracker.frontier: the part from here on is not yet written
     conflict: bool = False
+    provisional_at: int = 0  # the original's offset the provisional text is written before
     hunks: dict[int, Hunk] = field(default_factory=dict)
     states: dict[int, HunkState] = field(default_factory=dict)
     _pieces: list[_Piece] = field(default_factory=list)
@@ -368,6 +401,29 @@ class RegionTracker:
                 return at, at + len(piece)
         raise AssertionError(f"applied hunk {hunk_id} has no piece")
 
+    def provisional_range(self) -> tuple[int, int] | None:
+        """The document range of the provisional text (None when there is none)."""
+        for index, piece in enumerate(self._pieces):
+            if piece.kind is PieceKind.PROVISIONAL:
+                at = self._piece_offset(index)
+                return at, at + len(piece)
+        return None
+
+    def provisional_text(self) -> str:
+        return next((piece.text for piece in self._pieces if piece.kind is PieceKind.PROVISIONAL), "")
+
+    def offset_of(self, at: int) -> int | None:
+        """The document offset of the original's offset `at`, when the original is intact there: where
+        provisional text written before `at` goes (after any hunk written up to `at`)."""
+        offset = self.start
+        for piece in self._pieces:
+            if piece.kind is PieceKind.ORIGINAL and piece.start <= at < piece.end:
+                return offset + at - piece.start
+            offset += len(piece)
+        if at == len(self.original) and not any(piece.kind is PieceKind.FOREIGN for piece in self._pieces[-1:]):
+            return offset
+        return None
+
     def remainder_intact(self) -> bool:
         """True while the user has not typed into the part of the region not yet written."""
         n = len(self.original)
@@ -411,6 +467,29 @@ class RegionTracker:
             raise AssertionError(f"reverting hunk {hunk_id}, which has no piece")
         self.states[hunk_id] = HunkState.REJECTED
         self._normalise()
+
+    def mark_provisional(self, at: int, text: str) -> None:
+        """Our edit came back that replaced the provisional text with `text`, written before the original's
+        offset `at` (as `offset_of(at)` placed it)."""
+        self._pieces = [piece for piece in self._pieces if piece.kind is not PieceKind.PROVISIONAL]
+        self._normalise()
+        self.provisional_at = at
+        if not text:
+            return
+        written = _Piece(PieceKind.PROVISIONAL, text=text)
+        if at == len(self.original):
+            self._pieces.append(written)
+            return
+        for index, piece in enumerate(self._pieces):
+            if piece.kind is PieceKind.ORIGINAL and piece.start <= at < piece.end:
+                self._pieces[index : index + 1] = [
+                    _Piece(PieceKind.ORIGINAL, piece.start, at),
+                    written,
+                    _Piece(PieceKind.ORIGINAL, at, piece.end),
+                ]
+                self._normalise()
+                return
+        raise AssertionError(f"provisional text at {at}, where the original is not intact")
 
     def mark_rejected(self, hunk_id: int) -> None:
         """A pending hunk is dropped without being written."""
@@ -487,7 +566,7 @@ class RegionTracker:
                 if piece.kind is PieceKind.ORIGINAL:
                     left = _Piece(PieceKind.ORIGINAL, piece.start, piece.start + cut)
                     right = _Piece(PieceKind.ORIGINAL, piece.start + cut, piece.end)
-                else:  # a hunk split by the user's typing is no longer ours: foreign from now on
+                else:  # a hunk (or provisional text) split by the user's typing is no longer ours
                     if piece.kind is PieceKind.HUNK:
                         self.states[piece.hunk_id] = HunkState.DIRTY
                     left = _Piece(PieceKind.FOREIGN, text=piece.text[:cut])

@@ -233,6 +233,8 @@ class Rewrites:
             else:
                 ending = (kind, value)
         job.running = False
+        if ending[0] == "error" or not ending[1].complete or job.stop_reason is not None:
+            self._stop_writing(job)  # its provisional text goes; a complete one's is replaced by its end
         while True:
             try:
                 result = await self._conclude(job, ending)
@@ -305,11 +307,20 @@ class Rewrites:
     ) -> protocol.RewriteResult:
         """An answer to a sketch that is not a merge is never left in the document: nothing more is written,
         and what a live rewrite wrote already is restored; no hunk is offered."""
+        self._stop_writing(job)
         if doc is not None:
             await self._drop(job, doc, sorted(job.core.region.hunks))
             await self._waiting.until(lambda: not doc.pending_intents(job.core) or job.uri not in self._documents)
         message = f"the answer is not a merge of the edit sketch: {check.describe()}; nothing was applied"
         return {"jobId": job.id, "status": "error", "message": message, "stats": outcome.stats}
+
+    def _stop_writing(self, job: RewriteJob) -> None:
+        """The job writes no more into its document: what it wrote provisionally is taken out."""
+        job.core.stopped = True
+        doc = self._documents.get(job.uri)
+        if doc is not None:
+            doc.settled(job.core, [])
+            self._writer.kick(doc)
 
     def _error_result(self, job: RewriteJob, error: BaseException) -> protocol.RewriteResult:
         if isinstance(error, (EngineUnavailableError, ModelLoadError)) and not self._engine_error_shown:
@@ -326,17 +337,9 @@ class Rewrites:
 
     def _hunk_payload(self, job: RewriteJob, hunk_id: int) -> protocol.HunkPayload:
         hunk = job.core.region.hunks[hunk_id]
-        where = job.request_index.range_at(
-            job.request_start + hunk.start, job.request_start + hunk.end, self._lsp.workspace.position_codec
-        )
-        return {
-            "id": hunk.id,
-            "range": {
-                "start": {"line": where.start.line, "character": where.start.character},
-                "end": {"line": where.end.line, "character": where.end.character},
-            },
-            "newText": hunk.new_text,
-        }
+        start, end = job.request_start + hunk.start, job.request_start + hunk.end
+        where = job.request_index.range_payload(start, end, self._lsp.workspace.position_codec)
+        return {"id": hunk.id, "range": where, "newText": hunk.new_text}
 
     def _report(self, job: RewriteJob, *, force: bool = False) -> None:
         """Partial results (new hunks, stats) and work-done progress, at most every REPORT_INTERVAL."""

@@ -10,6 +10,11 @@ the ones here (`NAMES`).
     settled since the one before, in the coordinates of the request's version.
     result: `RewriteResult`; `hunks` is there only when no `partialResultToken` was given.
 
+`specedit/provisional` (notification, server -> client)
+    params: `ProvisionalParams`: where a live rewrite's provisional text is in the document at `version`
+    (the output not settled yet, which the server writes just before the lines it has not reached), or
+    `range: null` once there is none. Clients mark it as pending; the server replaces it as hunks settle.
+
 Hunks are whole-line replacements of the region; their `id`s are what `specedit.accept` and
 `specedit.reject` take to act on some hunks only.
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 from typing import Any, Literal, TypedDict
 
 REWRITE_METHOD = "specedit/rewrite"
+PROVISIONAL_NOTIFICATION = "specedit/provisional"
 
 COMMAND_REWRITE = "specedit.rewrite"  # arguments: [RewriteParams]; returns RewriteResult
 COMMAND_ACCEPT = "specedit.accept"  # arguments: [] or [JobSelector]; returns EditResult
@@ -38,6 +44,7 @@ STATUSES: tuple[Status, ...] = ("complete", "cancelled", "superseded", "conflict
 # Every name a client needs, for the test that checks the TypeScript and Lua copies.
 NAMES: dict[str, Any] = {
     "rewriteMethod": REWRITE_METHOD,
+    "provisionalNotification": PROVISIONAL_NOTIFICATION,
     "commands": list(COMMANDS),
     "configurationSection": CONFIGURATION_SECTION,
     "codeActionKind": CODE_ACTION_KIND,
@@ -92,6 +99,13 @@ class RewriteResult(TypedDict, total=False):
     message: str  # for conflict and error
     error: dict[str, Any]  # for error: {code, message, data}
     stepsAfterCancel: int  # engine steps completed after cancellation was requested (at most 1)
+
+
+class ProvisionalParams(TypedDict):
+    uri: str
+    version: int
+    jobId: str
+    range: Range | None
 
 
 class JobSelector(TypedDict, total=False):

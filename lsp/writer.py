@@ -11,6 +11,7 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 from pygls.lsp.server import LanguageServer
 
+from specedit.lsp import protocol
 from specedit.lsp.delivery import DocumentState, Outcome, PlannedEdit
 from specedit.lsp.documents import TextIndex
 from specedit.lsp.waiting import Waiting
@@ -58,7 +59,21 @@ class EditWriter:
             intent = doc.finish(edit)
             if intent.outcome is Outcome.REFUSED:
                 log.warning("%s: the editor refused an edit", intent.job.id)
+            if edit.echo and edit.provisional is not None:
+                self._provisional(doc, edit)
             self._waiting.notify()
+
+    def _provisional(self, doc: DocumentState, edit: PlannedEdit) -> None:
+        """Tell the client where the provisional text now is, for it to mark as pending."""
+        where = edit.intent.job.region.provisional_range()
+        codec = self._lsp.workspace.position_codec
+        params: protocol.ProvisionalParams = {
+            "uri": doc.uri,
+            "version": doc.version,
+            "jobId": edit.intent.job.id,
+            "range": None if where is None else TextIndex(doc.text).range_payload(where[0], where[1], codec),
+        }
+        self._lsp.protocol.notify(protocol.PROVISIONAL_NOTIFICATION, params)
 
     def _params(self, doc: DocumentState, edit: PlannedEdit) -> types.ApplyWorkspaceEditParams:
         index, codec = TextIndex(doc.text), self._lsp.workspace.position_codec

@@ -13,6 +13,7 @@
 #   SPECEDIT_VSCODE_TIMEOUT        seconds for the whole run (default 300)
 #   SPECEDIT_VSCODE_TRACE          off | messages | verbose: the LSP traffic, in the output on failure
 #   SPECEDIT_VSCODE_CACHE          where scripts/vscode-setup.sh installed code-server (default build/vscode-headless)
+#   SPECEDIT_VSCODE_SCREENSHOTS    where the tests' screenshots go (default build/screenshots; "" for none)
 #   KEEP_RUN=1                     keep the run folder (logs, settings, workspace); kept anyway on failure
 #
 # Each run gets fresh user-data, extensions, workspace, HOME and XDG folders; code-server listens on
@@ -45,6 +46,7 @@ mkdir -p "$RUN/user-data/User" "$RUN/user-data/Machine" "$RUN/extensions" "$RUN/
 # code-server (config, logs), chromium (profile, crash reports) and the server's caches stay in the run.
 export HOME="$RUN/home" XDG_CONFIG_HOME="$RUN/xdg/config" XDG_DATA_HOME="$RUN/xdg/data" XDG_CACHE_HOME="$RUN/xdg/cache"
 export SPECEDIT_VSCODE_ENDLESS_MODEL="${SPECEDIT_VSCODE_ENDLESS_MODEL:-}" SPECEDIT_VSCODE_GREP="${SPECEDIT_VSCODE_GREP:-}"
+export SPECEDIT_VSCODE_SCREENSHOTS="${SPECEDIT_VSCODE_SCREENSHOTS-$REPO/build/screenshots}"
 
 cat > "$RUN/user-data/User/settings.json" <<EOF
 {

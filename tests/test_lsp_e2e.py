@@ -101,6 +101,7 @@ class EditorClient(LanguageClient):
         self.applied_edits = 0
         self.skipped_edits = 0
         self.typing_before_next_edit: list[tuple[str, int, str]] = []  # (uri, offset, text)
+        self.provisional: list[tuple[str, str | None]] = []  # (uri, the text marked pending, or None)
 
     def open(self, uri: str, text: str) -> EditorDocument:
         document = EditorDocument(uri, text)
@@ -205,6 +206,20 @@ def client_apply_edit(client: EditorClient, params: types.ApplyWorkspaceEditPara
     return client.apply_workspace_edit(params)
 
 
+def client_provisional(client: EditorClient, params: Any) -> None:
+    """`specedit/provisional`: the text it marks, in the document at its version; one for an older version
+    (the user typed since) marks nothing, as in the editors."""
+    value = plain(params)
+    document = client.documents.get(value["uri"])
+    if document is None or value["range"] is None or value["version"] != document.version or document.unsent:
+        client.provisional.append((value["uri"], None))
+        return
+    where = value["range"]
+    start = offset_of(document.text, types.Position(**where["start"]), client.encoding)
+    end = offset_of(document.text, types.Position(**where["end"]), client.encoding)
+    client.provisional.append((value["uri"], document.text[start:end]))
+
+
 def client_progress(client: EditorClient, params: types.ProgressParams) -> None:
     value = plain(params.value)
     if isinstance(value, dict) and "kind" not in value and str(params.token) in client.partials:
@@ -237,6 +252,7 @@ def make_client(kind: Kind) -> EditorClient:
             **DEFAULT_CLIENT_FEATURES,
             types.WORKSPACE_APPLY_EDIT: client_apply_edit,
             types.PROGRESS: client_progress,
+            protocol.PROVISIONAL_NOTIFICATION: client_provisional,
         },
     )
     return client
@@ -397,6 +413,33 @@ def _apply_payload(text: str, hunks: list[dict[str, Any]], encoding: str) -> str
     for start, end, new_text in sorted(edits, reverse=True):
         text = text[:start] + new_text + text[end:]
     return text
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+async def test_a_live_rewrite_shows_its_provisional_text_then_replaces_it(
+    client: EditorClient, expected: Any, case: str
+) -> None:
+    """The new first line is written, marked pending, above the old one before its hunk settles; at the
+    end nothing provisional is left and the document is the rewrite."""
+    prefix, (original, instruction), suffix = CASES[case]
+    text = prefix + original + suffix
+    uri = new_uri(case)
+    document = client.open(uri, text)
+    params: dict[str, Any] = {"textDocument": {"uri": uri, "version": document.version}, "instruction": instruction}
+    if prefix or suffix:
+        params["range"] = region_range(text, prefix, original, client.encoding)
+    result = await send_rewrite(client, params)
+    assert result["status"] == "complete", result
+    want = expected(original, instruction)
+    shown = [marked for at, marked in client.provisional if at == uri]
+    assert shown and shown[-1] is None, shown
+    # What is marked is the output from the first changed line on, so far (the line being written ended).
+    first_new_line = next(line for line in want.splitlines(keepends=True) if line not in original)
+    written = want[want.index(first_new_line) :]
+    pending = [marked for marked in shown if marked]
+    assert pending and all(written.startswith(marked.rstrip("\r\n")) for marked in pending), pending
+    assert (await settle(client, uri)).encode() == (prefix + want + suffix).encode()
+    client.close(uri)
 
 
 async def test_partial_results_and_progress(client: EditorClient, expected: Any) -> None:

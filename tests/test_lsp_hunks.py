@@ -380,3 +380,120 @@ def test_refused_edit_is_not_retried() -> None:
     doc.on_response(planned, False)  # the user said no in VS Code's refactor preview
     doc.finish(planned)
     assert intent.outcome is Outcome.REFUSED and doc.plan() is None
+
+
+# ------------------------------------------------------------------------------ provisional text (live)
+
+HEAD = "# head\n"
+BEFORE = "def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n"
+
+
+def _live(original: str = BEFORE) -> tuple[DocumentState, Job]:
+    doc = DocumentState("file:///t.py", HEAD + original + "# tail\n", 1)
+    job = Job.start("r1", "live", original, len(HEAD))
+    doc.jobs.append(job)
+    return doc, job
+
+
+def _write_all(doc: DocumentState, *, typed: Edit | None = None) -> None:
+    """VS Code: every planned edit applied and echoed at once (after the user's `typed`, when given)."""
+    while (planned := doc.plan()) is not None:
+        if typed is not None:
+            doc.did_change(doc.version + 1, [typed])
+            typed = None
+            doc.on_response(planned, False)
+        else:
+            doc.did_change(doc.version + 1, list(reversed(planned.edits)))
+            doc.on_response(planned, True)
+        doc.finish(planned)
+
+
+def test_a_live_job_shows_what_it_writes_before_the_lines_it_has_not_reached() -> None:
+    doc, job = _live()
+    doc.settled(job, job.feed("def area(w, h):\n    return w * h  # the"))
+    _write_all(doc)
+    # The changed line, provisional, above the old one, which stays until the hunk settles.
+    assert doc.text == HEAD + "def area(w, h):\n    return w * h  # the\n    return w * h\n\n\ndef perimeter" + (
+        "(w, h):\n    return 2 * (w + h)\n# tail\n"
+    )
+    start, end = job.region.provisional_range() or (0, 0)
+    assert doc.text[start:end] == "    return w * h  # the\n"
+    doc.settled(job, job.feed(" area\n\n\ndef perimeter(w, h):\n    return 2"))
+    _write_all(doc)
+    # Settled: the hunk written; the line being written begins like the old one: nothing provisional.
+    assert doc.text == HEAD + "def area(w, h):\n    return w * h  # the area\n\n\ndef perimeter(w, h):\n" + (
+        "    return 2 * (w + h)\n# tail\n"
+    )
+    assert job.region.provisional_range() is None
+    doc.settled(job, job.feed(" * w + 2"))
+    _write_all(doc)
+    assert doc.text.endswith("def perimeter(w, h):\n    return 2 * w + 2\n    return 2 * (w + h)\n# tail\n")
+    after = BEFORE.replace("w * h\n", "w * h  # the area\n").replace("2 * (w + h)", "2 * w + 2 * h")
+    doc.settled(job, job.finish(after))
+    _write_all(doc)
+    assert doc.text == HEAD + after + "# tail\n"
+    assert job.region.provisional_range() is None and not doc.intents
+
+
+def test_the_beginning_of_an_unchanged_line_is_not_shown_twice() -> None:
+    doc, job = _live()
+    doc.settled(job, job.feed("def area(w, h):\n    return w"))
+    assert job.tracker.provisional == "" and not doc.intents
+
+
+def test_a_stopped_live_job_takes_its_provisional_text_out() -> None:
+    doc, job = _live()
+    doc.settled(job, job.feed("def area(width, height):\n    return width"))
+    _write_all(doc)
+    assert "def area(width, height):\n    return width\ndef area(w, h):" in doc.text
+    job.stopped = True  # cancelled
+    doc.settled(job, [])
+    _write_all(doc)
+    assert doc.text == HEAD + BEFORE + "# tail\n"
+
+
+def test_typing_into_provisional_text_stops_the_job_and_keeps_the_typing() -> None:
+    doc, job = _live()
+    doc.settled(job, job.feed("def area(width, height):\n"))
+    _write_all(doc)
+    at = doc.text.index("width") + len("width")
+    doc.did_change(doc.version + 1, [(at, at, "§")])
+    assert job.region.conflict and not job.writes_live
+    doc.settled(job, job.feed("    return width * height\n"))
+    _write_all(doc)
+    assert "def area(width§, height):\n" in doc.text  # ours no longer: left as the user made it
+    assert doc.text[job.region.start : job.region.end] == job.region.text()
+
+
+def test_provisional_text_is_rebased_over_the_users_typing_elsewhere() -> None:
+    doc, job = _live()
+    doc.settled(job, job.feed("def area(width, height):\n"))
+    _write_all(doc, typed=(0, 0, "§§\n"))  # the first edit is stale: planned again
+    assert doc.text.startswith("§§\n# head\ndef area(width, height):\ndef area(w, h):\n")
+    job.stopped = True
+    doc.settled(job, [])
+    _write_all(doc)
+    assert doc.text == "§§\n" + HEAD + BEFORE + "# tail\n"
+
+
+def test_a_job_that_stops_while_its_provisional_text_is_on_its_way_takes_it_out() -> None:
+    doc, job = _live()
+    doc.settled(job, job.feed("def area(width, height):\n"))
+    planned = doc.plan()
+    assert planned is not None
+    job.stopped = True  # cancelled before the edit came back: the document does not hold it yet
+    doc.settled(job, [])
+    doc.did_change(doc.version + 1, list(reversed(planned.edits)))
+    doc.on_response(planned, True)
+    doc.finish(planned)
+    assert "width" in doc.text and doc.pending_intents(job)
+    _write_all(doc)
+    assert doc.text == HEAD + BEFORE + "# tail\n"
+
+
+def test_provisional_text_has_the_documents_line_ends() -> None:
+    """Editors convert other line ends in what they are given (VS Code does): the edit would then no longer
+    be what the server sees echoed."""
+    tracker = HunkTracker("a = 1\r\nb = 2\r\n")
+    tracker.feed("x\ry\nz\u2028w")
+    assert tracker.provisional == "x\r\ny\r\nz\r\nw\r\n"

@@ -79,8 +79,23 @@ t.it("live: the buffer ends as `specedit rewrite` wrote it, in one undo step", f
     tokens[params.token] = true
     return default_progress(err, params, ctx, config)
   end
+  -- The text being written shows, marked pending, before its hunk settles.
+  local on_provisional, pending = specedit._on_provisional, {}
+  specedit._on_provisional = function(params)
+    on_provisional(params)
+    local first, last = require("specedit.preview").pending_lines(bufnr)
+    if first then
+      pending[#pending + 1] = table.concat(vim.api.nvim_buf_get_lines(bufnr, first, last + 1, true), "\n")
+    end
+  end
   local result, job = rewrite({ instruction = settings.instruction, delivery = "live" })
+  specedit._on_provisional = on_provisional
   vim.lsp.handlers["$/progress"] = default_progress
+  t.truthy(#pending > 0, "provisional text marked pending")
+  for _, text in ipairs(pending) do
+    t.truthy(vim.startswith(settings.expected, text), "pending text is the rewrite's beginning: " .. text)
+  end
+  t.eq(nil, require("specedit.preview").pending_lines(bufnr), "a pending mark after the end")
   t.truthy(tokens[job.progress_token], "work-done progress reached Neovim's handler")
   t.truthy(not tokens[job.partial_token], "partial results reached Neovim's handler")
   t.truthy(#job.hunks > 0, "hunks in partial results")

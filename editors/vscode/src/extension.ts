@@ -2,7 +2,8 @@
  * specedit for VS Code: starts the specedit language server, forwards rewrites to it, renders them.
  *
  * The server does the work (rewrite jobs, hunks, versioned edits); this extension starts it (server.ts),
- * applies its edits as one undo step per rewrite (editApplier.ts), shows previews (preview.ts), and
+ * applies its edits as one undo step per rewrite (editApplier.ts), marks the text a live rewrite is still
+ * writing (provisional.ts), shows previews (preview.ts), and
  * offers the commands (commands.ts), the progress (rewrite.ts) and the status bar item (statusBar.ts).
  */
 import * as vscode from 'vscode';
@@ -10,6 +11,7 @@ import { registerCommands } from './commands';
 import { needsRestart } from './config';
 import { EditApplier } from './editApplier';
 import { Previews } from './preview';
+import { ProvisionalMarks } from './provisional';
 import { RewriteEvent, Rewrites } from './rewrite';
 import { Server } from './server';
 import { StatusBar } from './statusBar';
@@ -26,10 +28,11 @@ let server: Server | undefined;
 export function activate(context: vscode.ExtensionContext): SpeceditApi {
   const output = vscode.window.createOutputChannel('specedit', { log: true });
   const applier = new EditApplier();
-  server = new Server(output, applier);
+  const provisional = new ProvisionalMarks();
+  server = new Server(output, applier, provisional);
   const status = new StatusBar(server);
   const previews = new Previews();
-  const rewrites = new Rewrites(server, applier, previews, status);
+  const rewrites = new Rewrites(server, applier, previews, provisional, status);
   const started = server;
 
   context.subscriptions.push(
@@ -37,6 +40,7 @@ export function activate(context: vscode.ExtensionContext): SpeceditApi {
     server,
     status,
     previews,
+    provisional,
     rewrites,
     vscode.languages.registerCodeLensProvider({ scheme: 'file' }, previews),
     vscode.languages.registerCodeLensProvider({ scheme: 'untitled' }, previews),

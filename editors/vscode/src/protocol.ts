@@ -7,6 +7,7 @@
 
 export const NAMES = {
   rewriteMethod: 'specedit/rewrite',
+  provisionalNotification: 'specedit/provisional',
   commands: ['specedit.rewrite', 'specedit.accept', 'specedit.reject', 'specedit.cancel'],
   configurationSection: 'specedit',
   codeActionKind: 'refactor.rewrite',
@@ -71,6 +72,14 @@ export interface RewriteResult {
   message?: string;
   error?: { code: number; message: string; data?: unknown };
   stepsAfterCancel?: number;
+}
+
+/** Where a live rewrite's provisional text is in the document at `version` (range null: none left). */
+export interface ProvisionalParams {
+  uri: string;
+  version: number;
+  jobId: string;
+  range: Range | null;
 }
 
 export interface JobSelector {

@@ -2,7 +2,8 @@
  * Rewrites: `specedit/rewrite` sent for a document, its progress and partial results followed, and the
  * Accept / Reject / Cancel that act on it. The server does the work; this file forwards and reports.
  *
- * - live: the server writes hunks as they settle (see editApplier.ts: one undo step per rewrite).
+ * - live: the server writes hunks as they settle (see editApplier.ts: one undo step per rewrite), and
+ *   the text not settled yet before them, which provisional.ts marks as pending.
  * - preview: partial results carry the hunks; preview.ts shows them until accepted or rejected.
  * - Cancel stops the rewrite and restores what it had written: the document is left as it was.
  * - Reject after a finished live rewrite restores the original too.
@@ -19,6 +20,7 @@ import {
 import * as config from './config';
 import { EditApplier } from './editApplier';
 import { Previews } from './preview';
+import { ProvisionalMarks } from './provisional';
 import {
   COMMAND_ACCEPT,
   COMMAND_REJECT,
@@ -43,12 +45,13 @@ export interface RewriteArgs {
 /** What the extension's API tells listeners (and its tests) about rewrites. */
 export interface RewriteEvent {
   uri: vscode.Uri;
-  kind: 'started' | 'report' | 'ended';
+  kind: 'started' | 'report' | 'provisional' | 'ended';
   delivery: Delivery;
   jobId?: string;
   stats?: LiveStats;
   result?: RewriteResult;
   told?: string; // what the user was told when it ended (a notification), if anything
+  provisional?: string; // the text marked as still being written (kind 'provisional'; undefined: none)
 }
 
 interface Running {
@@ -73,8 +76,14 @@ export class Rewrites implements vscode.Disposable {
     private readonly server: Server,
     private readonly applier: EditApplier,
     private readonly previews: Previews,
+    private readonly provisional: ProvisionalMarks,
     private readonly status: StatusBar,
-  ) {}
+  ) {
+    provisional.onDidChange((change) => {
+      const run = [...this.running].find((candidate) => candidate.uri.toString() === change.uri.toString());
+      if (run) this.events.fire({ uri: run.uri, kind: 'provisional', delivery: run.delivery, jobId: run.jobId, provisional: change.text });
+    });
+  }
 
   /** Rewrites `range` (whole lines; undefined: the file). Resolves when the rewrite has ended. */
   async rewrite(editor: vscode.TextEditor, range: vscode.Range | undefined, args: RewriteArgs): Promise<RewriteResult | undefined> {
@@ -242,6 +251,7 @@ export class Rewrites implements vscode.Disposable {
   private end(run: Running, result: RewriteResult | undefined, told?: string): void {
     this.running.delete(run);
     if (run.delivery === 'live') this.applier.close(run.uri);
+    this.provisional.clear(run.uri); // the server has taken it out (or has stopped)
     this.status.rewriteEnded();
     void vscode.commands.executeCommand('setContext', 'specedit.rewriting', this.running.size > 0);
     this.events.fire({ uri: run.uri, kind: 'ended', delivery: run.delivery, jobId: run.jobId, result, told });

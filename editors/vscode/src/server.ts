@@ -13,6 +13,8 @@ import {
 } from 'vscode-languageclient/node';
 import { checkServerCommand, SECTION, serverCommand, ServerSetupError, settings } from './config';
 import { EditApplier } from './editApplier';
+import { NAMES, ProvisionalParams } from './protocol';
+import { ProvisionalMarks } from './provisional';
 
 export type ServerState = 'stopped' | 'starting' | 'running' | 'failed';
 
@@ -29,6 +31,7 @@ export class Server implements vscode.Disposable {
   constructor(
     readonly output: vscode.LogOutputChannel,
     private readonly applier: EditApplier,
+    private readonly provisional: ProvisionalMarks,
   ) {}
 
   /** The running client, started if need be. Rejects (after telling the user) when it cannot start. */
@@ -86,6 +89,7 @@ export class Server implements vscode.Disposable {
       else if (event.newState === State.Stopped && this.state === 'running') this.setState('failed', 'the server stopped');
     });
     client.onRequest(ApplyWorkspaceEditRequest.type, (params) => this.applier.handle(client, params));
+    client.onNotification(NAMES.provisionalNotification, (params: ProvisionalParams) => this.provisional.show(client, params));
     this.client = client;
     try {
       await client.start();

@@ -5,9 +5,14 @@
 // window.codeAutomationExit(code), and their console through window.codeAutomationLog.
 //
 //   node drive.js <baseUrl> <workspaceDir> <extensionDevelopmentPath> <extensionTestsPath>
-// Environment: CHROMIUM (default /usr/bin/chromium), SPECEDIT_VSCODE_TIMEOUT (seconds, default 300).
+// A test asks for a screenshot of the workbench by logging `specedit-screenshot <name>`: it is saved as
+// $SPECEDIT_VSCODE_SCREENSHOTS/<name>.png (the test waits for the file).
+// Environment: CHROMIUM (default /usr/bin/chromium), SPECEDIT_VSCODE_TIMEOUT (seconds, default 300),
+// SPECEDIT_VSCODE_SCREENSHOTS (a folder; no screenshots without it).
 // Exit code: the tests' (0: all passed), 124 on timeout, 1 when the workbench could not be driven.
 'use strict';
+const fs = require('fs');
+const path = require('path');
 const util = require('util');
 const { chromium } = require('playwright-core');
 
@@ -27,7 +32,12 @@ async function main() {
     const page = await browser.newPage();
     const exited = new Promise((resolve) => {
       page.exposeFunction('codeAutomationExit', (code) => resolve(code));
-      page.exposeFunction('codeAutomationLog', (type, args) => console.log(util.format(...(args || []))));
+      page.exposeFunction('codeAutomationLog', (type, args) => {
+        const line = util.format(...(args || []));
+        const wanted = /^specedit-screenshot ([\w-]+)$/.exec(line);
+        if (wanted) void screenshot(page, wanted[1]);
+        else console.log(line);
+      });
     });
     page.on('pageerror', (error) => log('page error:', error.message));
     const remote = (file) => `vscode-remote://${new URL(baseUrl).host}${file}`;
@@ -46,6 +56,20 @@ async function main() {
     return Number(code);
   } finally {
     await browser.close();
+  }
+}
+
+async function screenshot(page, name) {
+  const folder = process.env.SPECEDIT_VSCODE_SCREENSHOTS;
+  if (!folder) return;
+  fs.mkdirSync(folder, { recursive: true });
+  const file = path.join(folder, `${name}.png`);
+  try {
+    await page.screenshot({ path: `${file}.tmp.png` });
+    fs.renameSync(`${file}.tmp.png`, file); // whole, or not there
+    log(`screenshot: ${file}`);
+  } catch (error) {
+    log(`screenshot ${name} failed: ${error.message}`);
   }
 }
 

@@ -2,9 +2,11 @@
 --- sends back. Two handlers are ours, for this client only:
 ---   $/progress          partial results of our rewrites go to the renderer; everything else (the work-done
 ---                       progress behind vim.lsp.status()) goes on to Neovim's own handler;
----   workspace/applyEdit the server's edits, applied like Neovim does, joined into one undo step per rewrite.
+---   workspace/applyEdit the server's edits, applied like Neovim does, joined into one undo step per rewrite;
+---   specedit/provisional where a live rewrite's unsettled text is: marked pending (preview.lua).
 local config = require("specedit.config")
 local jobs = require("specedit.jobs")
+local protocol = require("specedit.protocol")
 
 local M = {}
 
@@ -62,11 +64,13 @@ local function edited_buffers(edit)
   return buffers
 end
 
-local function undo_seq(bufnr)
+--- The buffer's current undo sequence number.
+function M.undo_seq(bufnr)
   return vim.api.nvim_buf_call(bufnr, function()
     return vim.fn.undotree().seq_cur
   end)
 end
+local undo_seq = M.undo_seq
 
 -- An edit computed for an older version of its buffer (the user typed meanwhile).
 local function stale(edit)
@@ -117,9 +121,16 @@ local function on_apply_edit(_, params, ctx)
   return { applied = true }
 end
 
+local function on_provisional(_, params)
+  if params then
+    require("specedit")._on_provisional(params)
+  end
+end
+
 M.handlers = {
   ["$/progress"] = on_progress,
   ["workspace/applyEdit"] = on_apply_edit,
+  [protocol.NAMES.provisionalNotification] = on_provisional,
 }
 
 -- ----------------------------------------------------------------------------------------- starting

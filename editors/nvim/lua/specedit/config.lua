@@ -30,6 +30,7 @@ M.defaults = {
     added = "SpeceditAdded", -- the new lines (virtual lines)
     removed = "SpeceditRemoved", -- the lines they replace
     hint = "SpeceditHint", -- the "accept / reject" hint
+    pending = "SpeceditPending", -- a live rewrite's lines still being written (not settled yet)
   },
 }
 

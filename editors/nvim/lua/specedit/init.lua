@@ -82,6 +82,7 @@ local function finish(job, result)
   end
   job.done, job.result = true, result
   job.stats = result.stats or job.stats
+  preview.pending(job.bufnr, nil)
   local status = result.status
   local keeps_preview = job.delivery == "preview" and (status == "complete" or status == "conflict")
   if not keeps_preview and not job.accepted then
@@ -142,11 +143,33 @@ function M._on_partial(job, value)
   fire("SpeceditProgress", { bufnr = job.bufnr, job_id = job.id, hunks = hunks, stats = value.stats })
 end
 
+--- Where a live rewrite's provisional text now is (client.lua routes the notification here): marked as
+--- pending, when the buffer is still at the version the server saw (otherwise the next one comes soon).
+function M._on_provisional(params)
+  local bufnr = vim.uri_to_bufnr(params.uri)
+  if not vim.api.nvim_buf_is_loaded(bufnr) then
+    return
+  end
+  local current = params.range ~= vim.NIL and vim.lsp.util.buf_versions[bufnr] == params.version
+  preview.pending(bufnr, current and params.range or nil)
+end
+
 --- The server exited: its running rewrites end (as errors) here, if Neovim did not answer them already.
 function M._on_exit(client_id, code, signal)
   for _, job in pairs(jobs.latest) do
     if job.client_id == client_id and not job.done then
       local message = ("the server exited (code %s, signal %s)"):format(code, signal)
+      -- Nothing can finish or take back what it was writing (its provisional text included): undone here,
+      -- when its edits are still the buffer's last change; else `u` does it.
+      local bufnr = job.bufnr
+      if job.delivery == "live" and vim.api.nvim_buf_is_loaded(bufnr) and jobs.undo_seq[bufnr] ~= nil then
+        if jobs.undo_seq[bufnr] == client.undo_seq(bufnr) then
+          vim.api.nvim_buf_call(bufnr, vim.cmd.undo)
+          message = message .. "; what it had written is undone"
+        else
+          message = message .. "; `u` undoes what it had written"
+        end
+      end
       finish(job, { status = "error", message = message, stats = {} })
     end
   end

@@ -15,6 +15,40 @@ function M.define_highlights()
   vim.api.nvim_set_hl(0, groups.added, { link = "DiffAdd", default = true })
   vim.api.nvim_set_hl(0, groups.removed, { link = "DiffDelete", default = true })
   vim.api.nvim_set_hl(0, groups.hint, { link = "Comment", default = true })
+  vim.api.nvim_set_hl(0, groups.pending, { link = "DiffChange", default = true })
+end
+
+local pending = {} -- bufnr -> the extmark over the lines a live rewrite is still writing
+
+--- Mark the lines `range` covers (an LSP range: whole lines) as pending, or clear the mark (nil).
+function M.pending(bufnr, range)
+  if pending[bufnr] then
+    pcall(vim.api.nvim_buf_del_extmark, bufnr, M.ns, pending[bufnr])
+    pending[bufnr] = nil
+  end
+  if not range or not vim.api.nvim_buf_is_valid(bufnr) then
+    return
+  end
+  local last = range["end"].character > 0 and range["end"].line or range["end"].line - 1
+  if last < range.start.line or last >= vim.api.nvim_buf_line_count(bufnr) then
+    return
+  end
+  pending[bufnr] = vim.api.nvim_buf_set_extmark(bufnr, M.ns, range.start.line, 0, {
+    end_row = last,
+    end_col = 0,
+    line_hl_group = config.options.highlights.pending,
+    sign_text = "✎",
+    priority = 150,
+  })
+end
+
+--- The lines marked pending in `bufnr` (0-based, inclusive), or nil.
+function M.pending_lines(bufnr)
+  local found = pending[bufnr] and vim.api.nvim_buf_get_extmark_by_id(bufnr, M.ns, pending[bufnr], { details = true })
+  if not found or not found[1] then
+    return nil
+  end
+  return found[1], found[3].end_row or found[1]
 end
 
 --- Anchor the lines `first`..`last` (0-based, inclusive) of the region, and the line after it.

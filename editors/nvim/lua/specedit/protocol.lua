@@ -4,6 +4,7 @@ local M = {}
 
 M.NAMES = {
   rewriteMethod = "specedit/rewrite",
+  provisionalNotification = "specedit/provisional",
   commands = { "specedit.rewrite", "specedit.accept", "specedit.reject", "specedit.cancel" },
   configurationSection = "specedit",
   codeActionKind = "refactor.rewrite",

@@ -67,6 +67,26 @@ async function lensTitles(editor: vscode.TextEditor): Promise<string[]> {
   return lenses.filter((lens) => lens.command?.command.startsWith('specedit.')).map((lens) => `${lens.range.start.line}:${lens.command?.title}`);
 }
 
+/** Polls `condition` (a file to appear: no event tells) every 50 ms, up to `ms`. */
+async function until(condition: () => boolean, ms: number, what: string): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!condition()) {
+    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms: ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}
+
+/** A screenshot of the workbench, saved by test-harness/drive.js (when $SPECEDIT_VSCODE_SCREENSHOTS is set). */
+async function screenshot(name: string): Promise<void> {
+  const folder = process.env.SPECEDIT_VSCODE_SCREENSHOTS;
+  if (!folder) return;
+  const file = path.join(folder, `${name}.png`);
+  fs.rmSync(file, { force: true });
+  await vscode.commands.executeCommand('notifications.hideToasts'); // earlier tests' messages
+  console.log(`specedit-screenshot ${name}`);
+  await until(() => fs.existsSync(file), 15_000, `the screenshot ${file}`);
+}
+
 async function undo(editor: vscode.TextEditor): Promise<void> {
   await vscode.window.showTextDocument(editor.document, editor.viewColumn);
   await vscode.commands.executeCommand('undo');
@@ -84,14 +104,21 @@ suite('specedit in VS Code', () => {
     const editor = await openFile(ADD.before);
     const reports: number[] = [];
     const told: (string | undefined)[] = [];
+    const provisional: (string | undefined)[] = [];
     const listener = api.onDidChangeRewrite((event) => {
       if (event.kind === 'report') reports.push(event.stats?.generated_tokens ?? 0);
+      if (event.kind === 'provisional') provisional.push(event.provisional);
       if (event.kind === 'ended') told.push(event.told);
     });
     const result = await rewriteFile(ADD.instruction, 'live').finally(() => listener.dispose());
     assert.strictEqual(result.status, 'complete', result.message);
     assert.strictEqual(editor.document.getText(), ADD.after);
     assert.ok(reports.length > 0, 'progress was reported while rewriting');
+    // The new first line showed, marked pending, while it was being written; nothing is pending now.
+    const shown = provisional.filter((text): text is string => text !== undefined);
+    assert.ok(shown.length > 0, 'provisional text was marked');
+    for (const text of shown) assert.ok(ADD.after.startsWith(text.replace(/\r?\n$/, '')), `pending: ${JSON.stringify(text)}`);
+    assert.strictEqual(provisional.at(-1), undefined, 'the pending mark is gone at the end');
     assert.deepStrictEqual(told, [undefined], 'a rewrite that changed the document needs no message');
     await undo(editor);
     assert.strictEqual(editor.document.getText(), ADD.before, 'one undo takes the whole rewrite back');
@@ -175,6 +202,7 @@ suite('specedit in VS Code', () => {
     assert.strictEqual(result.status, 'complete', result.message);
     assert.strictEqual(editor.document.getText(), XY.before, 'a preview writes nothing');
     assert.deepStrictEqual(await lensTitles(editor), ['1:$(check) Accept', '1:$(close) Reject']);
+    await screenshot('vscode-preview');
     const accepted = await vscode.commands.executeCommand<{ applied: number[]; skipped: number[] }>('specedit.acceptRewrite');
     assert.deepStrictEqual(accepted?.skipped, []);
     assert.strictEqual(editor.document.getText(), XY.after);
@@ -243,13 +271,15 @@ suite('specedit in VS Code', () => {
     await within(restarted, REWRITE_TIMEOUT_MS, 'the server restarted on the endless model');
 
     const editor = await openFile(ADD.before.repeat(3));
+    // Running once the text it writes shows (its model writes nonsense, never in step with the file).
     const running = new Promise<void>((resolve) => {
       const listener = api.onDidChangeRewrite((event) => {
-        if (event.kind === 'report' && (event.stats?.generated_tokens ?? 0) > 0) (listener.dispose(), resolve());
+        if (event.kind === 'provisional' && (event.provisional?.length ?? 0) > 40) (listener.dispose(), resolve());
       });
     });
     const rewrite = vscode.commands.executeCommand<RewriteResult>('specedit.rewriteFile', { instruction: ADD.instruction, delivery: 'live' });
     await within(running, REWRITE_TIMEOUT_MS, 'the endless rewrite is writing');
+    await screenshot('vscode-streaming');
     await vscode.commands.executeCommand('specedit.cancelRewrite');
     const result = await within(rewrite, 10_000, 'the cancelled rewrite ended');
     assert.strictEqual(result?.status, 'cancelled');

@@ -1,0 +1,67 @@
+/**
+ * A live rewrite's provisional text: what the model has written past the last settled line, which the
+ * server keeps in the document just before the lines it has not reached, and replaces as hunks settle.
+ * The server says where it is (`specedit/provisional`); it is shown as pending (italic, on the inserted-line
+ * background) until the next notification moves or clears it.
+ */
+import * as vscode from 'vscode';
+import { LanguageClient } from 'vscode-languageclient/node';
+import { ProvisionalParams } from './protocol';
+
+export interface ProvisionalChange {
+  uri: vscode.Uri;
+  text?: string; // the text marked pending; undefined: none
+}
+
+export class ProvisionalMarks implements vscode.Disposable {
+  private readonly ranges = new Map<string, vscode.Range>(); // uri -> the pending lines
+  private readonly changes = new vscode.EventEmitter<ProvisionalChange>();
+  readonly onDidChange = this.changes.event;
+  private readonly pending = vscode.window.createTextEditorDecorationType({
+    isWholeLine: true,
+    fontStyle: 'italic',
+    backgroundColor: new vscode.ThemeColor('diffEditor.insertedLineBackground'),
+    overviewRulerColor: new vscode.ThemeColor('editorOverviewRuler.addedForeground'),
+    overviewRulerLane: vscode.OverviewRulerLane.Left,
+    after: { contentText: '  ✎ specedit is writing…', color: new vscode.ThemeColor('editorCodeLens.foreground') },
+  });
+  private readonly disposables: vscode.Disposable[] = [this.pending, this.changes];
+
+  constructor() {
+    this.disposables.push(vscode.window.onDidChangeVisibleTextEditors(() => this.render()));
+  }
+
+  /** The server's notification: marked when the document is at its version (a newer one follows soon). */
+  show(client: LanguageClient, params: ProvisionalParams): void {
+    const uri = client.protocol2CodeConverter.asUri(params.uri);
+    const document = vscode.workspace.textDocuments.find((doc) => doc.uri.toString() === uri.toString());
+    const range = params.range && document?.version === params.version ? client.protocol2CodeConverter.asRange(params.range) : undefined;
+    if (range && document) {
+      this.ranges.set(uri.toString(), range);
+      this.changes.fire({ uri, text: document.getText(range) });
+    } else {
+      this.clear(uri);
+    }
+    this.render();
+  }
+
+  clear(uri: vscode.Uri): void {
+    if (this.ranges.delete(uri.toString())) {
+      this.changes.fire({ uri });
+      this.render();
+    }
+  }
+
+  dispose(): void {
+    this.disposables.forEach((disposable) => disposable.dispose());
+  }
+
+  private render(): void {
+    for (const editor of vscode.window.visibleTextEditors) {
+      const range = this.ranges.get(editor.document.uri.toString());
+      // Whole lines: a range that ends at a line's start stops on the line before.
+      const last = range && (range.end.character === 0 && range.end.line > range.start.line ? range.end.line - 1 : range.end.line);
+      editor.setDecorations(this.pending, range && last !== undefined ? [new vscode.Range(range.start.line, 0, last, 0)] : []);
+    }
+  }
+}
