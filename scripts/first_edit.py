@@ -14,6 +14,13 @@ Neovim do). For the first 50, 200 and 1,000 lines of a real file (psf/requests, 
 and reports the time to the first edit applied in the editor (from sending the request), the prefill's
 share, and the tokens reused; then cancels the rewrite. Last, two command-line rewrites of the 200-line
 file through the same daemon: the second's prefill against the first's. Run nothing else meanwhile.
+
+    .venv/bin/python scripts/first_edit.py --example [--json bench-results/first-visible.json]
+
+instead rewrites examples/sample.py to its end, live, once per instruction of EXAMPLE_INSTRUCTIONS, and
+reports when the editor first showed something (the text being written, marked pending), when the first
+hunk settled (all an editor showed before), and, from the stats, when the model wrote the answer's first
+text and how long one speculative step took.
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ from specedit.lsp import protocol  # noqa: E402
 SOURCE_CASE = "git/psf/requests/dfe46c1b7f55"  # 1,094 lines of requests' Python
 INSTRUCTION = "Add the comment line `# Reviewed.` at the very top of the file. Change nothing else."
 CLI_INSTRUCTIONS = ("Add a comment `# checked` at the top of the file.", "Add a comment `# seen` at the top.")
+EXAMPLE = ROOT / "examples" / "sample.py"
+EXAMPLE_INSTRUCTIONS = ("Add type hints and a docstring to every function.", "Rename merge to merge_configs.")
 
 
 def source_lines() -> list[str]:
@@ -96,6 +105,40 @@ async def first_edit(client: EditorClient, uri: str, text: str) -> dict[str, Any
     }
 
 
+async def first_visible(client: EditorClient, uri: str, text: str, instruction: str) -> dict[str, Any]:
+    """A live rewrite to its end: when the document first changed, when the first hunk settled."""
+    loop = asyncio.get_running_loop()
+    token = f"visible-{uri}"
+    client.partials[token] = []
+    started = loop.time()
+    params = {"textDocument": {"uri": uri, "version": 1}, "instruction": instruction, "delivery": "live"}
+    pending = asyncio.ensure_future(send_rewrite(client, {**params, "partialResultToken": token}))
+    visible = settled = None
+    while not pending.done():
+        if visible is None and client.documents[uri].text != text:
+            visible = loop.time() - started
+        if settled is None and any(partial["hunks"] for partial in client.partials[token]):
+            settled = loop.time() - started
+        await asyncio.sleep(0.005)
+    ended = loop.time() - started
+    result = await pending
+    stats = result.get("stats", {})
+    forwards = max(stats.get("target_forwards", 0), 1)
+    return {
+        "instruction": instruction,
+        "status": result["status"],
+        "first_visible_seconds": round(visible, 3) if visible is not None else None,
+        "first_hunk_seconds": round(settled, 3) if settled is not None else None,
+        "end_seconds": round(ended, 3),
+        "queue_seconds": stats.get("queue_seconds"),
+        "prefill_seconds": stats.get("prefill_seconds"),
+        "first_text_seconds": stats.get("first_text_seconds"),
+        "step_seconds": round(stats.get("decode_seconds", 0.0) / forwards, 4),
+        "generated_tokens": stats.get("generated_tokens"),
+        "target_forwards": stats.get("target_forwards"),
+    }
+
+
 def cli_prefills(socket: Path, path: Path) -> list[float]:
     seconds = []
     for number, instruction in enumerate(CLI_INSTRUCTIONS):
@@ -115,7 +158,7 @@ def cli_prefills(socket: Path, path: Path) -> list[float]:
     return seconds
 
 
-async def measure(sizes: list[int]) -> dict[str, Any]:
+async def measure(sizes: list[int], example: bool) -> dict[str, Any]:
     lines = source_lines()
     runtime = Path(tempfile.mkdtemp(prefix="se-"))
     runtime.chmod(0o700)
@@ -141,6 +184,17 @@ async def measure(sizes: list[int]) -> dict[str, Any]:
         info = daemon_status(socket)
         report["exactness"] = info["exactness"]
         print(f"CPU class {info['exactness']['cpu_class']}, {info['dtype']}, load {os.getloadavg()}", file=sys.stderr)
+        if example:
+            text = EXAMPLE.read_text(encoding="utf-8")
+            for number, instruction in enumerate(EXAMPLE_INSTRUCTIONS):
+                uri = f"file:///work/example-{number}.py"
+                client.open(uri, text)
+                await wait_warmed(socket)  # as in an editor where the file has been open a while
+                run = await first_visible(client, uri, text, instruction)
+                report["runs"].append(run)
+                print(json.dumps(run), file=sys.stderr)
+                client.close(uri)
+            return report
         for size in sizes:
             for mode in ("cold", "warm"):
                 text = f"# {mode} {size}\n" + "".join(lines[:size])  # shares nothing with the others
@@ -173,12 +227,21 @@ async def measure(sizes: list[int]) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="50,200,1000")
+    parser.add_argument("--example", action="store_true", help="rewrite examples/sample.py to its end instead")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    report = asyncio.run(measure([int(size) for size in args.sizes.split(",")]))
+    report = asyncio.run(measure([int(size) for size in args.sizes.split(",")], args.example))
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     for run in report["runs"]:
+        if "instruction" in run:
+            print(
+                f"{run['instruction']!r}: first visible {run['first_visible_seconds']} s, first hunk "
+                f"{run['first_hunk_seconds']} s, end {run['end_seconds']} s; the model's first text at "
+                f"{run['first_text_seconds']} s of its run (queued {run['queue_seconds']} s), a step "
+                f"{run['step_seconds']} s"
+            )
+            continue
         print(
             f"{run['lines']:>5} lines {run['mode']}: first edit {run['first_edit_seconds']} s "
             f"(prefill {run['prefill_seconds']} s of {run['prefill_tokens']} tokens, {run['reused_tokens']} reused)"

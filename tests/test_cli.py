@@ -210,6 +210,7 @@ def test_in_place_keeps_a_backup_and_stats_are_written(tmp_path: Path, memorisin
     ):
         assert key in figures
     assert figures["finish_reason"] == "stop"
+    assert 0 < figures["prefill_seconds"] < figures["first_text_seconds"] <= figures["wall_seconds"]
     assert figures["target_forwards"] < figures["generated_tokens"]  # the copy drafter saved forwards
     assert figures["exactness"]["claim"] == "bitwise"  # what the self-check at load found
     assert leftovers(tmp_path) == []

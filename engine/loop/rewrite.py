@@ -10,6 +10,7 @@ everything else calls `rewrite`, through a `session.Session`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -114,9 +115,13 @@ def run_rewrite(
     crlf = prepared.crlf
     answer = AnswerStream(prepared.fence)
     trailing = _TrailingNewline(keep=prepared.keeps_final_newline)
+    started, first_text = time.perf_counter(), None
 
     def emit(_: str) -> None:
+        nonlocal first_text
         text = trailing.pass_on(answer.take())
+        if text and first_text is None:
+            first_text = time.perf_counter() - started
         if text and on_text is not None:
             on_text(text.replace("\n", "\r\n") if crlf else text)
 
@@ -133,6 +138,7 @@ def run_rewrite(
         on_step=on_step,
     )
     emit("")
+    generation.stats.first_text_seconds = first_text
     code = trailing.finish(answer.code)
     if on_text is not None and trailing.released_at_end:
         on_text(trailing.released_at_end.replace("\n", "\r\n") if crlf else trailing.released_at_end)

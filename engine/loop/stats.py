@@ -54,6 +54,7 @@ class Stats:
     accepted_tokens: int = 0
     accepted_length_histogram: Counter[int] = field(default_factory=Counter)
     prefill_seconds: float = 0.0
+    first_text_seconds: float | None = None  # from the start to the first text of the answer (a rewrite's region)
     decode_seconds: float = 0.0
     wall_seconds: float = 0.0
     cpu_seconds: float = 0.0
@@ -94,6 +95,7 @@ class Stats:
             "mean_accepted_length": round(self.mean_accepted_length, 3),
             "accepted_length_histogram": {str(k): v for k, v in sorted(self.accepted_length_histogram.items())},
             "prefill_seconds": round(self.prefill_seconds, 4),
+            "first_text_seconds": round(self.first_text_seconds, 4) if self.first_text_seconds is not None else None,
             "decode_seconds": round(self.decode_seconds, 4),
             "wall_seconds": round(self.wall_seconds, 4),
             "cpu_seconds": round(self.cpu_seconds, 4),
