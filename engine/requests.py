@@ -118,6 +118,15 @@ class StepInfo:
         return self.accepted_total / self.drafted_total if self.drafted_total else 0.0
 
 
+@dataclass(frozen=True)
+class Phase:
+    """Where a rewrite is before its first step: the model loading, waiting behind `ahead` other
+    rewrites, or started (its prompt being prefilled, then its steps)."""
+
+    name: Literal["loading", "queued", "started"]
+    ahead: int = 0
+
+
 FinishReason = Literal["eos", "stop", "length", "cancelled"]
 OutcomeStatus = Literal["complete", "incomplete", "cancelled"]
 

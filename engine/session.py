@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from specedit.engine.errors import SpeceditError
 from specedit.engine.options import EngineOptions
-from specedit.engine.requests import RewriteOutcome, RewriteRequest, StepInfo, WarmRequest
+from specedit.engine.requests import Phase, RewriteOutcome, RewriteRequest, StepInfo, WarmRequest
 
 if TYPE_CHECKING:
     from specedit.engine.loop.generate import Engine
@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 TextCallback = Callable[[str], None]
 StepCallback = Callable[[StepInfo], None]
+PhaseCallback = Callable[[Phase], None]
 
 
 class Session(Protocol):
@@ -41,12 +42,13 @@ class Session(Protocol):
         *,
         on_text: TextCallback | None = None,
         on_step: StepCallback | None = None,
-        on_queued: Callable[[int], None] | None = None,
+        on_phase: PhaseCallback | None = None,
         cancel: threading.Event | None = None,
     ) -> RewriteOutcome:
         """Run one rewrite to its end, or until `cancel` is set (from any thread); blocking.
 
-        `on_queued(position)`: how many rewrites run before this one, whenever that changes.
+        `on_phase`: where the rewrite is before its first step, whenever that changes (the model loading,
+        queued behind others, started).
         """
         ...
 
@@ -139,12 +141,15 @@ class LocalSession:
         *,
         on_text: TextCallback | None = None,
         on_step: StepCallback | None = None,
-        on_queued: Callable[[int], None] | None = None,
+        on_phase: PhaseCallback | None = None,
         cancel: threading.Event | None = None,
     ) -> RewriteOutcome:
         merged = _merged_by_lines(request, on_text)
         if merged is not None:
             return merged
+        tell = on_phase or (lambda phase: None)
+        if self._engine is None:
+            tell(Phase("loading"))  # torch's import included
         from specedit.engine.loop.rewrite import rewrite
         from specedit.engine.model.loading import release_freed_memory
 
@@ -153,12 +158,15 @@ class LocalSession:
         with self._count_lock:
             self._waiting_runs += 1
         try:
-            while not self._run_lock.acquire(timeout=0.05):
-                if cancel is not None and cancel.is_set():
-                    return RewriteOutcome.cancelled_before_start()
+            if not self._run_lock.acquire(blocking=False):
+                tell(Phase("queued", 1))
+                while not self._run_lock.acquire(timeout=0.05):
+                    if cancel is not None and cancel.is_set():
+                        return RewriteOutcome.cancelled_before_start()
         finally:
             with self._count_lock:
                 self._waiting_runs -= 1
+        tell(Phase("started"))
         try:
             _apply_threads(self.options)  # torch's thread count is per thread (OpenMP): this one runs it
             result = rewrite(
@@ -241,14 +249,14 @@ class RemoteSession:
         *,
         on_text: TextCallback | None = None,
         on_step: StepCallback | None = None,
-        on_queued: Callable[[int], None] | None = None,
+        on_phase: PhaseCallback | None = None,
         cancel: threading.Event | None = None,
     ) -> RewriteOutcome:
         merged = _merged_by_lines(request, on_text)
         if merged is not None:  # no daemon is started (or its model loaded) for it
             return merged
         with self.connect() as client:
-            return client.rewrite(request, on_text=on_text, on_step=on_step, on_queued=on_queued, cancel=cancel)
+            return client.rewrite(request, on_text=on_text, on_step=on_step, on_phase=on_phase, cancel=cancel)
 
     def warm(self, request: WarmRequest) -> None:
         """Offer `request` to the daemon if one answers (none is started for it)."""

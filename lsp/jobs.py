@@ -23,7 +23,7 @@ from pygls.lsp.server import LanguageServer
 from specedit.engine.errors import EngineUnavailableError, ModelLoadError, SpeceditError
 from specedit.engine.merge_checks import MergeCheck, check_merge
 from specedit.engine.prompts import language_for_path
-from specedit.engine.requests import RewriteOutcome, RewriteRequest, StepInfo
+from specedit.engine.requests import Phase, RewriteOutcome, RewriteRequest, StepInfo
 from specedit.engine.session import Session
 from specedit.lsp import protocol
 from specedit.lsp.config import Settings
@@ -38,27 +38,43 @@ from specedit.lsp.writer import EditWriter
 log = logging.getLogger("specedit.lsp")
 
 REPORT_INTERVAL = 0.1  # s between progress reports
+TICK_INTERVAL = 0.5  # s between reports while nothing is written yet (the elapsed time moves on)
 RETAINED_JOBS = 16  # finished jobs kept per document for accept / reject
 
 
 @dataclass
 class LiveStats:
-    """Stats of a running rewrite, from the engine's latest step report."""
+    """Stats of a running rewrite: where it is before its first step (`Phase`), then the engine's latest
+    step report. The rate counts decoding only: tokens since the first step, over the time since."""
 
     started: float = field(default_factory=time.perf_counter)
+    phase: Phase | None = None
     last: StepInfo | None = None
+    first_step: tuple[float, int] | None = None  # when the first step came, and the tokens it had
+
+    def step(self, info: StepInfo) -> None:
+        if self.first_step is None:
+            self.first_step = (time.perf_counter(), info.generated_tokens)
+        self.last = info
 
     def to_dict(self, lines_done: int, lines_total: int) -> dict[str, Any]:
-        elapsed = time.perf_counter() - self.started
+        now = time.perf_counter()
         generated = self.last.generated_tokens if self.last else 0
-        return {
+        rate = None
+        if self.first_step is not None and now - self.first_step[0] >= REPORT_INTERVAL:
+            rate = (generated - self.first_step[1]) / (now - self.first_step[0])
+        stats = {
+            "phase": "writing" if self.last else self.phase.name if self.phase else "starting",
+            "seconds": round(now - self.started, 1),
             "generated_tokens": generated,
-            "tokens_per_second": round(generated / elapsed, 2) if elapsed > 0 else 0.0,
+            "tokens_per_second": round(rate, 1) if rate is not None else 0.0,
             "acceptance_rate": round(self.last.acceptance_rate, 4) if self.last else 0.0,
             "target_forwards": self.last.step if self.last else 0,
             "lines_done": lines_done,
             "lines_total": lines_total,
         }
+        stats["message"] = _progress_message(stats, self.phase, rate)
+        return stats
 
 
 @dataclass(eq=False)
@@ -199,6 +215,9 @@ class Rewrites:
                 job.steps_after_cancel += 1  # the engine checks before every step: at most one
             put("step", info)
 
+        def on_phase(phase: Phase) -> None:
+            put("phase", phase)
+
         try:
             session = self._session()
         except SpeceditError as error:
@@ -208,7 +227,11 @@ class Rewrites:
         def work() -> None:
             try:
                 outcome = session.run(
-                    job.request, on_text=lambda text: put("text", text), on_step=on_step, cancel=job.cancel
+                    job.request,
+                    on_text=lambda text: put("text", text),
+                    on_step=on_step,
+                    on_phase=on_phase,
+                    cancel=job.cancel,
                 )
                 put("done", outcome)
             except BaseException as error:  # reported to the client; the server carries on
@@ -216,6 +239,7 @@ class Rewrites:
 
         threading.Thread(target=work, name=f"specedit-{job.id}", daemon=True).start()
         await self._begin_progress(job, server_progress)
+        ticker = asyncio.ensure_future(self._tick(job))
 
         ending: tuple[str, Any] | None = None
         while ending is None:
@@ -228,11 +252,15 @@ class Rewrites:
             if kind == "text":
                 self._on_text(job, value)
             elif kind == "step":
-                job.stats.last = value
+                job.stats.step(value)
                 self._report(job)
+            elif kind == "phase":
+                job.stats.phase = value
+                self._report(job, force=True)
             else:
                 ending = (kind, value)
         job.running = False
+        ticker.cancel()
         if ending[0] == "error" or not ending[1].complete or job.stop_reason is not None:
             self._stop_writing(job)  # its provisional text goes; a complete one's is replaced by its end
         while True:
@@ -245,6 +273,13 @@ class Rewrites:
         self._end_progress(job, result)
         log.info("%s: %s %s", job.id, result["status"], result.get("message", ""))
         return result
+
+    async def _tick(self, job: RewriteJob) -> None:
+        """Until the first step, a report every TICK_INTERVAL: the user sees the model load, not a stall."""
+        while job.running and job.stats.last is None:
+            await asyncio.sleep(TICK_INTERVAL)
+            if job.running and job.stats.last is None:
+                self._report(job, force=True)
 
     def _on_text(self, job: RewriteJob, text: str) -> None:
         doc = self._documents.get(job.uri)
@@ -363,7 +398,7 @@ class Rewrites:
             lsp.work_done_progress.report(
                 job.progress_token,
                 types.WorkDoneProgressReport(
-                    message=_progress_message(stats),
+                    message=stats["message"],
                     percentage=min(100, 100 * stats["lines_done"] // total),
                     cancellable=True,
                 ),
@@ -481,10 +516,20 @@ def overlap(start_a: int, end_a: int, start_b: int, end_b: int) -> bool:
     return max(start_a, start_b) < min(end_a, end_b)
 
 
-def _progress_message(stats: dict[str, Any]) -> str:
+def _progress_message(stats: dict[str, Any], phase: Phase | None, rate: float | None) -> str:
+    """What the editor shows: the model loading, the queue, the prefill, then the lines written."""
+    seconds = stats["seconds"]
+    if stats["phase"] == "starting":
+        return f"starting · {seconds:.0f} s"
+    if stats["phase"] == "loading":
+        return f"loading the model · {seconds:.0f} s"
+    if stats["phase"] == "queued" and phase is not None:
+        return f"waiting for {phase.ahead} other rewrite{'s' if phase.ahead != 1 else ''} · {seconds:.0f} s"
+    if stats["phase"] != "writing":
+        return f"reading the file · {seconds:.0f} s"
+    speed = "…" if rate is None else f"{rate:.1f}" if rate < 10 else f"{rate:.0f}"
     return (
-        f"{stats['lines_done']}/{stats['lines_total']} lines · {stats['tokens_per_second']:.0f} tok/s · "
-        f"{stats['acceptance_rate']:.0%} accepted"
+        f"{stats['lines_done']}/{stats['lines_total']} lines · {speed} tok/s · {stats['acceptance_rate']:.0%} accepted"
     )
 
 

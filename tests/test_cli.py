@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from specedit.cli.main import main
+from specedit.cli.progress import RewriteProgress
+from specedit.engine.requests import Phase, StepInfo
 
 from conftest import MEMORISED_REWRITES
 
@@ -361,3 +363,57 @@ def test_interrupt_leaves_the_file_untouched(tmp_path: Path, tiny_model_dir: Pat
     assert "interrupted; nothing was written" in err
     assert source.read_text() == ADD
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.py"]
+
+
+def test_the_status_line_says_what_a_rewrite_waits_for_then_its_decoding_rate() -> None:
+    progress = RewriteProgress("a.py", enabled=False)
+    assert progress.describe(0.4) == "reading the file · 0.4 s"
+    progress.phase(Phase("loading"))
+    assert progress.describe(3.2) == "loading the model · 3 s"
+    progress.phase(Phase("queued", 2))
+    assert progress.describe(4.0) == "waiting for 2 other rewrite(s) · 4 s"
+    progress.phase(Phase("started"))
+
+    def step(number: int, generated: int) -> StepInfo:
+        return StepInfo(number, 100 + generated, 99 + generated, 4, 3, generated, 4 * number, 3 * number, 1.0)
+
+    progress.step(step(1, 10))
+    assert progress.describe(5.0) == "10 tokens, … tok/s, draft acceptance 75%, 5.0 s"
+    progress._first = (time.perf_counter() - 2.0, 10)  # two seconds after the first step
+    progress.step(step(2, 30))
+    assert progress.describe(7.0).startswith("30 tokens, 10.0 tok/s, draft acceptance 75%")  # the load is not in it
+
+
+def test_on_a_terminal_the_status_line_goes_to_stderr_and_the_rewrite_to_stdout(
+    tmp_path: Path, memorising_model_dir: Path
+) -> None:
+    """stderr a terminal, stdout a pipe (`specedit rewrite f.py -i ... > new.py`): the status line says
+    what happens, the model loading included, and the rewrite reaches stdout whole (the live line once
+    swallowed it)."""
+    import pty
+    import re
+    import select
+
+    source = tmp_path / "add.py"
+    source.write_text(ADD)
+    terminal, child = pty.openpty()
+    command = [sys.executable, "-m", "specedit.cli.main", "rewrite", str(source), "-i", ADD_INSTRUCTION]
+    command += ["--model", str(memorising_model_dir), "--dtype", "float32", "--threads", "1"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=child)
+    os.close(child)
+    shown = b""
+    while True:
+        ready, _, _ = select.select([terminal], [], [], 0.2)
+        try:
+            data = os.read(terminal, 65536) if ready else b""
+        except OSError:  # the child closed the terminal
+            break
+        shown += data
+        if not data and process.poll() is not None:
+            break
+    os.close(terminal)
+    assert process.stdout is not None
+    assert process.stdout.read().decode() == ADD_ANSWER
+    assert process.wait(60) == 0
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown.decode(errors="replace"))
+    assert re.search(r"loading the model · \d+ s", text) and re.search(r"\d+\s+tokens,", text), text[-2000:]

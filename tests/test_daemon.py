@@ -33,7 +33,7 @@ from specedit.engine.loop.rewrite import rewrite
 from specedit.engine.model.loading import load_model
 from specedit.engine.model.prefix_cache import PrefixCache
 from specedit.engine.options import EngineOptions
-from specedit.engine.requests import RewriteRequest, StepInfo, WarmRequest
+from specedit.engine.requests import Phase, RewriteRequest, StepInfo, WarmRequest
 from specedit.engine.serving.client import EngineAddress, EngineClient, ensure_daemon
 from specedit.engine.serving.config import DaemonConfig
 from specedit.engine.serving.daemon import Daemon, serve
@@ -86,8 +86,9 @@ def random_engine(tiny_model_dir: Path) -> Engine:
 
 
 @contextlib.contextmanager
-def daemon_thread(config: DaemonConfig, engine: Engine) -> Iterator[Daemon]:
-    """`serve` in a thread of this process, serving `engine`; stopped (and joined) on exit."""
+def daemon_thread(config: DaemonConfig, engine: Engine | LocalSession) -> Iterator[Daemon]:
+    """`serve` in a thread of this process, serving `engine` (or a session); stopped (and joined) on exit."""
+    session = engine if isinstance(engine, LocalSession) else LocalSession(config.options, engine=engine)
     ready = threading.Event()
     box: dict[str, Any] = {}
 
@@ -97,7 +98,7 @@ def daemon_thread(config: DaemonConfig, engine: Engine) -> Iterator[Daemon]:
 
     def run() -> None:
         try:
-            box["status"] = serve(config, session=LocalSession(config.options, engine=engine), on_ready=on_ready)
+            box["status"] = serve(config, session=session, on_ready=on_ready)
         finally:
             ready.set()
 
@@ -273,27 +274,51 @@ def test_two_clients_at_once_the_second_queued(short_dir: Path, random_engine: E
     requests = {"first": random_model_request(40), "second": random_model_request(30, "Make y three.")}
     engine = GatedEngine(random_engine)
     results: dict[str, Any] = {}
-    positions: dict[str, list[int]] = {name: [] for name in requests}
+    phases: dict[str, list[Phase]] = {name: [] for name in requests}
 
     def client(name: str) -> None:
         with EngineClient.connect(config.address) as client:
-            results[name] = client.rewrite(requests[name], on_queued=positions[name].append)
+            results[name] = client.rewrite(requests[name], on_phase=phases[name].append)
 
     with daemon_thread(config, engine):  # type: ignore[arg-type]
         threads = {name: threading.Thread(target=client, args=(name,), daemon=True) for name in requests}
         threads["first"].start()
         assert engine.paused.wait(TIMEOUT)  # the first request is running, paused after one step
         threads["second"].start()
-        wait_for(lambda: positions["second"], "the second request to be queued")
+        wait_for(lambda: phases["second"], "the second request to be queued")
         engine.gate.set()
         for thread in threads.values():
             thread.join(TIMEOUT)
             assert not thread.is_alive()
-    assert positions == {"first": [0], "second": [1]}  # the first ran at once; the second waited behind it
+    # The first ran at once; the second waited behind it. The model was loaded before either came.
+    assert phases == {
+        "first": [Phase("queued", 0), Phase("started")],
+        "second": [Phase("queued", 1), Phase("started")],
+    }
     for name, request in requests.items():
         assert results[name].text == rewrite(random_engine, request).text
         assert results[name].stats["generated_tokens"] == request.max_new_tokens
     assert results["second"].stats["queue_seconds"] > 0
+
+
+def test_a_request_that_comes_while_the_model_loads_is_told_so(short_dir: Path, random_engine: Engine) -> None:
+    config = DaemonConfig(socket_path=short_dir / "engine.sock", options=ONE_THREAD)
+    loaded = threading.Event()
+
+    class SlowToLoad(LocalSession):
+        def load(self) -> Engine:
+            assert loaded.wait(TIMEOUT)
+            self._engine = random_engine
+            return random_engine
+
+    phases: list[Phase] = []
+    with daemon_thread(config, SlowToLoad(config.options)), EngineClient.connect(config.address) as client:
+        thread = threading.Thread(target=lambda: client.rewrite(random_model_request(5), on_phase=phases.append))
+        thread.start()
+        wait_for(lambda: phases, "the request to be queued")
+        loaded.set()
+        thread.join(TIMEOUT)
+    assert phases == [Phase("loading", 0), Phase("started")]
 
 
 def test_stopping_ends_the_running_request_and_refuses_the_queued(short_dir: Path, random_engine: Engine) -> None:
@@ -306,7 +331,7 @@ def test_stopping_ends_the_running_request_and_refuses_the_queued(short_dir: Pat
         sock.sendall(encode_frame(rewrite_message("running", random_model_request(5000))))
         assert engine.paused.wait(TIMEOUT)
         sock.sendall(encode_frame(rewrite_message("queued", random_model_request(3))))
-        receive_until(sock, lambda m: m == {"type": "queued", "id": "queued", "position": 1})
+        receive_until(sock, lambda m: m == {"type": "queued", "id": "queued", "position": 1, "loading": False})
         daemon.stop()
         engine.gate.set()
         done = {m["id"]: m for m in receive_until(sock, lambda m: m["type"] == "done" and m["id"] == "running")}
@@ -327,7 +352,7 @@ def test_the_queue_is_round_robin_across_clients(short_dir: Path, random_engine:
         assert engine.paused.wait(TIMEOUT)  # a1 is running, paused after one step
         for request_id in ("a2", "a3"):
             busy.sendall(encode_frame(rewrite_message(request_id, random_model_request(3))))
-        receive_until(busy, lambda m: m == {"type": "queued", "id": "a3", "position": 2})
+        receive_until(busy, lambda m: m == {"type": "queued", "id": "a3", "position": 2, "loading": False})
         other.sendall(encode_frame(rewrite_message("b1", random_model_request(3))))
         assert receive_until(other, lambda m: m["type"] == "queued")[-1]["position"] == 1
         busy.sendall(encode_frame({"type": "cancel", "id": "a1"}))  # a1 would run for seconds
@@ -360,7 +385,7 @@ def test_a_client_that_disconnects_mid_stream_is_cancelled_within_a_step(
 
         def other() -> None:
             with EngineClient.connect(config.address) as client:
-                results["other"] = client.rewrite(other_request, on_queued=lambda _: other_queued.set())
+                results["other"] = client.rewrite(other_request, on_phase=lambda _: other_queued.set())
 
         thread = threading.Thread(target=other, daemon=True)
         thread.start()

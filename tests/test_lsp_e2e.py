@@ -465,6 +465,11 @@ async def test_partial_results_and_progress(client: EditorClient, expected: Any)
     assert _apply_payload(original, hunks, client.encoding) == expected(original, instruction)
     kinds = [type(value).__name__ for value in client.progress_reports["work-1"]]
     assert kinds[0] == "WorkDoneProgressBegin" and kinds[-1] == "WorkDoneProgressEnd"
+    # Each report says where the rewrite is: started (reading the file), then writing lines.
+    assert [p["stats"]["phase"] for p in partials][-1] == "writing"
+    messages = [value.message for value in client.progress_reports["work-1"][1:-1]]
+    pattern = r"(starting|loading the model|reading the file) · \d+ s|\d+/\d+ lines · .*"
+    assert messages and all(re.fullmatch(pattern, m) for m in messages), messages
     client.close(uri)
 
 

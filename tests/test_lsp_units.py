@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -13,13 +14,14 @@ from pygls.exceptions import JsonRpcContentModified, JsonRpcInvalidParams
 from pygls.workspace.position_codec import PositionCodec
 
 from specedit.engine.errors import ModelLoadError, RegionError
+from specedit.engine.requests import Phase, StepInfo
 from specedit.lsp import protocol
 from specedit.lsp.code_actions import instruction_comment
 from specedit.lsp.command import add_lsp_parser
 from specedit.lsp.config import Preset, Settings, section
 from specedit.lsp.documents import TextIndex, minimal_change
 from specedit.lsp.errors import REQUEST_FAILED, StaleVersionError, error_payload, to_jsonrpc
-from specedit.lsp.jobs import overlap
+from specedit.lsp.jobs import LiveStats, overlap
 from specedit.lsp.server import overrides_from_args
 
 ENCODINGS = {"utf-8": 1, "utf-16": 2, "utf-32": 4}
@@ -135,3 +137,28 @@ def test_docstring_examples(module: str) -> None:
 
     result = doctest.testmod(importlib.import_module(f"specedit.lsp.{module}"))
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_progress_says_what_happens_before_the_first_step_and_rates_decoding_only() -> None:
+    stats = LiveStats(started=time.perf_counter() - 3.2)
+    assert stats.to_dict(0, 24)["message"] == "starting · 3 s"
+    stats.phase = Phase("loading")
+    assert stats.to_dict(0, 24)["message"] == "loading the model · 3 s"
+    stats.phase = Phase("queued", 2)
+    assert stats.to_dict(0, 24)["message"] == "waiting for 2 other rewrites · 3 s"
+    stats.phase = Phase("started")
+    assert stats.to_dict(0, 24)["tokens_per_second"] == 0.0  # no step: no rate
+    assert stats.to_dict(0, 24)["message"] == "reading the file · 3 s"
+
+    def step(number: int, generated: int) -> StepInfo:
+        return StepInfo(number, 100 + generated, 99 + generated, 4, 3, generated, 4 * number, 3 * number, 3.5)
+
+    stats.step(step(1, 40))  # the prefill and the load are behind it: not in the rate
+    first = stats.to_dict(2, 24)
+    assert first["phase"] == "writing" and first["message"] == "2/24 lines · … tok/s · 75% accepted"
+    assert stats.first_step is not None
+    stats.first_step = (time.perf_counter() - 2.0, 40)  # two seconds later, 9 tokens more
+    stats.step(step(2, 49))
+    later = stats.to_dict(5, 24)
+    assert later["tokens_per_second"] == pytest.approx(4.5, abs=0.1)
+    assert later["message"] == "5/24 lines · 4.5 tok/s · 75% accepted"

@@ -28,7 +28,7 @@ from specedit.cli.files import (
     select_lines,
     write_atomically,
 )
-from specedit.cli.progress import RewriteProgress
+from specedit.cli.progress import LoadingLine, RewriteProgress
 from specedit.cli.serve_command import add_serve_parser, serve_command
 from specedit.engine.errors import FileChangedError, IncompleteOutputError, InputError, SpeceditError
 from specedit.engine.merge_checks import check_merge
@@ -263,8 +263,15 @@ def rewrite_command(args: argparse.Namespace) -> int:
         if stream_to_stdout:
             write_stdout(region.before)
         log.info("rewriting %s (%d characters)", source.name, len(region.region))
-        with RewriteProgress(source.name, enabled=False if args.no_progress else None) as progress:
-            result = session.run(request, on_text=write_stdout if stream_to_stdout else None, on_step=progress.step)
+        # Text streamed to a terminal is its own progress: a status line would be drawn over it.
+        quiet = args.no_progress or (stream_to_stdout and sys.stdout.isatty())
+        with RewriteProgress(source.name, enabled=False if quiet else None) as progress:
+            result = session.run(
+                request,
+                on_text=write_stdout if stream_to_stdout else None,
+                on_step=progress.step,
+                on_phase=progress.phase,
+            )
         if stream_to_stdout:
             write_stdout(region.after)
         all_stats.append({"path": source.name, "finish_reason": result.finish_reason, **result.stats})
@@ -335,8 +342,14 @@ def local_session(options: EngineOptions, *, load: bool = True) -> LocalSession:
 
     if not load:
         return LocalSession(options)
-    with fetch_progress() as progress:
-        session = LocalSession(options, progress=progress)
+    from specedit.engine.ops.model_store import resolve_model
+
+    with fetch_progress() as progress:  # fetched now, with a bar; `load` then finds them
+        resolve_model(options.model, progress=progress)
+        if options.draft_model:
+            resolve_model(options.draft_model, progress=progress)
+    session = LocalSession(options)
+    with LoadingLine("specedit"):
         session.load()
     return session
 

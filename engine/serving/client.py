@@ -30,7 +30,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from specedit.engine.errors import EngineUnavailableError, SpeceditError
-from specedit.engine.requests import RewriteOutcome, RewriteRequest, StepInfo, WarmRequest
+from specedit.engine.requests import Phase, RewriteOutcome, RewriteRequest, StepInfo, WarmRequest
 from specedit.engine.serving.config import DaemonConfig, check_own_socket, peer_uid, prepare_state_dir, read_token
 from specedit.engine.serving.protocol import (
     DEFAULT_MAX_FRAME_SIZE,
@@ -161,19 +161,19 @@ class EngineClient:
         *,
         on_text: Callable[[str], None] | None = None,
         on_step: Callable[[StepInfo], None] | None = None,
-        on_queued: Callable[[int], None] | None = None,
+        on_phase: Callable[[Phase], None] | None = None,
         cancel: threading.Event | None = None,
     ) -> RewriteOutcome:
         """Rewrite through the daemon, streaming like `session.LocalSession.run`.
 
         Setting `cancel` (from any thread) cancels the request; the outcome then has status "cancelled".
-        `on_queued(position)` tells how many requests run before this one, whenever that changes.
+        `on_phase` tells where the request is before its first step (loading, queued, started).
         Errors the engine reports are raised as the matching `SpeceditError`.
         """
         with self._lock:
             request_id = f"r{next(self._ids)}"
             try:
-                outcome = self._rewrite(request_id, request, on_text, on_step, on_queued, cancel)
+                outcome = self._rewrite(request_id, request, on_text, on_step, on_phase, cancel)
             except BaseException:
                 # A broken stream, a callback that raised, or Ctrl-C: frames of this request may still
                 # be in flight, so drop the connection, which also cancels the request on the daemon.
@@ -189,7 +189,7 @@ class EngineClient:
         request: RewriteRequest,
         on_text: Callable[[str], None] | None,
         on_step: Callable[[StepInfo], None] | None,
-        on_queued: Callable[[int], None] | None,
+        on_phase: Callable[[Phase], None] | None,
         cancel: threading.Event | None,
     ) -> RewriteOutcome | SpeceditError:
         self._send(Rewrite(type="rewrite", id=request_id, request=to_wire(request)))
@@ -205,8 +205,10 @@ class EngineClient:
                 if message["type"] == "error" and message["id"] is None:
                     raise EngineUnavailableError(f"the engine daemon reported: {message['message']}")
                 continue
-            if message["type"] == "queued" and on_queued is not None:
-                on_queued(message["position"])
+            if message["type"] == "queued" and on_phase is not None:
+                on_phase(Phase("loading" if message["loading"] else "queued", message["position"]))
+            elif message["type"] == "started" and on_phase is not None:
+                on_phase(Phase("started"))
             elif message["type"] == "text" and on_text is not None:
                 on_text(message["delta"])
             elif message["type"] == "step" and on_step is not None:

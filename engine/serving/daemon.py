@@ -584,7 +584,8 @@ class Daemon:
         for position, job in enumerate(sorted(self._waiting, key=lambda j: j.key), start=ahead):
             if position != job.position:
                 job.position = position
-                job.connection.send(Queued(type="queued", id=job.id, position=position))
+                loading = self._session.engine is None
+                job.connection.send(Queued(type="queued", id=job.id, position=position, loading=loading))
 
     async def _schedule(self) -> None:
         """Load the model, then run the queued requests one at a time on the worker thread."""

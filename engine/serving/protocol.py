@@ -7,7 +7,7 @@ The length is checked against the receiver's maximum *before* anything is alloca
     hello {version, token, client}     ->
                                        <-    hello_ok {version, pid}          (or error + close)
     rewrite {id, request}              ->
-                                       <-    queued {id, position}            (again when it moves up)
+                                       <-    queued {id, position, loading}   (again when it moves up, or loaded)
                                        <-    started {id}
                                        <-    text {id, delta} / step {id, info} (one of each per engine step)
     cancel {id}                        ->                                      (any time; unknown ids ignored)
@@ -52,8 +52,8 @@ from specedit.engine.errors import (
     SpeceditError,
 )
 
-PROTOCOL_VERSION = 4  # 2: requests, steps and outcomes as their dataclasses (`to_wire`); 3: warm, document;
-# 4: a request's `merge`
+PROTOCOL_VERSION = 5  # 2: requests, steps and outcomes as their dataclasses (`to_wire`); 3: warm, document;
+# 4: a request's `merge`; 5: `queued` says whether the model is loading
 # A request holds at most MAX_INPUT_BYTES (1 MB) each of original, instruction and sketch (`requests`).
 DEFAULT_MAX_FRAME_SIZE = 4 * 1024 * 1024
 HELLO_MAX_FRAME_SIZE = 64 * 1024  # before the hello is accepted (TCP: before the token is checked)
@@ -144,6 +144,7 @@ class Queued(TypedDict):
     type: Literal["queued"]
     id: str
     position: int  # requests that run before this one, the running one included
+    loading: bool  # the model is still loading
 
 
 class Started(TypedDict):

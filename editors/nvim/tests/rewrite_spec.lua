@@ -88,8 +88,28 @@ t.it("live: the buffer ends as `specedit rewrite` wrote it, in one undo step", f
       pending[#pending + 1] = table.concat(vim.api.nvim_buf_get_lines(bufnr, first, last + 1, true), "\n")
     end
   end
+  -- The statusline text follows the rewrite: every status() seen while it runs says what it does.
+  local seen = {}
+  local group = vim.api.nvim_create_augroup("status_spec", { clear = true })
+  vim.api.nvim_create_autocmd("User", {
+    group = group,
+    pattern = "SpeceditProgress",
+    callback = function()
+      seen[#seen + 1] = specedit.status(bufnr)
+    end,
+  })
   local result, job = rewrite({ instruction = settings.instruction, delivery = "live" })
+  vim.api.nvim_del_augroup_by_id(group)
   specedit._on_provisional = on_provisional
+  t.truthy(#seen > 0, "status() while running")
+  for _, text in ipairs(seen) do
+    local known = text:match("^specedit: %d+/%d+ lines · [%d.]+ tok/s$")
+      or text:match("^specedit: loading the model · %d+ s$")
+      or text:match("^specedit: reading the file · %d+ s$")
+      or text:match("^specedit: starting · %d+ s$")
+    t.truthy(known, "status(): " .. text)
+  end
+  t.eq("", specedit.status(bufnr), "status() after the end")
   vim.lsp.handlers["$/progress"] = default_progress
   t.truthy(#pending > 0, "provisional text marked pending")
   for _, text in ipairs(pending) do

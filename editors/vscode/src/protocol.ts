@@ -50,6 +50,9 @@ export interface HunkPayload {
 }
 
 export interface LiveStats {
+  phase?: 'starting' | 'loading' | 'queued' | 'started' | 'writing';
+  seconds?: number; // since the request
+  message?: string; // what the server says the rewrite is doing, ready to show
   generated_tokens: number;
   tokens_per_second: number;
   acceptance_rate: number;

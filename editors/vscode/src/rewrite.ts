@@ -34,7 +34,7 @@ import {
   RewriteResult,
 } from './protocol';
 import { Server } from './server';
-import { StatusBar } from './statusBar';
+import { statsMessage, StatusBar } from './statusBar';
 
 export interface RewriteArgs {
   instruction?: string;
@@ -261,11 +261,4 @@ export class Rewrites implements vscode.Disposable {
     const ready = client ?? (await this.server.ready());
     return ready.sendRequest(ExecuteCommandRequest.type, { command, arguments: [selector] }) as Promise<EditResult>;
   }
-}
-
-export function statsMessage(stats: LiveStats): string {
-  return (
-    `${stats.lines_done}/${stats.lines_total} lines · ${Math.round(stats.tokens_per_second)} tok/s · ` +
-    `${Math.round(100 * stats.acceptance_rate)}% accepted`
-  );
 }

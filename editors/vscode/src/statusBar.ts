@@ -51,11 +51,11 @@ export class StatusBar implements vscode.Disposable {
       this.item.text = '$(loading~spin) specedit';
       this.item.tooltip = 'specedit: starting the language server';
     } else if (this.running > 0) {
-      const speed = this.stats ? ` ${Math.round(this.stats.tokens_per_second)} tok/s` : '';
-      this.item.text = `$(loading~spin) specedit${speed}`;
-      this.item.tooltip = this.stats
-        ? `specedit: rewriting, ${this.stats.lines_done}/${this.stats.lines_total} lines, ${Math.round(100 * this.stats.acceptance_rate)}% of drafted tokens accepted`
-        : `specedit: rewriting (the engine may be loading ${model})`;
+      const writing = this.stats?.phase === undefined || this.stats.phase === 'writing';
+      const speed = this.stats && writing ? ` ${speedText(this.stats.tokens_per_second)} tok/s` : '';
+      const phase = this.stats && !writing ? ` ${this.stats.phase}` : '';
+      this.item.text = `$(loading~spin) specedit${speed}${phase}`;
+      this.item.tooltip = this.stats ? `specedit: ${statsMessage(this.stats)}` : `specedit: starting a rewrite (${model})`;
     } else if (state === 'running') {
       this.item.text = '$(sparkle) specedit';
       this.item.tooltip = `specedit: ready (engine: ${engine}, model: ${model})`;
@@ -64,4 +64,18 @@ export class StatusBar implements vscode.Disposable {
       this.item.tooltip = 'specedit: the language server is not running; it starts with the first rewrite.';
     }
   }
+}
+
+/** The server's message (the model loading, the queue, then lines written), or one made from the figures. */
+export function statsMessage(stats: LiveStats): string {
+  return (
+    stats.message ??
+    `${stats.lines_done}/${stats.lines_total} lines · ${speedText(stats.tokens_per_second)} tok/s · ` +
+      `${Math.round(100 * stats.acceptance_rate)}% accepted`
+  );
+}
+
+/** Tokens per second: one decimal below 10 (a slow CPU is not "0 tok/s"). */
+export function speedText(rate: number): string {
+  return rate < 10 ? rate.toFixed(1) : Math.round(rate).toString();
 }

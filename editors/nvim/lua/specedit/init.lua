@@ -123,6 +123,7 @@ local function finish(job, result)
     notify(("specedit: %s"):format(status))
   end
   fire("SpeceditDone", { bufnr = job.bufnr, result = result })
+  vim.cmd.redrawstatus({ bang = true })
   if job.on_done then
     local ok, problem = pcall(job.on_done, result)
     if not ok then
@@ -141,6 +142,7 @@ function M._on_partial(job, value)
     preview.add(job, hunks)
   end
   fire("SpeceditProgress", { bufnr = job.bufnr, job_id = job.id, hunks = hunks, stats = value.stats })
+  vim.cmd.redrawstatus({ bang = true }) -- a statusline showing status() is stale otherwise
 end
 
 --- Where a live rewrite's provisional text now is (client.lua routes the notification here): marked as
@@ -372,11 +374,15 @@ function M.status(bufnr)
     return ""
   end
   local stats = job.stats or {}
+  if stats.phase and stats.phase ~= "writing" and stats.message then
+    return "specedit: " .. stats.message -- loading the model · 4 s, reading the file · 1 s, ...
+  end
   if not stats.lines_total then
     return "specedit: starting"
   end
   local speed = stats.tokens_per_second or 0
-  return ("specedit: %d/%d lines · %.0f tok/s"):format(stats.lines_done, stats.lines_total, speed)
+  local rate = speed < 10 and ("%.1f"):format(speed) or ("%.0f"):format(speed)
+  return ("specedit: %d/%d lines · %s tok/s"):format(stats.lines_done, stats.lines_total, rate)
 end
 
 -- --------------------------------------------------------------------------------------- commands

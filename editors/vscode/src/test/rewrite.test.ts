@@ -103,10 +103,12 @@ suite('specedit in VS Code', () => {
   test('a live rewrite streams into the document and is one undo step', async () => {
     const editor = await openFile(ADD.before);
     const reports: number[] = [];
+    const messages: string[] = [];
     const told: (string | undefined)[] = [];
     const provisional: (string | undefined)[] = [];
     const listener = api.onDidChangeRewrite((event) => {
       if (event.kind === 'report') reports.push(event.stats?.generated_tokens ?? 0);
+      if (event.kind === 'report') messages.push(event.stats?.message ?? '');
       if (event.kind === 'provisional') provisional.push(event.provisional);
       if (event.kind === 'ended') told.push(event.told);
     });
@@ -114,6 +116,10 @@ suite('specedit in VS Code', () => {
     assert.strictEqual(result.status, 'complete', result.message);
     assert.strictEqual(editor.document.getText(), ADD.after);
     assert.ok(reports.length > 0, 'progress was reported while rewriting');
+    // What the notification said: where the rewrite was (the model loading, the file read), then lines.
+    for (const message of messages) {
+      assert.match(message, /^((starting|loading the model|reading the file) · \d+ s|\d+\/\d+ lines · ([\d.]+|…) tok\/s · \d+% accepted)$/);
+    }
     // The new first line showed, marked pending, while it was being written; nothing is pending now.
     const shown = provisional.filter((text): text is string => text !== undefined);
     assert.ok(shown.length > 0, 'provisional text was marked');
