@@ -331,6 +331,8 @@ class Rewrites:
             result["message"] = message
         if job.partial_token is None:
             result["hunks"] = [self._hunk_payload(job, hunk_id) for hunk_id in sorted(job.core.region.hunks)]
+        if doc is not None and job.core.region.ids(HunkState.APPLIED):
+            result["written"] = self._written(job, doc)
         if job.stop_reason is not None:
             result["stepsAfterCancel"] = job.steps_after_cancel
         if job.uri not in self._documents:
@@ -375,6 +377,17 @@ class Rewrites:
         start, end = job.request_start + hunk.start, job.request_start + hunk.end
         where = job.request_index.range_payload(start, end, self._lsp.workspace.position_codec)
         return {"id": hunk.id, "range": where, "newText": hunk.new_text}
+
+    def _written(self, job: RewriteJob, doc: DocumentState) -> protocol.WrittenHunks:
+        """Where the job's written hunks are now, for the editor to mark them (each can still be undone)."""
+        index, codec, region = TextIndex(doc.text), self._lsp.workspace.position_codec, job.core.region
+        hunks: list[protocol.HunkPayload] = []
+        for hunk_id in region.ids(HunkState.APPLIED):
+            where = region.applied_range(hunk_id)
+            assert where is not None
+            hunk = region.hunks[hunk_id]
+            hunks.append({"id": hunk_id, "range": index.range_payload(*where, codec), "newText": hunk.new_text})
+        return {"version": doc.version, "hunks": hunks}
 
     def _report(self, job: RewriteJob, *, force: bool = False) -> None:
         """Partial results (new hunks, stats) and work-done progress, at most every REPORT_INTERVAL."""

@@ -8,7 +8,9 @@ the ones here (`NAMES`).
     server's current one is answered with the error ContentModified (-32801).
     partial results (`$/progress` with `partialResultToken`): `RewritePartialResult`, each with the hunks
     settled since the one before, in the coordinates of the request's version.
-    result: `RewriteResult`; `hunks` is there only when no `partialResultToken` was given.
+    result: `RewriteResult`; `hunks` is there only when no `partialResultToken` was given; `written` says
+    where the hunks a live rewrite wrote are in the document now (for the editor to mark them, each with a
+    way to undo it: `specedit.reject` with its id).
 
 `specedit/provisional` (notification, server -> client)
     params: `ProvisionalParams`: where a live rewrite's provisional text is in the document at `version`
@@ -91,11 +93,17 @@ class RewritePartialResult(TypedDict):
     stats: dict[str, Any]  # generated_tokens, tokens_per_second, acceptance_rate, lines_done, lines_total
 
 
+class WrittenHunks(TypedDict):
+    version: int  # the document's version the ranges are in
+    hunks: list[HunkPayload]  # `range`: where the hunk's new text is now
+
+
 class RewriteResult(TypedDict, total=False):
     jobId: str
     status: Status
     stats: dict[str, Any]  # the engine's stats (as `specedit rewrite --stats` writes them)
     hunks: list[HunkPayload]
+    written: WrittenHunks  # the hunks written into the document (a live rewrite), each one `reject`able
     message: str  # for conflict and error
     error: dict[str, Any]  # for error: {code, message, data}
     stepsAfterCancel: int  # engine steps completed after cancellation was requested (at most 1)

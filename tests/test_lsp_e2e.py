@@ -395,6 +395,13 @@ async def test_every_delivery_ends_as_rewrite_does(
         accepted = await command(client, protocol.COMMAND_ACCEPT, {"jobId": result["jobId"]})
         assert accepted["skipped"] == []
     assert (await settle(client, uri)).encode() == want.encode()
+    if delivery != "preview":  # where the written hunks are now: each holds its new text
+        written = result["written"]
+        assert written["version"] == client.documents[uri].version and written["hunks"]
+        for hunk in written["hunks"]:
+            start = offset_of(want, types.Position(**hunk["range"]["start"]), client.encoding)
+            end = offset_of(want, types.Position(**hunk["range"]["end"]), client.encoding)
+            assert want[start:end] == hunk["newText"]
     # The hunks of the response, applied to the request's text by the editor's own conversion, agree.
     assert _apply_payload(text, result["hunks"], client.encoding) == want
     # Reject restores the document exactly.

@@ -240,6 +240,34 @@ t.it("live, then :SpeceditReject restores the original", function()
   t.eq(settings.original, t.text(bufnr), "buffer after reject")
 end)
 
+t.it("live: the written hunks stay marked; the one under the cursor is undone with its keymap", function()
+  local bufnr = t.open("live_hunk.py", settings.original)
+  local result, job = rewrite({ instruction = settings.instruction, delivery = "live" })
+  t.eq("complete", result.status, "status")
+  local ids = vim.tbl_keys(job.written or {})
+  t.truthy(#ids > 0, "written hunks marked")
+  local function mapped(keys)
+    return vim.fn.maparg(keys, "n", false, true).buffer == 1
+  end
+  t.truthy(mapped("]h") and mapped("<leader>hr"), "the hunk keymaps of the buffer")
+  vim.api.nvim_win_set_cursor(0, { vim.api.nvim_buf_line_count(bufnr), 0 })
+  vim.cmd("SpeceditPrevHunk")
+  local hunk = require("specedit.hunks").at_cursor(job)
+  t.truthy(hunk and hunk.written, "a written hunk under the cursor after [h")
+  local undone
+  specedit.reject_hunk({
+    on_done = function(edit)
+      undone = edit
+    end,
+  })
+  t.wait(10000, function()
+    return undone ~= nil
+  end, "reject_hunk")
+  t.eq({ hunk.id }, undone.applied, "the hunk restored")
+  t.eq(settings.original, t.text(bufnr), "buffer after undoing its one hunk")
+  t.truthy(not mapped("]h"), "the keymaps go with the last hunk")
+end)
+
 t.it("live: what the user types elsewhere during the rewrite stays", function()
   local bufnr = t.open("typing.py", settings.region_original)
   local header_typed = false

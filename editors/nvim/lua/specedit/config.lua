@@ -25,6 +25,14 @@ M.defaults = {
   debounce_text_changes = 50,
   --- Milliseconds to wait for the server to start and attach before a rewrite gives up.
   start_timeout = 60000,
+  --- Buffer-local keymaps (normal mode), set while a rewrite's hunks are shown (a preview, or what a live
+  --- rewrite wrote) and removed after; `keymaps = false` sets none, a key set to false leaves that one out.
+  keymaps = {
+    accept_hunk = "<leader>ha", -- :SpeceditAcceptHunk
+    reject_hunk = "<leader>hr", -- :SpeceditRejectHunk
+    next_hunk = "]h", -- :SpeceditNextHunk
+    prev_hunk = "[h", -- :SpeceditPrevHunk
+  },
   --- Highlight groups of the preview (linked to the Diff* groups unless you define them).
   highlights = {
     added = "SpeceditAdded", -- the new lines (virtual lines)
@@ -42,6 +50,9 @@ M.options = vim.deepcopy(M.defaults)
 ---@param opts? table
 function M.set(opts)
   opts = opts or {}
+  if opts.keymaps ~= nil and opts.keymaps ~= false and type(opts.keymaps) ~= "table" then
+    error("specedit.setup: keymaps must be a table or false", 3)
+  end
   for _, key in ipairs({ "cmd", "filetypes", "settings", "highlights" }) do
     if opts[key] ~= nil and type(opts[key]) ~= "table" then
       error(("specedit.setup: %s must be a table"):format(key), 3)

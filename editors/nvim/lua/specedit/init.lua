@@ -8,6 +8,7 @@
 --- starts it, forwards requests, and renders.
 local client = require("specedit.client")
 local config = require("specedit.config")
+local hunks = require("specedit.hunks")
 local jobs = require("specedit.jobs")
 local preview = require("specedit.preview")
 local protocol = require("specedit.protocol")
@@ -91,6 +92,9 @@ local function finish(job, result)
   if job.delivery ~= "preview" or job.rejected then
     jobs.undo_seq[job.bufnr] = nil
   end
+  if status == "complete" and job.delivery ~= "preview" and vim.api.nvim_buf_is_valid(job.bufnr) then
+    hunks.mark_written(job, result.written) -- each can be kept or undone until the next rewrite
+  end
   if job.rejected then
     notify("specedit: rejected")
   elseif status == "complete" then
@@ -136,12 +140,13 @@ end
 function M._on_partial(job, value)
   job.id = job.id or value.jobId
   job.stats = value.stats or job.stats
-  local hunks = value.hunks or {}
-  vim.list_extend(job.hunks, hunks)
-  if job.delivery == "preview" and not job.rejected and #hunks > 0 then
-    preview.add(job, hunks)
+  local new_hunks = value.hunks or {}
+  vim.list_extend(job.hunks, new_hunks)
+  if job.delivery == "preview" and not job.rejected and #new_hunks > 0 then
+    preview.add(job, new_hunks)
+    hunks.keymaps(job.bufnr, true)
   end
-  fire("SpeceditProgress", { bufnr = job.bufnr, job_id = job.id, hunks = hunks, stats = value.stats })
+  fire("SpeceditProgress", { bufnr = job.bufnr, job_id = job.id, hunks = new_hunks, stats = value.stats })
   vim.cmd.redrawstatus({ bang = true }) -- a statusline showing status() is stale otherwise
 end
 
@@ -200,6 +205,8 @@ function M.rewrite(opts)
   local previous = jobs.for_buffer(bufnr)
   if previous and previous.done then
     preview.clear(previous) -- the server forgets it once the new one overlaps it
+    hunks.unmark_written(previous)
+    hunks.keymaps(bufnr, false)
   end
   local job = jobs.new(bufnr, delivery, opts.instruction, opts.on_done)
   if vim.api.nvim_buf_get_name(bufnr) == "" then
@@ -280,13 +287,22 @@ local function report(job, what, err, result, on_done)
   end
 end
 
---- Write the latest rewrite's pending hunks (a preview, or what a conflict left unwritten).
+-- Nothing of `job` shown any more: the buffer's hunk keymaps go.
+local function settle_keymaps(job)
+  if next(job.marks or {}) == nil and next(job.written or {}) == nil then
+    hunks.keymaps(job.bufnr, false)
+  end
+end
+
+--- Write the latest rewrite's pending hunks (a preview, or what a conflict left unwritten); after a live
+--- rewrite, keep what it wrote (its marks go).
 ---@param opts? { bufnr?: integer, hunks?: integer[], on_done?: fun(result: table) }
 function M.accept(opts)
   local job, lsp_client, selector = target(opts)
   if not job then
     return
   end
+  hunks.unmark_written(job, (opts or {}).hunks)
   jobs.undo_seq[job.bufnr] = nil -- the accepted hunks: one undo step of their own
   client.execute(lsp_client, job.bufnr, protocol.COMMAND_ACCEPT, { selector }, function(err, result)
     if result then
@@ -294,6 +310,7 @@ function M.accept(opts)
       local handled = (opts or {}).hunks and vim.list_extend(vim.list_extend({}, result.applied), result.skipped)
       preview.clear(job, handled or nil)
     end
+    settle_keymaps(job)
     report(job, "accept", err, result, (opts or {}).on_done)
   end)
 end
@@ -309,12 +326,50 @@ function M.reject(opts)
   local was_done = job.done -- else the end of the rewrite says "rejected"
   jobs.undo_seq[job.bufnr] = nil
   preview.clear(job, (opts or {}).hunks)
+  hunks.unmark_written(job, (opts or {}).hunks)
+  settle_keymaps(job)
   client.execute(lsp_client, job.bufnr, protocol.COMMAND_REJECT, { selector }, function(err, result)
     report(job, "reject", err, result, (opts or {}).on_done)
     if was_done and job.rejected then
       notify("specedit: rejected")
     end
   end)
+end
+
+-- The hunk under the cursor of the current buffer's latest rewrite, or nil (said so).
+local function hunk_here()
+  local job = jobs.for_buffer(vim.api.nvim_get_current_buf())
+  local hunk = job and hunks.at_cursor(job)
+  if not hunk then
+    notify("specedit: no hunk under the cursor", vim.log.levels.WARN)
+  end
+  return hunk
+end
+
+--- Keep (written) or write (previewed) the hunk under the cursor.
+---@param opts? { on_done?: fun(result: table) }
+function M.accept_hunk(opts)
+  local hunk = hunk_here()
+  if hunk then
+    M.accept({ hunks = { hunk.id }, on_done = (opts or {}).on_done })
+  end
+end
+
+--- Undo (written) or drop (previewed) the hunk under the cursor.
+---@param opts? { on_done?: fun(result: table) }
+function M.reject_hunk(opts)
+  local hunk = hunk_here()
+  if hunk then
+    M.reject({ hunks = { hunk.id }, on_done = (opts or {}).on_done })
+  end
+end
+
+--- Move to the next (1) or previous (-1) hunk of the buffer's latest rewrite.
+function M.jump(direction)
+  local job = jobs.for_buffer(vim.api.nvim_get_current_buf())
+  if not (job and hunks.jump(job, direction)) then
+    notify("specedit: no more hunks", vim.log.levels.INFO)
+  end
 end
 
 --- Stop the latest running rewrite (of this buffer, else of any). In live mode what it has written stays:
