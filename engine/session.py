@@ -57,6 +57,11 @@ class Session(Protocol):
         `model.prefix_cache`). Returns at once; never loads a model or starts a daemon; errors are logged."""
         ...
 
+    def keep_alive(self, wanted: bool) -> None:
+        """While `wanted` (an editor has documents open), keep the engine from exiting when idle; never
+        loads a model or starts a daemon."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -210,6 +215,9 @@ class LocalSession:
             except Exception:
                 log.exception("warming %s failed", request.name or "a document")
 
+    def keep_alive(self, wanted: bool) -> None:
+        pass  # this process is the engine: it lives as long as its front end
+
     def close(self) -> None:
         self._engine = None
 
@@ -234,6 +242,8 @@ class RemoteSession:
         self._token_file = token_file
         self._spawn = spawn or EngineOptions()
         self._client_name = client_name or f"specedit pid {os.getpid()}"
+        self._held: EngineClient | None = None  # see keep_alive
+        self._held_lock = threading.Lock()
 
     def connect(self) -> EngineClient:
         from specedit.engine.serving.client import EngineClient, ensure_daemon
@@ -260,18 +270,36 @@ class RemoteSession:
 
     def warm(self, request: WarmRequest) -> None:
         """Offer `request` to the daemon if one answers (none is started for it)."""
-        from specedit.engine.serving.client import EngineAddress, EngineClient
-        from specedit.engine.serving.config import DaemonConfig
-
-        address = self.address if self.address is not None else EngineAddress.of(DaemonConfig(options=self._spawn))
         try:
-            with EngineClient.connect(address, token_file=self._token_file, client_name=self._client_name) as client:
+            with self._connect_running() as client:
                 client.warm(request)
         except SpeceditError as error:
             log.debug("not warmed: %s", error)
 
+    def keep_alive(self, wanted: bool) -> None:
+        """Hold a connection to the daemon while `wanted`, if one answers: a daemon exits once no client is
+        connected for its idle timeout, and an editor with documents open is a client even between rewrites.
+        Each call re-opens it (the daemon may have started, or been restarted, since)."""
+        with self._held_lock:
+            if self._held is not None:
+                self._held.close()
+                self._held = None
+            if wanted:
+                try:
+                    self._held = self._connect_running()
+                except SpeceditError as error:
+                    log.debug("no daemon to keep: %s", error)
+
+    def _connect_running(self) -> EngineClient:
+        """A connection to the daemon if one answers; none is started."""
+        from specedit.engine.serving.client import EngineAddress, EngineClient
+        from specedit.engine.serving.config import DaemonConfig
+
+        address = self.address if self.address is not None else EngineAddress.of(DaemonConfig(options=self._spawn))
+        return EngineClient.connect(address, token_file=self._token_file, client_name=self._client_name)
+
     def close(self) -> None:
-        pass
+        self.keep_alive(False)
 
 
 def _apply_threads(options: EngineOptions) -> None:

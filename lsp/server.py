@@ -17,6 +17,7 @@ import inspect
 import logging
 import sys
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from lsprotocol import types
@@ -55,6 +56,7 @@ class SpeceditServer(LanguageServer):
         self.warmer = Warmer(self.documents, self.session, lambda: self.settings.warm)
         self._session: Session | None = None
         self._session_settings: tuple[Any, ...] | None = None
+        self._keeper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specedit-keep")
 
     def update_settings(self) -> None:
         self.settings = (
@@ -79,6 +81,7 @@ class SpeceditServer(LanguageServer):
             self.did_close(item.uri)
         self.documents[item.uri] = DocumentState(item.uri, item.text, item.version, item.language_id)
         self.warmer.touch(item.uri)
+        self.keep_engine()
 
     def did_change(self, params: types.DidChangeTextDocumentParams) -> None:
         doc = self.documents.get(params.text_document.uri)
@@ -106,6 +109,13 @@ class SpeceditServer(LanguageServer):
         if doc is not None:
             doc.drop_all()
         self.waiting.notify()
+        self.keep_engine()
+
+    def keep_engine(self) -> None:
+        """The shared engine stays while documents are open here, not only while a rewrite runs (else the
+        next rewrite after a pause waits for the model to load again). On a thread: it connects."""
+        session = self.session()
+        self._keeper.submit(lambda: session.keep_alive(bool(self.documents)))  # in order, as things are then
 
 
 # --------------------------------------------------------------------------------------- handlers
@@ -200,7 +210,10 @@ def on_code_action(ls: SpeceditServer, params: types.CodeActionParams) -> list[t
 @_answers_errors
 async def on_rewrite(ls: SpeceditServer, params: Any) -> protocol.RewriteResult:
     job = ls.rewrites.start(RewriteCall.parse(params))
-    return await ls.rewrites.run(job)
+    try:
+        return await ls.rewrites.run(job)
+    finally:
+        ls.keep_engine()  # the rewrite may have started the engine
 
 
 @_answers_errors
@@ -210,7 +223,10 @@ async def command_rewrite(ls: SpeceditServer, *arguments: Any) -> protocol.Rewri
     future = ls.protocol._request_futures.get(ls.protocol.msg_id) if ls.protocol.msg_id is not None else None
     if future is not None:
         future.add_done_callback(lambda done: job.stop("cancelled") if done.cancelled() else None)
-    return await ls.rewrites.run(job, server_progress=True)
+    try:
+        return await ls.rewrites.run(job, server_progress=True)
+    finally:
+        ls.keep_engine()
 
 
 @_answers_errors

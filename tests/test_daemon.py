@@ -38,7 +38,7 @@ from specedit.engine.serving.client import EngineAddress, EngineClient, ensure_d
 from specedit.engine.serving.config import DaemonConfig
 from specedit.engine.serving.daemon import Daemon, serve
 from specedit.engine.serving.protocol import PROTOCOL_VERSION, encode_frame, recv_payload, to_wire
-from specedit.engine.session import LocalSession
+from specedit.engine.session import LocalSession, RemoteSession
 
 from conftest import MEMORISED_REWRITES
 
@@ -694,3 +694,24 @@ def test_engine_addresses_name_a_socket(text: str, path: str) -> None:
 def test_other_addresses_are_refused(text: str) -> None:
     with pytest.raises(EngineUnavailableError, match="not an engine address"):
         EngineAddress.parse(text)
+
+
+def test_an_editor_with_documents_open_keeps_the_daemon(short_dir: Path, random_engine: Engine) -> None:
+    """`RemoteSession.keep_alive`: the language server holds a connection while documents are open, so the
+    daemon outlives its idle timeout between rewrites; released, the daemon exits. No daemon is started
+    for it."""
+    config = DaemonConfig(socket_path=short_dir / "engine.sock", options=ONE_THREAD, idle_timeout=0.6)
+    editor = RemoteSession(str(config.address))
+    editor.keep_alive(True)  # nothing answers yet: nothing happens, nothing is started
+    assert not (short_dir / "engine.sock").exists()
+    finished = threading.Event()
+    session = LocalSession(engine=random_engine)
+    thread = threading.Thread(target=lambda: (serve(config, session=session), finished.set()), daemon=True)
+    thread.start()
+    wait_for(lambda: _try_connect(config.address), "the daemon to answer").close()
+    editor.keep_alive(True)
+    time.sleep(1.5)  # well past the idle timeout
+    assert not finished.is_set()
+    editor.keep_alive(False)
+    assert finished.wait(TIMEOUT)
+    thread.join(TIMEOUT)

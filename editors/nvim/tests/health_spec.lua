@@ -39,5 +39,16 @@ t.it("reports a working server", function()
   specedit.setup({ cmd = settings.cmd })
   local report = health_report()
   t.truthy(report:find("OK server:", 1, true), report)
+  t.truthy(report:find("OK model: /", 1, true), report) -- the test's model folder
+  t.truthy(report:find("engine: in the server's own process", 1, true), report)
   t.truthy(not report:find("ERROR", 1, true), report)
+end)
+
+t.it("reports the model and the engine daemon of a default command", function()
+  -- `python -m specedit.lsp` with no --model or --engine: the default model, the shared daemon.
+  specedit.setup({ cmd = { settings.cmd[1], "-m", "specedit.lsp" } })
+  local report = health_report()
+  t.truthy(report:find("model: qwen2.5-coder-0.5b-instruct", 1, true), report)
+  t.truthy(report:find("engine daemon: ", 1, true), report)
+  specedit.setup({ cmd = settings.cmd })
 end)

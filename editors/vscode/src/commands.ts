@@ -5,6 +5,7 @@
 import * as vscode from 'vscode';
 import * as config from './config';
 import { ACCEPT_HUNK, REJECT_HUNK } from './preview';
+import { KEEP_HUNK, UNDO_HUNK } from './written';
 import { RewriteArgs, Rewrites } from './rewrite';
 import { Server } from './server';
 
@@ -38,6 +39,28 @@ export function registerCommands(rewrites: Rewrites, server: Server): vscode.Dis
     vscode.commands.registerCommand(REJECT_HUNK, (uri: string, _jobId: string, hunkId: number) =>
       rewrites.reject(vscode.Uri.parse(uri), [hunkId]),
     ),
+    vscode.commands.registerCommand(KEEP_HUNK, (uri: string, _jobId: string, hunkId: number) =>
+      rewrites.keep(vscode.Uri.parse(uri), [hunkId]),
+    ),
+    vscode.commands.registerCommand(UNDO_HUNK, (uri: string, _jobId: string, hunkId: number) =>
+      rewrites.reject(vscode.Uri.parse(uri), [hunkId]),
+    ),
+    vscode.commands.registerCommand('specedit.acceptHunkAtCursor', () => {
+      const editor = vscode.window.activeTextEditor;
+      return editor && rewrites.actOnHunkAtCursor(editor, true);
+    }),
+    vscode.commands.registerCommand('specedit.rejectHunkAtCursor', () => {
+      const editor = vscode.window.activeTextEditor;
+      return editor && rewrites.actOnHunkAtCursor(editor, false);
+    }),
+    vscode.commands.registerCommand('specedit.nextHunk', () => {
+      const editor = vscode.window.activeTextEditor;
+      return editor && rewrites.jump(editor, 1);
+    }),
+    vscode.commands.registerCommand('specedit.previousHunk', () => {
+      const editor = vscode.window.activeTextEditor;
+      return editor && rewrites.jump(editor, -1);
+    }),
     vscode.commands.registerCommand('specedit.restartServer', () => server.restart().catch(() => undefined)),
     vscode.commands.registerCommand('specedit.showOutput', () => server.output.show()),
   ];

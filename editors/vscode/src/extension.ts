@@ -12,6 +12,7 @@ import { needsRestart } from './config';
 import { EditApplier } from './editApplier';
 import { Previews } from './preview';
 import { ProvisionalMarks } from './provisional';
+import { WrittenHunks } from './written';
 import { RewriteEvent, Rewrites } from './rewrite';
 import { Server } from './server';
 import { StatusBar } from './statusBar';
@@ -32,7 +33,10 @@ export function activate(context: vscode.ExtensionContext): SpeceditApi {
   server = new Server(output, applier, provisional);
   const status = new StatusBar(server);
   const previews = new Previews();
-  const rewrites = new Rewrites(server, applier, previews, provisional, status);
+  const written = new WrittenHunks();
+  const rewrites = new Rewrites(server, applier, previews, provisional, written, status);
+  const hunksContext = (editor = vscode.window.activeTextEditor) =>
+    vscode.commands.executeCommand('setContext', 'specedit.hasHunks', previews.has(editor?.document.uri) || written.has(editor?.document.uri));
   const started = server;
 
   context.subscriptions.push(
@@ -41,15 +45,21 @@ export function activate(context: vscode.ExtensionContext): SpeceditApi {
     status,
     previews,
     provisional,
+    written,
     rewrites,
     vscode.languages.registerCodeLensProvider({ scheme: 'file' }, previews),
     vscode.languages.registerCodeLensProvider({ scheme: 'untitled' }, previews),
+    vscode.languages.registerCodeLensProvider({ scheme: 'file' }, written),
+    vscode.languages.registerCodeLensProvider({ scheme: 'untitled' }, written),
+    previews.onDidChangeCodeLenses(() => void hunksContext()),
+    written.onDidChangeCodeLenses(() => void hunksContext()),
     ...registerCommands(rewrites, server),
     vscode.workspace.onDidChangeConfiguration((event) => {
       if (needsRestart(event) && started.state !== 'stopped') void started.restart().catch(() => undefined);
     }),
     vscode.window.onDidChangeActiveTextEditor((editor) => {
       void vscode.commands.executeCommand('setContext', 'specedit.hasPreview', previews.has(editor?.document.uri));
+      void hunksContext(editor);
     }),
   );
 

@@ -67,11 +67,18 @@ export interface RewritePartialResult {
   stats: LiveStats;
 }
 
+/** Where a rewrite's written hunks are in the document at `version` (their new text). */
+export interface WrittenHunks {
+  version: number;
+  hunks: HunkPayload[];
+}
+
 export interface RewriteResult {
   jobId: string;
   status: Status;
   stats: Record<string, unknown>;
   hunks?: HunkPayload[]; // only when no partialResultToken was given
+  written?: WrittenHunks; // what a live or final rewrite wrote, each hunk undoable
   message?: string;
   error?: { code: number; message: string; data?: unknown };
   stepsAfterCancel?: number;

@@ -21,6 +21,7 @@ import * as config from './config';
 import { EditApplier } from './editApplier';
 import { Previews } from './preview';
 import { ProvisionalMarks } from './provisional';
+import { WrittenHunks } from './written';
 import {
   COMMAND_ACCEPT,
   COMMAND_REJECT,
@@ -77,6 +78,7 @@ export class Rewrites implements vscode.Disposable {
     private readonly applier: EditApplier,
     private readonly previews: Previews,
     private readonly provisional: ProvisionalMarks,
+    private readonly written: WrittenHunks,
     private readonly status: StatusBar,
   ) {
     provisional.onDidChange((change) => {
@@ -150,7 +152,8 @@ export class Rewrites implements vscode.Disposable {
     return result;
   }
 
-  /** Drops the previewed hunks (all, or `hunkIds`); with no preview, undoes the last live rewrite. */
+  /** Drops the previewed hunks (all, or `hunkIds`); with no preview, undoes the last live rewrite (all
+   * of it, or its hunks `hunkIds`). */
   async reject(uri: vscode.Uri, hunkIds?: number[]): Promise<EditResult | undefined> {
     if (this.isRunning(uri)) {
       await this.cancelAll(uri);
@@ -161,10 +164,53 @@ export class Rewrites implements vscode.Disposable {
     if (jobId === undefined) return undefined;
     const selector: JobSelector = { jobId };
     if (session) selector.hunks = hunkIds ?? [...session.hunks.keys()];
+    else if (hunkIds) selector.hunks = hunkIds;
     const result = await this.command(COMMAND_REJECT, selector);
     if (session) this.previews.remove(uri, selector.hunks ?? []);
-    else this.lastLiveJob.delete(uri.toString());
+    else if (hunkIds) this.written.remove(uri, hunkIds);
+    else {
+      this.lastLiveJob.delete(uri.toString());
+      this.written.clear(uri);
+    }
     return result;
+  }
+
+  /** Keeps hunks a rewrite wrote: they are no longer offered for undo. */
+  keep(uri: vscode.Uri, hunkIds: number[]): void {
+    this.written.remove(uri, hunkIds);
+  }
+
+  /** The hunk under the cursor, previewed or written: accepted (written, or kept) or rejected (dropped, or
+   * undone). */
+  async actOnHunkAtCursor(editor: vscode.TextEditor, accept: boolean): Promise<EditResult | undefined> {
+    const uri = editor.document.uri;
+    const line = editor.selection.active.line;
+    // Whole lines: a range ending at column 0 stops on the line before; an empty one is its line.
+    const within = (range: vscode.Range) =>
+      range.start.line === line || (range.start.line < line && (line < range.end.line || range.end.character > 0));
+    const previewed = [...(this.previews.get(uri)?.hunks.values() ?? [])].find((hunk) => within(hunk.range));
+    if (previewed) return accept ? this.accept(uri, [previewed.id]) : this.reject(uri, [previewed.id]);
+    const written = [...(this.written.get(uri)?.hunks ?? [])].find(([, range]) => within(range));
+    if (!written) return undefined;
+    if (!accept) return this.reject(uri, [written[0]]);
+    this.keep(uri, [written[0]]);
+    return undefined;
+  }
+
+  /** Moves the cursor to the next (1) or previous (-1) hunk shown, previewed or written. */
+  jump(editor: vscode.TextEditor, direction: 1 | -1): boolean {
+    const uri = editor.document.uri;
+    const starts = [
+      ...[...(this.previews.get(uri)?.hunks.values() ?? [])].map((hunk) => hunk.range.start.line),
+      ...[...(this.written.get(uri)?.hunks.values() ?? [])].map((range) => range.start.line),
+    ].sort((a, b) => a - b);
+    const line = editor.selection.active.line;
+    const target = direction > 0 ? starts.find((start) => start > line) : starts.reverse().find((start) => start < line);
+    if (target === undefined) return false;
+    const position = new vscode.Position(target, 0);
+    editor.selection = new vscode.Selection(position, position);
+    editor.revealRange(new vscode.Range(position, position));
+    return true;
   }
 
   dispose(): void {
@@ -215,6 +261,7 @@ export class Rewrites implements vscode.Disposable {
       return undefined;
     }
     if (run.delivery === 'preview' && result.status !== 'complete') this.previews.clear(run.uri, result.jobId);
+    if (result.status === 'complete' && result.written) this.written.show(client, run.uri, result.jobId, result.written);
     const changed = run.delivery === 'preview' ? this.previews.has(run.uri) : wrote;
     if (result.status === 'complete' && !changed) {
       const told = 'specedit: no changes.';
@@ -242,6 +289,7 @@ export class Rewrites implements vscode.Disposable {
 
   private begin(run: Running): void {
     this.running.add(run);
+    this.written.clear(run.uri); // what the last rewrite wrote is no longer offered for undo hunk by hunk
     if (run.delivery === 'live') this.applier.open(run.uri);
     this.status.rewriteStarted();
     void vscode.commands.executeCommand('setContext', 'specedit.rewriting', true);

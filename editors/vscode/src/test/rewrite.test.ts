@@ -83,6 +83,7 @@ async function screenshot(name: string): Promise<void> {
   const file = path.join(folder, `${name}.png`);
   fs.rmSync(file, { force: true });
   await vscode.commands.executeCommand('notifications.hideToasts'); // earlier tests' messages
+  await new Promise((resolve) => setTimeout(resolve, 1000)); // the workbench draws CodeLenses late
   console.log(`specedit-screenshot ${name}`);
   await until(() => fs.existsSync(file), 15_000, `the screenshot ${file}`);
 }
@@ -148,6 +149,21 @@ suite('specedit in VS Code', () => {
     assert.strictEqual(editor.document.getText(), XY.after);
     await vscode.commands.executeCommand('specedit.rejectRewrite');
     assert.strictEqual(editor.document.getText(), XY.before);
+    assert.deepStrictEqual(await lensTitles(editor), [], 'nothing left to keep or undo');
+  });
+
+  test('after a live rewrite each written hunk offers Keep and Undo; Undo at the cursor restores it', async () => {
+    const editor = await openFile(XY.before);
+    assert.strictEqual((await rewriteFile(XY.instruction, 'live')).status, 'complete');
+    assert.deepStrictEqual(await lensTitles(editor), ['1:$(check) Keep', '1:$(discard) Undo']);
+    editor.selection = new vscode.Selection(0, 0, 0, 0);
+    assert.ok(await vscode.commands.executeCommand('specedit.nextHunk'), 'the next hunk is on line 2');
+    assert.strictEqual(editor.selection.active.line, 1);
+    await screenshot('vscode-written-hunks');
+    const undone = await vscode.commands.executeCommand<{ applied: number[] }>('specedit.rejectHunkAtCursor');
+    assert.strictEqual(undone?.applied.length, 1);
+    assert.strictEqual(editor.document.getText(), XY.before);
+    assert.deepStrictEqual(await lensTitles(editor), [], 'the undone hunk is no longer offered');
   });
 
   test('a live rewrite of a CRLF file with characters outside the BMP keeps its line ends', async () => {
@@ -276,6 +292,8 @@ suite('specedit in VS Code', () => {
     await config.update('server.command', command.map((part, i) => (i === modelAt ? endless : part)), vscode.ConfigurationTarget.Global);
     await within(restarted, REWRITE_TIMEOUT_MS, 'the server restarted on the endless model');
 
+    // The budget a file this short gets would end the endless answer before the screenshot is taken.
+    await config.update('maxNewTokens', 100_000, vscode.ConfigurationTarget.Global);
     const editor = await openFile(ADD.before.repeat(3));
     // Running once the text it writes shows (its model writes nonsense, never in step with the file).
     const running = new Promise<void>((resolve) => {
@@ -288,7 +306,8 @@ suite('specedit in VS Code', () => {
     await screenshot('vscode-streaming');
     await vscode.commands.executeCommand('specedit.cancelRewrite');
     const result = await within(rewrite, 10_000, 'the cancelled rewrite ended');
-    assert.strictEqual(result?.status, 'cancelled');
+    await config.update('maxNewTokens', undefined, vscode.ConfigurationTarget.Global);
+    assert.strictEqual(result?.status, 'cancelled', result?.message);
     assert.ok((result.stepsAfterCancel ?? 0) <= 1, `the engine stopped within a step (${result.stepsAfterCancel})`);
     assert.strictEqual(editor.document.getText(), ADD.before.repeat(3));
   });
