@@ -37,8 +37,7 @@ function M.pending(bufnr, range)
     end_row = last,
     end_col = 0,
     line_hl_group = config.options.highlights.pending,
-    sign_text = "✎",
-    priority = 150,
+    priority = 150, -- no sign: Neovim 0.11 can leave a deleted range mark's sign drawn until a full redraw
   })
 end
 
