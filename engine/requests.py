@@ -8,6 +8,7 @@ an editor's language server start in a fraction of a second when the model runs 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -116,6 +117,24 @@ class StepInfo:
     @property
     def acceptance_rate(self) -> float:
         return self.accepted_total / self.drafted_total if self.drafted_total else 0.0
+
+
+@dataclass
+class DecodingRate:
+    """Tokens per second of decoding alone, for progress: the tokens since the first step over the time
+    since (the model's load and the prefill come before it)."""
+
+    first: tuple[float, int] | None = None  # when the first step was seen (perf_counter), and its tokens
+
+    def step(self, info: StepInfo) -> None:
+        if self.first is None:
+            self.first = (time.perf_counter(), info.generated_tokens)
+
+    def rate(self, generated_tokens: int) -> float | None:
+        """None until a tenth of a second has passed since the first step."""
+        if self.first is None or time.perf_counter() - self.first[0] < 0.1:
+            return None
+        return (generated_tokens - self.first[1]) / (time.perf_counter() - self.first[0])
 
 
 @dataclass(frozen=True)

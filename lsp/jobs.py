@@ -23,7 +23,7 @@ from pygls.lsp.server import LanguageServer
 from specedit.engine.errors import EngineUnavailableError, ModelLoadError, SpeceditError
 from specedit.engine.merge_checks import MergeCheck, check_merge
 from specedit.engine.prompts import language_for_path
-from specedit.engine.requests import Phase, RewriteOutcome, RewriteRequest, StepInfo
+from specedit.engine.requests import DecodingRate, Phase, RewriteOutcome, RewriteRequest, StepInfo
 from specedit.engine.session import Session
 from specedit.lsp import protocol
 from specedit.lsp.config import Settings
@@ -45,24 +45,21 @@ RETAINED_JOBS = 16  # finished jobs kept per document for accept / reject
 @dataclass
 class LiveStats:
     """Stats of a running rewrite: where it is before its first step (`Phase`), then the engine's latest
-    step report. The rate counts decoding only: tokens since the first step, over the time since."""
+    step report. The rate counts decoding only (`DecodingRate`)."""
 
     started: float = field(default_factory=time.perf_counter)
     phase: Phase | None = None
     last: StepInfo | None = None
-    first_step: tuple[float, int] | None = None  # when the first step came, and the tokens it had
+    decoding: DecodingRate = field(default_factory=DecodingRate)
 
     def step(self, info: StepInfo) -> None:
-        if self.first_step is None:
-            self.first_step = (time.perf_counter(), info.generated_tokens)
+        self.decoding.step(info)
         self.last = info
 
     def to_dict(self, lines_done: int, lines_total: int) -> dict[str, Any]:
         now = time.perf_counter()
         generated = self.last.generated_tokens if self.last else 0
-        rate = None
-        if self.first_step is not None and now - self.first_step[0] >= REPORT_INTERVAL:
-            rate = (generated - self.first_step[1]) / (now - self.first_step[0])
+        rate = self.decoding.rate(generated)
         stats = {
             "phase": "writing" if self.last else self.phase.name if self.phase else "starting",
             "seconds": round(now - self.started, 1),

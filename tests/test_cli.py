@@ -379,7 +379,7 @@ def test_the_status_line_says_what_a_rewrite_waits_for_then_its_decoding_rate() 
 
     progress.step(step(1, 10))
     assert progress.describe(5.0) == "10 tokens, … tok/s, draft acceptance 75%, 5.0 s"
-    progress._first = (time.perf_counter() - 2.0, 10)  # two seconds after the first step
+    progress._decoding.first = (time.perf_counter() - 2.0, 10)  # two seconds after the first step
     progress.step(step(2, 30))
     assert progress.describe(7.0).startswith("30 tokens, 10.0 tok/s, draft acceptance 75%")  # the load is not in it
 

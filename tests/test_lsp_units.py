@@ -156,8 +156,8 @@ def test_progress_says_what_happens_before_the_first_step_and_rates_decoding_onl
     stats.step(step(1, 40))  # the prefill and the load are behind it: not in the rate
     first = stats.to_dict(2, 24)
     assert first["phase"] == "writing" and first["message"] == "2/24 lines · … tok/s · 75% accepted"
-    assert stats.first_step is not None
-    stats.first_step = (time.perf_counter() - 2.0, 40)  # two seconds later, 9 tokens more
+    assert stats.decoding.first is not None
+    stats.decoding.first = (time.perf_counter() - 2.0, 40)  # two seconds later, 9 tokens more
     stats.step(step(2, 49))
     later = stats.to_dict(5, 24)
     assert later["tokens_per_second"] == pytest.approx(4.5, abs=0.1)

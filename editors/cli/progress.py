@@ -11,7 +11,7 @@ import time
 from types import TracebackType
 from typing import Any
 
-from specedit.engine.requests import Phase, StepInfo
+from specedit.engine.requests import DecodingRate, Phase, StepInfo
 
 
 class StatusLine:
@@ -67,24 +67,23 @@ class RewriteProgress(StatusLine):
         super().__init__(label, enabled=enabled)
         self._phase: Phase | None = None
         self._last: StepInfo | None = None
-        self._first: tuple[float, int] | None = None
+        self._decoding = DecodingRate()
 
     def phase(self, phase: Phase) -> None:
         self._phase = phase
 
     def step(self, info: StepInfo) -> None:
-        if self._first is None:
-            self._first = (time.perf_counter(), info.generated_tokens)
+        self._decoding.step(info)
         self._last = info
 
     def describe(self, elapsed: float) -> str:
-        info, first = self._last, self._first
-        if info is None or first is None:
+        info = self._last
+        if info is None:
             if self._phase is None or self._phase.name == "started":
                 return f"reading the file · {elapsed:.1f} s"
             if self._phase.name == "loading":
                 return f"loading the model · {elapsed:.0f} s"
             return f"waiting for {self._phase.ahead} other rewrite(s) · {elapsed:.0f} s"
-        seconds = time.perf_counter() - first[0]
-        rate = f"{(info.generated_tokens - first[1]) / seconds:.1f} tok/s" if seconds >= 0.1 else "… tok/s"
+        decoding = self._decoding.rate(info.generated_tokens)
+        rate = "… tok/s" if decoding is None else f"{decoding:.1f} tok/s"
         return f"{info.generated_tokens} tokens, {rate}, draft acceptance {info.acceptance_rate:.0%}, {elapsed:.1f} s"

@@ -139,15 +139,24 @@ export class Previews implements vscode.CodeLensProvider, vscode.Disposable {
   private follow(event: vscode.TextDocumentChangeEvent): void {
     const session = this.sessions.get(event.document.uri.toString());
     if (!session || event.contentChanges.length === 0) return;
-    for (const change of event.contentChanges) {
-      for (const hunk of [...session.hunks.values()]) {
-        const moved = mapRange(hunk.range, change);
-        if (moved) hunk.range = moved;
-        else session.hunks.delete(hunk.id);
-      }
-    }
+    followChanges(session.hunks, event.contentChanges);
     if (session.hunks.size === 0) this.sessions.delete(event.document.uri.toString());
     this.changed();
+  }
+}
+
+/** Moves each hunk's range with the changes (each in the coordinates the one before left); drops the
+ * hunks a change touched. */
+export function followChanges(
+  hunks: Map<number, { range: vscode.Range }>,
+  changes: readonly vscode.TextDocumentContentChangeEvent[],
+): void {
+  for (const change of changes) {
+    for (const [id, hunk] of [...hunks]) {
+      const moved = mapRange(hunk.range, change);
+      if (moved) hunk.range = moved;
+      else hunks.delete(id);
+    }
   }
 }
 
@@ -177,6 +186,11 @@ function mapPosition(position: vscode.Position, change: vscode.TextDocumentConte
 /** The last line a whole-line range covers (a range ending at column 0 stops on the line before). */
 function lastLineOf(range: vscode.Range): number {
   return range.end.character === 0 ? range.end.line - 1 : range.end.line;
+}
+
+/** The lines a whole-line range covers, for a whole-line decoration (an empty range: its own line). */
+export function coveredLines(range: vscode.Range): vscode.Range {
+  return lineRange(range.start.line, Math.max(lastLineOf(range), range.start.line));
 }
 
 function lineRange(first: number, last: number): vscode.Range {

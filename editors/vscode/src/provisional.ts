@@ -6,6 +6,7 @@
  */
 import * as vscode from 'vscode';
 import { LanguageClient } from 'vscode-languageclient/node';
+import { coveredLines } from './preview';
 import { ProvisionalParams } from './protocol';
 
 export interface ProvisionalChange {
@@ -59,9 +60,7 @@ export class ProvisionalMarks implements vscode.Disposable {
   private render(): void {
     for (const editor of vscode.window.visibleTextEditors) {
       const range = this.ranges.get(editor.document.uri.toString());
-      // Whole lines: a range that ends at a line's start stops on the line before.
-      const last = range && (range.end.character === 0 && range.end.line > range.start.line ? range.end.line - 1 : range.end.line);
-      editor.setDecorations(this.pending, range && last !== undefined ? [new vscode.Range(range.start.line, 0, last, 0)] : []);
+      editor.setDecorations(this.pending, range ? [coveredLines(range)] : []);
     }
   }
 }

@@ -19,7 +19,7 @@ import {
 } from 'vscode-languageclient/node';
 import * as config from './config';
 import { EditApplier } from './editApplier';
-import { Previews } from './preview';
+import { coveredLines, Previews } from './preview';
 import { ProvisionalMarks } from './provisional';
 import { WrittenHunks } from './written';
 import {
@@ -185,12 +185,13 @@ export class Rewrites implements vscode.Disposable {
   async actOnHunkAtCursor(editor: vscode.TextEditor, accept: boolean): Promise<EditResult | undefined> {
     const uri = editor.document.uri;
     const line = editor.selection.active.line;
-    // Whole lines: a range ending at column 0 stops on the line before; an empty one is its line.
-    const within = (range: vscode.Range) =>
-      range.start.line === line || (range.start.line < line && (line < range.end.line || range.end.character > 0));
+    const within = (range: vscode.Range) => {
+      const lines = coveredLines(range);
+      return lines.start.line <= line && line <= lines.end.line;
+    };
     const previewed = [...(this.previews.get(uri)?.hunks.values() ?? [])].find((hunk) => within(hunk.range));
     if (previewed) return accept ? this.accept(uri, [previewed.id]) : this.reject(uri, [previewed.id]);
-    const written = [...(this.written.get(uri)?.hunks ?? [])].find(([, range]) => within(range));
+    const written = [...(this.written.get(uri)?.hunks ?? [])].find(([, hunk]) => within(hunk.range));
     if (!written) return undefined;
     if (!accept) return this.reject(uri, [written[0]]);
     this.keep(uri, [written[0]]);
@@ -202,7 +203,7 @@ export class Rewrites implements vscode.Disposable {
     const uri = editor.document.uri;
     const starts = [
       ...[...(this.previews.get(uri)?.hunks.values() ?? [])].map((hunk) => hunk.range.start.line),
-      ...[...(this.written.get(uri)?.hunks.values() ?? [])].map((range) => range.start.line),
+      ...[...(this.written.get(uri)?.hunks.values() ?? [])].map((hunk) => hunk.range.start.line),
     ].sort((a, b) => a - b);
     const line = editor.selection.active.line;
     const target = direction > 0 ? starts.find((start) => start > line) : starts.reverse().find((start) => start < line);

@@ -6,7 +6,7 @@
  */
 import * as vscode from 'vscode';
 import { LanguageClient } from 'vscode-languageclient/node';
-import { mapRange } from './preview';
+import { coveredLines, followChanges } from './preview';
 import { WrittenHunks as WrittenPayload } from './protocol';
 
 export const KEEP_HUNK = 'specedit.keepHunk';
@@ -14,7 +14,7 @@ export const UNDO_HUNK = 'specedit.undoHunk';
 
 interface Session {
   jobId: string;
-  hunks: Map<number, vscode.Range>; // id -> the lines holding its new text now
+  hunks: Map<number, { range: vscode.Range }>; // id -> the lines holding its new text now
 }
 
 export class WrittenHunks implements vscode.CodeLensProvider, vscode.Disposable {
@@ -41,7 +41,7 @@ export class WrittenHunks implements vscode.CodeLensProvider, vscode.Disposable 
   show(client: LanguageClient, uri: vscode.Uri, jobId: string, written: WrittenPayload): void {
     const document = vscode.workspace.textDocuments.find((doc) => doc.uri.toString() === uri.toString());
     if (!document || document.version !== written.version || written.hunks.length === 0) return;
-    const hunks = new Map(written.hunks.map((hunk) => [hunk.id, client.protocol2CodeConverter.asRange(hunk.range)]));
+    const hunks = new Map(written.hunks.map((hunk) => [hunk.id, { range: client.protocol2CodeConverter.asRange(hunk.range) }]));
     this.sessions.set(uri.toString(), { jobId, hunks });
     this.changed();
   }
@@ -69,7 +69,7 @@ export class WrittenHunks implements vscode.CodeLensProvider, vscode.Disposable 
   provideCodeLenses(document: vscode.TextDocument): vscode.CodeLens[] {
     const session = this.sessions.get(document.uri.toString());
     if (!session) return [];
-    return [...session.hunks].flatMap(([id, range]) => {
+    return [...session.hunks].flatMap(([id, { range }]) => {
       const at = new vscode.Range(range.start, range.start);
       const args = [document.uri.toString(), session.jobId, id];
       return [
@@ -92,24 +92,14 @@ export class WrittenHunks implements vscode.CodeLensProvider, vscode.Disposable 
   private render(): void {
     for (const editor of vscode.window.visibleTextEditors) {
       const session = this.sessions.get(editor.document.uri.toString());
-      const lines = [...(session?.hunks.values() ?? [])].map((range) => {
-        const last = range.end.character === 0 && range.end.line > range.start.line ? range.end.line - 1 : range.end.line;
-        return new vscode.Range(range.start.line, 0, last, 0);
-      });
-      editor.setDecorations(this.mark, lines);
+      editor.setDecorations(this.mark, [...(session?.hunks.values() ?? [])].map((hunk) => coveredLines(hunk.range)));
     }
   }
 
   private follow(event: vscode.TextDocumentChangeEvent): void {
     const session = this.sessions.get(event.document.uri.toString());
     if (!session || event.contentChanges.length === 0) return;
-    for (const change of event.contentChanges) {
-      for (const [id, range] of [...session.hunks]) {
-        const moved = mapRange(range, change);
-        if (moved) session.hunks.set(id, moved);
-        else session.hunks.delete(id);
-      }
-    }
+    followChanges(session.hunks, event.contentChanges);
     if (session.hunks.size === 0) this.sessions.delete(event.document.uri.toString());
     this.changed();
   }

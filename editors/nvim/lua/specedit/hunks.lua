@@ -15,8 +15,7 @@ function M.mark_written(job, written)
   end
   local count = vim.api.nvim_buf_line_count(bufnr)
   for _, hunk in ipairs(written.hunks) do
-    local first = hunk.range.start.line
-    local stop = hunk.range["end"].character > 0 and hunk.range["end"].line + 1 or hunk.range["end"].line
+    local first, stop = preview.rows(hunk.range)
     if first < count then
       job.written[hunk.id] = vim.api.nvim_buf_set_extmark(bufnr, preview.ns, first, 0, {
         end_row = math.min(math.max(stop, first + 1), count) - 1,

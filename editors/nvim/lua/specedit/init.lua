@@ -336,32 +336,27 @@ function M.reject(opts)
   end)
 end
 
--- The hunk under the cursor of the current buffer's latest rewrite, or nil (said so).
-local function hunk_here()
+-- `action` (M.accept or M.reject) on the hunk under the cursor of the buffer's latest rewrite.
+local function on_hunk_here(action, opts)
   local job = jobs.for_buffer(vim.api.nvim_get_current_buf())
   local hunk = job and hunks.at_cursor(job)
   if not hunk then
     notify("specedit: no hunk under the cursor", vim.log.levels.WARN)
+    return
   end
-  return hunk
+  action({ hunks = { hunk.id }, on_done = (opts or {}).on_done })
 end
 
 --- Keep (written) or write (previewed) the hunk under the cursor.
 ---@param opts? { on_done?: fun(result: table) }
 function M.accept_hunk(opts)
-  local hunk = hunk_here()
-  if hunk then
-    M.accept({ hunks = { hunk.id }, on_done = (opts or {}).on_done })
-  end
+  on_hunk_here(M.accept, opts)
 end
 
 --- Undo (written) or drop (previewed) the hunk under the cursor.
 ---@param opts? { on_done?: fun(result: table) }
 function M.reject_hunk(opts)
-  local hunk = hunk_here()
-  if hunk then
-    M.reject({ hunks = { hunk.id }, on_done = (opts or {}).on_done })
-  end
+  on_hunk_here(M.reject, opts)
 end
 
 --- Move to the next (1) or previous (-1) hunk of the buffer's latest rewrite.

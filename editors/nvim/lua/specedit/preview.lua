@@ -10,6 +10,13 @@ local M = {}
 
 M.ns = vim.api.nvim_create_namespace("specedit")
 
+--- The rows a whole-line LSP range covers: first, and stop (exclusive). Whole-line ranges end at the start
+--- of the next line; at the end of a file without a final newline, they end inside the last line.
+function M.rows(range)
+  local stop = range["end"].character > 0 and range["end"].line + 1 or range["end"].line
+  return range.start.line, stop
+end
+
 function M.define_highlights()
   local groups = config.options.highlights
   vim.api.nvim_set_hl(0, groups.added, { link = "DiffAdd", default = true })
@@ -29,8 +36,9 @@ function M.pending(bufnr, range)
   if not range or not vim.api.nvim_buf_is_valid(bufnr) then
     return
   end
-  local last = range["end"].character > 0 and range["end"].line or range["end"].line - 1
-  if last < range.start.line or last >= vim.api.nvim_buf_line_count(bufnr) then
+  local first, stop = M.rows(range)
+  local last = stop - 1
+  if last < first or last >= vim.api.nvim_buf_line_count(bufnr) then
     return
   end
   pending[bufnr] = vim.api.nvim_buf_set_extmark(bufnr, M.ns, range.start.line, 0, {
@@ -91,10 +99,7 @@ function M.add(job, hunks)
   local count = vim.api.nvim_buf_line_count(bufnr)
   for _, hunk in ipairs(hunks) do
     local marks = {}
-    local first = hunk.range.start.line
-    -- Whole-line hunks end at the start of the next line; at the end of a file without a final newline,
-    -- they end inside the last line.
-    local stop = hunk.range["end"].character > 0 and hunk.range["end"].line + 1 or hunk.range["end"].line
+    local first, stop = M.rows(hunk.range)
     for line = first, stop - 1 do
       local row = row_of(job, line)
       if row < count then
