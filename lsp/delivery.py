@@ -34,6 +34,7 @@ DeliveryMode = Literal["live", "preview", "final"]
 DELIVERY_MODES: tuple[DeliveryMode, ...] = ("live", "preview", "final")
 
 MAX_ATTEMPTS = 50  # re-plans of one intent (each after the user typed meanwhile) before giving up
+OWN_VERSIONS = 16  # versions of our own edits a request may be behind (a live rewrite writes many)
 
 
 class Outcome(enum.Enum):
@@ -141,6 +142,7 @@ class DocumentState:
     intents: deque[Intent] = field(default_factory=deque)
     in_flight: PlannedEdit | None = None
     _expired: PlannedEdit | None = None  # given up on after `applied: true`; its echo may still come
+    _ours: deque[tuple[int, str, list[Edit]]] = field(default_factory=lambda: deque(maxlen=OWN_VERSIONS))
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     # ---------------------------------------------------------------------------------------- intents
@@ -234,6 +236,18 @@ class DocumentState:
 
     # --------------------------------------------------------------------------------------- the client
 
+    def since(self, version: int) -> Rebase | None:
+        """The text at `version` and our edits since, if every change since was one of ours (else None: the
+        user changed it). An editor asks for a rewrite of what it shows: while a live rewrite writes into
+        the document, that may be a version or two before ours."""
+        if version == self.version:
+            return Rebase(self.text, [])
+        versions = [before for before, _, _ in self._ours]
+        if version not in versions:
+            return None
+        at = versions.index(version)
+        return Rebase(self._ours[at][1], [edits for _, _, edits in list(self._ours)[at:]])
+
     def did_change(self, version: int, changes: Sequence[Edit]) -> None:
         """A `didChange`: its changes, each in the coordinates left by the one before."""
         first_user = 0
@@ -248,6 +262,7 @@ class DocumentState:
                 text = apply_edits(text, [change])
                 echoed = next((edit for edit in candidates if text == edit.expected_text), None)
                 if echoed is not None:
+                    self._ours.append((self.version, self.text, echoed.edits))
                     self.text = text
                     echoed.echo = True
                     self._confirm(echoed)
@@ -256,6 +271,8 @@ class DocumentState:
             if self.in_flight is not None and self.in_flight.echo is None:
                 self.in_flight.echo = False  # the client's first change after its version was not it
         self._expired = None
+        if first_user < len(changes):
+            self._ours.clear()  # the user's: a request made before it is stale
         for start, end, new_text in changes[first_user:]:
             self.text = self.text[:start] + new_text + self.text[end:]
             for job in self.jobs:
@@ -315,6 +332,50 @@ class DocumentState:
             if other is not job:
                 for start, end, new_text in reversed(edit.edits):
                     other.region.our_edit(start, end, new_text)
+
+
+Span = tuple[int, int, int]  # (start, end, length): text[start:end] replaced with `length` characters
+
+
+@dataclass(frozen=True)
+class Rebase:
+    """The text at an older version of a document, and our edits since (each list one version's)."""
+
+    text: str
+    edits: list[list[Edit]]
+
+    def range(self, start: int, end: int) -> tuple[int, int]:
+        """Where `text[start:end]` is now. What our edits inserted at its edges stays outside it; what they
+        wrote over its text is inside it."""
+        for edits in self.edits:
+            spans = [(old_start, old_end, len(new_text)) for old_start, old_end, new_text in edits]
+            start, end = _moved(start, spans, at_start=True), _moved(end, spans, at_start=False)
+        return start, max(start, end)
+
+    def back(self, start: int, end: int) -> tuple[int, int]:
+        """Where a range of the current text was in `text`; what our edits wrote in it is inside it."""
+        for edits in reversed(self.edits):
+            spans, shift = [], 0
+            for old_start, old_end, new_text in edits:
+                spans.append((old_start + shift, old_start + shift + len(new_text), old_end - old_start))
+                shift += len(new_text) - (old_end - old_start)
+            start, end = _moved(start, spans, at_start=True), _moved(end, spans, at_start=False)
+        return start, max(start, end)
+
+
+def _moved(offset: int, spans: list[Span], *, at_start: bool) -> int:
+    """Where an offset is once `spans` (ascending, none touching) are replaced. An insertion at the offset
+    goes before a range's start and after its end; an offset inside replaced text goes to the replacement's
+    start (a range's start) or end (a range's end)."""
+    shift = 0
+    for start, end, length in spans:
+        if offset < start or (offset == start and (start < end or not at_start)):
+            break
+        if offset >= end:
+            shift += length - (end - start)
+            continue
+        return start + shift + (0 if at_start else length)
+    return offset + shift
 
 
 def _joined(edits: list[Edit]) -> list[Edit]:

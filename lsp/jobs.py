@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -27,7 +28,7 @@ from specedit.engine.requests import DecodingRate, Phase, RewriteOutcome, Rewrit
 from specedit.engine.session import Session
 from specedit.lsp import protocol
 from specedit.lsp.config import Settings
-from specedit.lsp.delivery import DocumentState, Intent, Job, Outcome
+from specedit.lsp.delivery import DocumentState, Intent, Job, Outcome, Rebase
 from specedit.lsp.documents import TextIndex
 from specedit.lsp.errors import InvalidRequestError, StaleVersionError, error_payload
 from specedit.lsp.hunks import HunkState
@@ -82,8 +83,8 @@ class RewriteJob:
     uri: str
     core: Job
     request: RewriteRequest
-    request_index: TextIndex  # the document at the request's version: hunks are reported in it
-    request_start: int
+    asked: Rebase  # the document at the request's version, and our edits since: hunks are reported in it
+    request_start: int  # where the region began when the job started
     partial_token: int | str | None = None
     progress_token: int | str | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -94,6 +95,10 @@ class RewriteJob:
     reported: int = 0  # hunks sent as partial results so far
     last_report: float = 0.0
     final_intent: Intent | None = None
+
+    @cached_property
+    def asked_index(self) -> TextIndex:
+        return TextIndex(self.asked.text)
 
     def stop(self, reason: protocol.Status) -> None:
         """Ask the engine to stop (it checks before every step) and stop writing live."""
@@ -133,24 +138,60 @@ class Rewrites:
 
     # ------------------------------------------------------------------------------------------ start
 
-    def start(self, call: RewriteCall) -> RewriteJob:
-        """A job for `call` on the document as it is now; errors before anything runs are raised."""
-        settings = self._settings()
+    async def start(self, call: RewriteCall) -> RewriteJob:
+        """A job for `call` on the document as it is now; errors before anything runs are raised.
+
+        The request names the version the user saw; the server's own writing since (a live rewrite's) does
+        not make it stale: its range is carried over. A running rewrite it overlaps is superseded first,
+        and its provisional text taken out, so that the new one reads the document without it."""
         doc = self._documents.get(call.uri)
         if doc is None:
             raise InvalidRequestError(f"{call.uri} is not open")
-        if call.version is not None and call.version != doc.version:
-            raise StaleVersionError(f"{call.uri} is at version {doc.version}, not {call.version}")
-        index = TextIndex(doc.text)
-        start, end = 0, len(doc.text)
+        version = doc.version if call.version is None else call.version
+        rebase = self._rebase(doc, version)
+        start, end = 0, len(rebase.text)
         if call.range is not None:
-            codec = self._lsp.workspace.position_codec
-            start, end = index.offset_at(call.range.start, codec), index.offset_at(call.range.end, codec)
+            codec, then = self._lsp.workspace.position_codec, TextIndex(rebase.text)
+            start, end = then.offset_at(call.range.start, codec), then.offset_at(call.range.end, codec)
             if end < start:
                 raise InvalidRequestError("the range ends before it starts")
+        self._request(call, rebase.text[start:end])  # a bad request supersedes nothing
+        superseded = self._supersede(doc, *self._now(doc, rebase, start, end, call.range is None))
+        if superseded:
+            await self._waiting.until(
+                lambda: not any(doc.pending_intents(job.core) for job in superseded) or call.uri not in self._documents
+            )
+            if call.uri not in self._documents:
+                raise InvalidRequestError(f"{call.uri} was closed")
+            rebase = self._rebase(doc, version)
+        now_start, now_end = self._now(doc, rebase, start, end, call.range is None)
+        request = self._request(call, doc.text[now_start:now_end])
+
+        job_id = f"r{next(self._numbers)}"
+        delivery = call.delivery or self._settings().delivery
+        label = f"specedit: {call.instruction or 'sketch'}"[:80]
+        core = Job.start(job_id, delivery, request.original, now_start, label=label)
+        doc.jobs.append(core)
+        job = RewriteJob(
+            job_id,
+            call.uri,
+            core,
+            request,
+            rebase,
+            now_start,
+            partial_token=call.partial_token,
+            progress_token=call.work_done_token,
+        )
+        self.jobs[job_id] = job
+        what = (call.instruction or "sketch")[:60]
+        log.info("%s: %s %s [%d:%d] (%s)", job_id, delivery, call.uri, now_start, now_end, what)
+        return job
+
+    def _request(self, call: RewriteCall, original: str) -> RewriteRequest:
+        settings = self._settings()
         try:
-            request = RewriteRequest(
-                original=doc.text[start:end],
+            return RewriteRequest(
+                original=original,
                 instruction=call.instruction,
                 sketch=call.sketch,
                 language=language_for_path(unquote(urlparse(call.uri).path)),
@@ -160,42 +201,37 @@ class Rewrites:
         except ValueError as error:
             raise InvalidRequestError(str(error)) from None
 
-        job_id = f"r{next(self._numbers)}"
-        delivery = call.delivery or settings.delivery
-        self._supersede(doc, start, end)
-        label = f"specedit: {call.instruction or 'sketch'}"[:80]
-        core = Job.start(job_id, delivery, request.original, start, label=label)
-        doc.jobs.append(core)
-        job = RewriteJob(
-            job_id,
-            call.uri,
-            core,
-            request,
-            index,
-            start,
-            partial_token=call.partial_token,
-            progress_token=call.work_done_token,
-        )
-        self.jobs[job_id] = job
-        what = (call.instruction or "sketch")[:60]
-        log.info("%s: %s %s [%d:%d] (%s)", job_id, delivery, call.uri, start, end, what)
-        return job
+    @staticmethod
+    def _now(doc: DocumentState, rebase: Rebase, start: int, end: int, whole: bool) -> tuple[int, int]:
+        """Where the request's range is in the document now (all of it, for a whole-document request)."""
+        return (0, len(doc.text)) if whole else rebase.range(start, end)
 
-    def _supersede(self, doc: DocumentState, start: int, end: int) -> None:
-        """A newer request on an overlapping range: the running job ends `superseded`; a finished one is
-        forgotten (its hunks can no longer be accepted or rejected), as are all but the latest finished
-        ones (RETAINED_JOBS per document)."""
+    @staticmethod
+    def _rebase(doc: DocumentState, version: int) -> Rebase:
+        rebase = doc.since(version)
+        if rebase is None:
+            raise StaleVersionError(f"{doc.uri} is at version {doc.version}, not {version}")
+        return rebase
+
+    def _supersede(self, doc: DocumentState, start: int, end: int) -> list[RewriteJob]:
+        """A newer request on an overlapping range: the running jobs end `superseded` (returned, their
+        provisional text on its way out); a finished one is forgotten (its hunks can no longer be accepted
+        or rejected), as are all but the latest finished ones (RETAINED_JOBS per document)."""
+        superseded: list[RewriteJob] = []
         finished = [job for job in self.jobs.values() if job.uri == doc.uri and not job.running]
         for other in [job for job in self.jobs.values() if job.uri == doc.uri]:
             region = other.core.region
             if other.running and overlap(region.start, region.end, start, end):
                 other.stop("superseded")
+                self._stop_writing(other)
+                superseded.append(other)
             elif not other.running and (
                 overlap(region.start, region.end, start, end) or finished.index(other) < len(finished) - RETAINED_JOBS
             ):
                 del self.jobs[other.id]
                 if other.core in doc.jobs:
                     doc.jobs.remove(other.core)
+        return superseded
 
     # -------------------------------------------------------------------------------------------- run
 
@@ -371,8 +407,8 @@ class Rewrites:
 
     def _hunk_payload(self, job: RewriteJob, hunk_id: int) -> protocol.HunkPayload:
         hunk = job.core.region.hunks[hunk_id]
-        start, end = job.request_start + hunk.start, job.request_start + hunk.end
-        where = job.request_index.range_payload(start, end, self._lsp.workspace.position_codec)
+        start, end = job.asked.back(job.request_start + hunk.start, job.request_start + hunk.end)
+        where = job.asked_index.range_payload(start, end, self._lsp.workspace.position_codec)
         return {"id": hunk.id, "range": where, "newText": hunk.new_text}
 
     def _written(self, job: RewriteJob, doc: DocumentState) -> protocol.WrittenHunks:

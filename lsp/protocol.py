@@ -4,8 +4,11 @@ The VS Code extension and the Neovim plugin carry copies of these strings; a tes
 the ones here (`NAMES`).
 
 `specedit/rewrite` (request, client -> server)
-    params: `RewriteParams`. `range` absent: the whole document. A `textDocument.version` other than the
-    server's current one is answered with the error ContentModified (-32801).
+    params: `RewriteParams`. `range` absent: the whole document. `textDocument.version` is the version the
+    user saw: when the server's own writing (a live rewrite's) came since, the range is carried over to
+    the current version; when the user's typing came since, the error ContentModified (-32801) answers.
+    A running rewrite the request overlaps ends `superseded`, its provisional text taken out before the
+    new one reads the document.
     partial results (`$/progress` with `partialResultToken`): `RewritePartialResult`, each with the hunks
     settled since the one before, in the coordinates of the request's version.
     result: `RewriteResult`; `hunks` is there only when no `partialResultToken` was given; `written` says

@@ -209,7 +209,7 @@ def on_code_action(ls: SpeceditServer, params: types.CodeActionParams) -> list[t
 
 @_answers_errors
 async def on_rewrite(ls: SpeceditServer, params: Any) -> protocol.RewriteResult:
-    job = ls.rewrites.start(RewriteCall.parse(params))
+    job = await ls.rewrites.start(RewriteCall.parse(params))
     try:
         return await ls.rewrites.run(job)
     finally:
@@ -218,9 +218,9 @@ async def on_rewrite(ls: SpeceditServer, params: Any) -> protocol.RewriteResult:
 
 @_answers_errors
 async def command_rewrite(ls: SpeceditServer, *arguments: Any) -> protocol.RewriteResult:
-    job = ls.rewrites.start(RewriteCall.parse(arguments[0] if arguments else {}))
     # pygls does not pass $/cancelRequest for a command on to its handler: watch the request's future.
     future = ls.protocol._request_futures.get(ls.protocol.msg_id) if ls.protocol.msg_id is not None else None
+    job = await ls.rewrites.start(RewriteCall.parse(arguments[0] if arguments else {}))
     if future is not None:
         future.add_done_callback(lambda done: job.stop("cancelled") if done.cancelled() else None)
     try:

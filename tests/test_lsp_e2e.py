@@ -624,10 +624,12 @@ async def endless_client(tiny_model_dir: Path) -> AsyncIterator[EditorClient]:
 ENDLESS = "def add(a, b):\n    return a + b\n" * 3
 
 
-async def _start_endless(client: EditorClient, uri: str, msg_id: str, delivery: str = "final") -> asyncio.Future[Any]:
+async def _start_endless(
+    client: EditorClient, uri: str, msg_id: str, delivery: str = "final", version: int | None = None
+) -> asyncio.Future[Any]:
     client.partials[msg_id] = []
     params = {
-        "textDocument": {"uri": uri, "version": client.documents[uri].version},
+        "textDocument": {"uri": uri, "version": client.documents[uri].version if version is None else version},
         "instruction": "Rename add to plus.",
         "delivery": delivery,
         "maxNewTokens": 1500,
@@ -703,13 +705,22 @@ async def test_a_newer_overlapping_request_supersedes(endless_client: EditorClie
     uri = new_uri("endless")
     client.open(uri, ENDLESS)
     older = await _start_endless(client, uri, "older", delivery="live")
-    newer = await _start_endless(client, uri, "newer", delivery="preview")
+    for _ in range(400):  # the live one has written (provisional text) into the document
+        if client.documents[uri].version > 1:
+            break
+        await asyncio.sleep(0.025)
+    assert client.documents[uri].version > 1
+    # Asked for the version the user saw: only the server's own writing came since, so it still counts.
+    newer = await _start_endless(client, uri, "newer", delivery="live", version=1)
     result = await asyncio.wait_for(older, 10)
-    assert result["status"] == "superseded"
+    assert result["status"] == "superseded" and "written" not in result  # it had settled no hunk
+    # The newer one read the document without the older one's provisional text (taken out first).
+    assert client.partials["newer"][-1]["stats"]["lines_total"] == ENDLESS.count("\n")
     await command(client, protocol.COMMAND_CANCEL, {})
     assert (await asyncio.wait_for(newer, 10))["status"] == "cancelled"
-    # Whatever the live one wrote, reject restores the document exactly.
-    await command(client, protocol.COMMAND_REJECT, {"jobId": result["jobId"]})
+    # Whatever the live ones wrote, reject restores the document exactly.
+    for job in (result["jobId"], client.partials["newer"][-1]["jobId"]):
+        await command(client, protocol.COMMAND_REJECT, {"jobId": job})
     assert (await settle(client, uri)) == ENDLESS
     client.close(uri)
 

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from specedit.lsp.delivery import DocumentState, Edit, Intent, Job, Outcome, PlannedEdit
+from specedit.lsp.delivery import DocumentState, Edit, Intent, Job, Outcome, PlannedEdit, Rebase
 from specedit.lsp.hunks import Hunk, HunkState, HunkTracker, RegionTracker, apply_edits, apply_hunks, split_lines
 
 LINES = [
@@ -497,3 +497,49 @@ def test_provisional_text_has_the_documents_line_ends() -> None:
     tracker = HunkTracker("a = 1\r\nb = 2\r\n")
     tracker.feed("x\ry\nz\u2028w")
     assert tracker.provisional == "x\r\ny\r\nz\r\nw\r\n"
+
+
+# ----------------------------------------------------------- a request made before the server's own edits
+
+
+def test_a_request_behind_only_the_servers_own_edits_is_carried_over() -> None:
+    """An editor asks for a rewrite of what it shows; a live rewrite may have written into it meanwhile."""
+    doc, job = _live()
+    asked = doc.version
+    perimeter = doc.text.index("def perimeter")
+    doc.settled(job, job.feed("def area(width, height):\n    return width"))
+    _write_all(doc)  # provisional text, above the lines the job has not reached
+    assert doc.version > asked
+    rebase = doc.since(asked)
+    assert rebase is not None and rebase.text == HEAD + BEFORE + "# tail\n"
+    # The request's range (the old text's "def perimeter..." to the end) is that text still.
+    start, end = rebase.range(perimeter, len(rebase.text))
+    assert doc.text[start:end] == rebase.text[perimeter:]
+    # A range from the top: what the server inserted inside it is inside it.
+    start, end = rebase.range(0, perimeter)
+    assert (start, doc.text[end:]) == (0, rebase.text[perimeter:])
+    # Back to the request's text: the provisional lines the server wrote in the range are inside it.
+    assert rebase.back(start, end) == (0, perimeter)
+    assert rebase.back(end, len(doc.text)) == (perimeter, len(rebase.text))
+    doc.did_change(doc.version + 1, [(0, 0, "§")])  # the user's own change: older requests are stale now
+    assert doc.since(asked) is None and doc.since(doc.version - 1) is None
+    assert doc.since(doc.version) == type(rebase)(doc.text, [])
+
+
+@given(
+    text=st.text(alphabet="ab\n", max_size=30),
+    cuts=st.lists(st.integers(0, 30), min_size=2, max_size=2),
+    inserts=st.lists(st.tuples(st.integers(0, 30), st.text(alphabet="xy\n", min_size=1, max_size=4)), max_size=4),
+)
+def test_server_insertions_outside_a_range_leave_its_text(
+    text: str, cuts: list[int], inserts: list[tuple[int, str]]
+) -> None:
+    """The range's text is where `Rebase.range` says, whatever the server inserted around it (at its edges
+    included); what it inserted inside stays inside; `back` returns it to where it was."""
+    start, end = sorted(min(cut, len(text)) for cut in cuts)
+    edits = sorted({min(at, len(text)): (min(at, len(text)), min(at, len(text)), new) for at, new in inserts}.values())
+    after = apply_edits(text, edits)
+    moved_start, moved_end = Rebase(text, [edits]).range(start, end)
+    inside = [(at - start, at - start, new) for at, _, new in edits if start < at < end]
+    assert after[moved_start:moved_end] == apply_edits(text[start:end], inside)
+    assert Rebase(text, [edits]).back(moved_start, moved_end) == (start, end)  # the way back, for the hunks
