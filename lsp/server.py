@@ -12,13 +12,14 @@ stderr: stdout is the LSP channel.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
 import inspect
 import logging
 import sys
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
@@ -57,6 +58,7 @@ class SpeceditServer(LanguageServer):
         self._session: Session | None = None
         self._session_settings: tuple[Any, ...] | None = None
         self._keeper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specedit-keep")
+        self._loop: asyncio.AbstractEventLoop | None = None  # the one serving the client, once it opened a document
 
     def update_settings(self) -> None:
         self.settings = (
@@ -79,6 +81,7 @@ class SpeceditServer(LanguageServer):
     def did_open(self, item: types.TextDocumentItem) -> None:
         if item.uri in self.documents:  # opened again without a close: what we knew of it is void
             self.did_close(item.uri)
+        self._loop = asyncio.get_running_loop()
         self.documents[item.uri] = DocumentState(item.uri, item.text, item.version, item.language_id)
         self.warmer.touch(item.uri)
         self.keep_engine()
@@ -110,6 +113,17 @@ class SpeceditServer(LanguageServer):
             doc.drop_all()
         self.waiting.notify()
         self.keep_engine()
+
+    def close_all(self) -> None:
+        """The client is gone (it said exit, or its channel ended): every document closes, so no rewrite
+        waits any more for edits no one will apply, and the process can end."""
+        for uri in list(self.documents):
+            self.did_close(uri)
+
+    def client_gone(self) -> None:
+        """`close_all`, from any thread."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.close_all)
 
     def keep_engine(self) -> None:
         """The shared engine stays while documents are open here, not only while a rewrite runs (else the
@@ -196,6 +210,10 @@ def on_shutdown(ls: SpeceditServer, params: None) -> None:
     ls.waiting.notify()
 
 
+def on_exit(ls: SpeceditServer, params: None) -> None:
+    ls.close_all()
+
+
 def on_progress_cancel(ls: SpeceditServer, params: types.WorkDoneProgressCancelParams) -> None:
     ls.rewrites.cancel_progress(params.token)
 
@@ -254,6 +272,7 @@ def build_server(overrides: Mapping[str, Any] | None = None) -> SpeceditServer:
     server.feature(types.TEXT_DOCUMENT_DID_CHANGE)(on_did_change)
     server.feature(types.TEXT_DOCUMENT_DID_CLOSE)(on_did_close)
     server.feature(types.SHUTDOWN)(on_shutdown)
+    server.feature(types.EXIT)(on_exit)
     server.feature(types.WINDOW_WORK_DONE_PROGRESS_CANCEL)(on_progress_cancel)
     server.feature(
         types.TEXT_DOCUMENT_CODE_ACTION,
@@ -289,5 +308,25 @@ def run_lsp(args: argparse.Namespace) -> int:
     # stdout is the LSP channel: pygls gets it, and a stray print() anywhere lands on stderr instead.
     channel = sys.stdout.buffer
     sys.stdout = sys.stderr
-    server.start_io(sys.stdin.buffer, channel)
+    server.start_io(_ClientInput(sys.stdin.buffer, server.client_gone), channel)  # type: ignore[arg-type]
     return 0
+
+
+class _ClientInput:
+    """The client's end of the channel, as pygls reads it (on its threads). When it ends without an `exit`
+    (the editor was killed), `on_end` runs before pygls sees the end and cancels what is still running."""
+
+    def __init__(self, stream: BinaryIO, on_end: Callable[[], None]) -> None:
+        self._stream = stream
+        self._on_end = on_end
+
+    def readline(self) -> bytes:
+        return self._seen(self._stream.readline())
+
+    def read(self, size: int) -> bytes:
+        return self._seen(self._stream.read(size))
+
+    def _seen(self, data: bytes) -> bytes:
+        if not data:
+            self._on_end()
+        return data

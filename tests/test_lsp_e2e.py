@@ -725,6 +725,35 @@ async def test_a_newer_overlapping_request_supersedes(endless_client: EditorClie
     client.close(uri)
 
 
+@pytest.mark.parametrize("how", ["exit", "end of input"])
+async def test_the_server_ends_with_its_client_while_a_live_rewrite_writes(tiny_model_dir: Path, how: str) -> None:
+    """Neither a live rewrite's pending edits nor its provisional text keep the process alive once the
+    editor said exit, or was killed (its end of the channel closed)."""
+    client = await start_client("vscode", tiny_model_dir)
+    uri = new_uri("endless")
+    client.open(uri, ENDLESS)
+    live = await _start_endless(client, uri, "live", delivery="live")
+    server = client._server  # pygls keeps the process it started here
+    assert server is not None and server.stdin is not None
+    try:
+        if how == "exit":
+            await client.shutdown_async(None)
+            client.exit(None)
+        else:
+            server.stdin.close()
+        assert await asyncio.wait_for(server.wait(), 15) == 0
+    finally:
+        if server.returncode is None:  # it hung: the test fails, and does not hang with it
+            server.kill()
+    try:
+        result = await live
+    except RuntimeError as gone:  # the process ended before its answer went out
+        assert "exited" in str(gone)
+    else:
+        assert result["status"] == "cancelled"
+    await client.stop()
+
+
 # ----------------------------------------------------------------------------------- the daemon
 
 
