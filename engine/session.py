@@ -2,6 +2,7 @@
 
     session = LocalSession(EngineOptions(model="qwen2.5-coder-1.5b-instruct"))   # the model in this process
     session = RemoteSession("/run/user/1000/specedit/engine.sock")                # a running daemon
+    session = remote_session("https://team-engine:8000", token_file="team.token")  # a Ray Serve cluster
     session = RemoteSession(None, spawn=EngineOptions())                          # the shared daemon, started on demand
     outcome = session.run(RewriteRequest(original, "Rename add to plus."), on_text=print)
 
@@ -92,7 +93,7 @@ def open_engine(options: EngineOptions, *, progress: Any = None) -> Engine:
     return Engine(target, fallback, kept)
 
 
-def _merged_by_lines(request: RewriteRequest, on_text: TextCallback | None) -> RewriteOutcome | None:
+def merged_by_lines(request: RewriteRequest, on_text: TextCallback | None) -> RewriteOutcome | None:
     """The answer to an edit sketch whose every chunk says where it goes (`merge.merge_sketch`): merged by
     its lines in milliseconds, here, with no model (none is loaded, no daemon asked), and streamed whole to
     `on_text`; None for any other request, or when the request asks for the model (`merge="model"`)."""
@@ -149,7 +150,7 @@ class LocalSession:
         on_phase: PhaseCallback | None = None,
         cancel: threading.Event | None = None,
     ) -> RewriteOutcome:
-        merged = _merged_by_lines(request, on_text)
+        merged = merged_by_lines(request, on_text)
         if merged is not None:
             return merged
         tell = on_phase or (lambda phase: None)
@@ -262,7 +263,7 @@ class RemoteSession:
         on_phase: PhaseCallback | None = None,
         cancel: threading.Event | None = None,
     ) -> RewriteOutcome:
-        merged = _merged_by_lines(request, on_text)
+        merged = merged_by_lines(request, on_text)
         if merged is not None:  # no daemon is started (or its model loaded) for it
             return merged
         with self.connect() as client:
@@ -300,6 +301,22 @@ class RemoteSession:
 
     def close(self) -> None:
         self.keep_alive(False)
+
+
+def remote_session(
+    address: str | None,
+    *,
+    token_file: str | None = None,
+    spawn: EngineOptions | None = None,
+    client_name: str | None = None,
+) -> Session:
+    """The session for an engine address: a cluster's (`http(s)://HOST:PORT`, `serving.cluster`), or a
+    daemon's (a socket path, `tcp://HOST:PORT`; None: the shared one, started with `spawn`)."""
+    if address is not None and address.startswith(("http://", "https://")):
+        from specedit.engine.serving.cluster import HttpSession
+
+        return HttpSession(address, token_file=token_file)
+    return RemoteSession(address, token_file=token_file, spawn=spawn, client_name=client_name)
 
 
 def _apply_threads(options: EngineOptions) -> None:

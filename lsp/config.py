@@ -18,7 +18,7 @@ from typing import Any
 
 from specedit.engine.options import EngineOptions, setting_names
 from specedit.engine.requests import DRAFT_METHODS, DraftMethod
-from specedit.engine.session import LocalSession, RemoteSession, Session
+from specedit.engine.session import LocalSession, Session, remote_session
 from specedit.lsp.protocol import DELIVERIES, Delivery
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ DEFAULT_PRESETS = (
 @dataclass(frozen=True)
 class Settings:
     engine: str | None = None  # None: the shared daemon; "inprocess"; or a daemon address
-    engine_token_file: str | None = None  # for a tcp:// daemon address
+    engine_token_file: str | None = None  # for a tcp:// daemon or an http(s):// cluster
     engine_options: EngineOptions = field(default_factory=EngineOptions)  # for the engine this server starts
     draft: DraftMethod = "auto"
     delivery: Delivery = "live"
@@ -148,7 +148,7 @@ def open_session(settings: Settings) -> Session:
     daemon (started with this server's engine options when none runs; it exits by itself once idle)."""
     if settings.engine == INPROCESS:
         return LocalSession(settings.engine_options)
-    return RemoteSession(
+    return remote_session(
         settings.engine,
         token_file=settings.engine_token_file,
         spawn=settings.engine_options,

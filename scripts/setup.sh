@@ -15,5 +15,5 @@ pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     pip install "torch==${SPECEDIT_TORCH_VERSION:-2.13.0}"
 fi
-pip install -e ".[dev]"
+pip install -e ".[dev,cluster]"
 echo "specedit is set up: $(pwd)/.venv/bin/specedit" >&2

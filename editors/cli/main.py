@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specedit.cli.cluster_command import add_cluster_parser, cluster_command
 from specedit.cli.files import (
     STDIN,
     Region,
@@ -92,9 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     rewrite.add_argument("--no-backup", action="store_true", help="with --in-place: keep no PATH.orig")
     rewrite.add_argument("--stats", metavar="FILE.json", help="write the generation stats as JSON")
     rewrite.add_argument(
-        "--engine", metavar="ADDR", help="use the engine daemon at ADDR (socket path or tcp://HOST:PORT)"
+        "--engine",
+        metavar="ADDR",
+        help="use the engine at ADDR: a daemon's (socket path or tcp://HOST:PORT) or a cluster's (http(s)://HOST:PORT)",
     )
-    rewrite.add_argument("--engine-token-file", metavar="FILE", help="the token file of a TCP engine daemon")
+    rewrite.add_argument("--engine-token-file", metavar="FILE", help="the token file of a TCP daemon or a cluster")
     rewrite.add_argument("--no-progress", action="store_true", help="no live status line on stderr")
 
     bench = commands.add_parser("bench", help="compare specedit with plain decoding and prompt lookup, side by side")
@@ -135,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arguments(calibrate)
 
     add_serve_parser(commands)
+    add_cluster_parser(commands)
     add_lsp_parser(commands)
 
     doctor = commands.add_parser(
@@ -185,6 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return calibrate_command(args)
         if args.command == "serve":
             return serve_command(args)
+        if args.command == "cluster":
+            return cluster_command(args)
         if args.command == "lsp":
             return lsp_command(args)
         if args.command == "doctor":
@@ -206,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def rewrite_command(args: argparse.Namespace) -> int:
     from specedit.engine.prompts import language_for_path
     from specedit.engine.requests import RewriteRequest, SamplingConfig
-    from specedit.engine.session import RemoteSession, Session
+    from specedit.engine.session import Session, remote_session
 
     if args.output and len(args.paths) > 1:
         raise UsageError("--output takes one input file; use --in-place for several")
@@ -235,7 +241,7 @@ def rewrite_command(args: argparse.Namespace) -> int:
     if args.engine:
         if options != EngineOptions():
             log.warning("the engine flags (--model, --draft-model, ...) are ignored with --engine: it serves its own")
-        session = RemoteSession(args.engine, token_file=args.engine_token_file, client_name="specedit rewrite")
+        session = remote_session(args.engine, token_file=args.engine_token_file, client_name="specedit rewrite")
     else:
         # One process, one pass over the files: no later request could reuse a kept prompt cache. A sketch
         # that its lines merge everywhere needs no model: none is loaded.

@@ -1,0 +1,184 @@
+"""A team's shared engine on Ray Serve: one loaded engine per replica, rewrites streamed over HTTP.
+
+    ray start --head                                           # or an existing cluster
+    specedit cluster deploy --model qwen2.5-coder-0.5b-instruct --replicas 1:4 --token-file team.token
+    specedit rewrite app.py -i "..." --engine http://HOST:8000 --token-file team.token
+
+A replica holds one loaded engine (`cluster_deploy`, the Ray side); Serve spreads requests over the
+replicas and scales them. This module is the client's side and the wire, and needs nothing but the
+standard library.
+
+The wire, HTTP/1.1 (HTTPS when the deployment has a certificate; the client trusts what Python's default
+context trusts, `SSL_CERT_FILE` included):
+
+    POST /rewrite   Authorization: Bearer TOKEN   {"request": RewriteRequest}
+        200, newline-delimited JSON, one event per line, as the daemon streams them:
+        {"type": "phase", "phase": Phase}, {"type": "text", "delta": str}, {"type": "step", "info": StepInfo},
+        and last {"type": "done", "outcome": RewriteOutcome, "replica": pid} or {"type": "done", "error_code",
+        "error_message"}
+    GET /status     Authorization: Bearer TOKEN   -> {"model", "pid", "running", "cancelled"} (of one replica)
+    401 (no or wrong token: nothing runs), 400 (a request the engine cannot take), 404: {"error_code", "error_message"}
+
+The records travel as `protocol.to_wire` writes them (the daemon's forms, in JSON). Closing the connection
+cancels the rewrite within one step: HTTP has no other way back. An edit sketch goes to the cluster too
+(its replica merges it by its lines when they say where it goes, without the model).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import socket
+import ssl
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from specedit.engine.errors import EngineUnavailableError, SpeceditError
+from specedit.engine.requests import Phase, RewriteOutcome, RewriteRequest, StepInfo, WarmRequest
+from specedit.engine.serving.config import read_token
+from specedit.engine.serving.protocol import ProtocolError, error_from, from_wire, to_wire
+
+DEFAULT_PORT = 8000
+CONNECT_TIMEOUT = 10.0  # s to connect and to get the answer's head (the stream itself has no limit)
+MAX_BODY_BYTES = 4 * 1024 * 1024  # a request's JSON, as the daemon's frames
+
+
+def error_body(code: str, message: str) -> dict[str, str]:
+    return {"error_code": code, "error_message": message}
+
+
+def json_object(body: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ProtocolError("malformed_frame", f"not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise ProtocolError("malformed_frame", "not a JSON object")
+    return value
+
+
+# -------------------------------------------------------------------------------------------- the client
+
+
+class HttpSession:
+    """Rewrites on a cluster engine at an `http(s)://HOST:PORT` address (a `Session`)."""
+
+    def __init__(self, address: str, *, token_file: str | os.PathLike[str] | None = None) -> None:
+        url = urlsplit(address)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise EngineUnavailableError(f"not an engine address: {address!r} (expected http(s)://HOST:PORT)")
+        if token_file is None:
+            raise EngineUnavailableError(f"{address} is a cluster engine: give its token file")
+        self.address = address
+        self._url = url
+        self._token = read_token(Path(token_file))
+
+    def run(
+        self,
+        request: RewriteRequest,
+        *,
+        on_text: Callable[[str], None] | None = None,
+        on_step: Callable[[StepInfo], None] | None = None,
+        on_phase: Callable[[Phase], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> RewriteOutcome:
+        connection = self._connect()
+        text: list[str] = []
+        stopped = threading.Event()  # the rewrite is over: the cancel watcher ends
+        watcher = threading.Thread(target=_hang_up_on, args=(cancel, stopped, connection), daemon=True)
+        try:
+            response = self._send(connection, "POST", "/rewrite", {"request": to_wire(request)})
+            watcher.start()
+            for line in response:
+                event = json_object(line)
+                if event.get("type") == "text":
+                    text.append(event["delta"])
+                    if on_text is not None:
+                        on_text(event["delta"])
+                elif event.get("type") == "step" and on_step is not None:
+                    on_step(from_wire(StepInfo, event["info"]))
+                elif event.get("type") == "phase" and on_phase is not None:
+                    on_phase(from_wire(Phase, event["phase"]))
+                elif event.get("type") == "done":
+                    if "outcome" in event:
+                        return from_wire(RewriteOutcome, event["outcome"])
+                    raise error_from(event["error_code"], event["error_message"])
+            if cancel is not None and cancel.is_set():
+                return RewriteOutcome.finished("".join(text), "cancelled", {})
+            raise EngineUnavailableError(f"the cluster engine at {self.address} ended the rewrite half-way")
+        except (OSError, http.client.HTTPException, ProtocolError) as error:
+            if cancel is not None and cancel.is_set():
+                return RewriteOutcome.finished("".join(text), "cancelled", {})
+            raise EngineUnavailableError(f"the cluster engine at {self.address}: {error}") from error
+        finally:
+            stopped.set()
+            connection.close()
+
+    def status(self) -> dict[str, Any]:
+        connection = self._connect()
+        try:
+            return json_object(self._send(connection, "GET", "/status", None).read())
+        except (OSError, http.client.HTTPException) as error:
+            raise EngineUnavailableError(f"the cluster engine at {self.address}: {error}") from error
+        finally:
+            connection.close()
+
+    def warm(self, request: WarmRequest) -> None:
+        pass  # a replica is chosen per request: there is no one cache to warm
+
+    def keep_alive(self, wanted: bool) -> None:
+        pass  # the cluster's replicas live as long as the deployment
+
+    def close(self) -> None:
+        pass
+
+    def _connect(self) -> http.client.HTTPConnection:
+        host, port = self._url.hostname or "", self._url.port
+        if self._url.scheme == "https":
+            context = ssl.create_default_context()
+            return http.client.HTTPSConnection(host, port, timeout=CONNECT_TIMEOUT, context=context)
+        return http.client.HTTPConnection(host, port or 80, timeout=CONNECT_TIMEOUT)
+
+    def _send(
+        self, connection: http.client.HTTPConnection, method: str, path: str, body: dict[str, Any] | None
+    ) -> http.client.HTTPResponse:
+        headers = {"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"}
+        try:
+            payload = None if body is None else json.dumps(body).encode()
+            connection.request(method, self._url.path.rstrip("/") + path, payload, headers)
+            response = connection.getresponse()
+        except OSError as error:
+            raise EngineUnavailableError(f"no cluster engine answers at {self.address}: {error}") from error
+        if response.status != 200:
+            raise _refusal(response, self.address)
+        if connection.sock is not None:
+            connection.sock.settimeout(None)  # the stream: as long as the rewrite (cancel hangs up)
+        return response
+
+
+def _refusal(response: http.client.HTTPResponse, address: str) -> SpeceditError:
+    """The error an answer other than 200 says (unauthorized: the engine is unavailable to us)."""
+    try:
+        detail = json_object(response.read())
+        return error_from(detail["error_code"], detail["error_message"])
+    except (ProtocolError, KeyError, OSError):
+        return EngineUnavailableError(f"{address} answered {response.status} {response.reason}")
+
+
+def _hang_up_on(
+    cancel: threading.Event | None, stopped: threading.Event, connection: http.client.HTTPConnection
+) -> None:
+    """Close the connection when `cancel` is set: the replica sees its client go and stops the engine."""
+    if cancel is None:
+        return
+    while not stopped.wait(0.05):
+        if cancel.is_set():
+            if connection.sock is not None:
+                with contextlib.suppress(OSError):
+                    connection.sock.shutdown(socket.SHUT_RDWR)
+            return

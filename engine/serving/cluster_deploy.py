@@ -1,0 +1,176 @@
+"""The Ray side of a team's shared engine: the Serve replica and `deploy` (`specedit cluster deploy`).
+
+A replica is a `LocalSession` loaded in its constructor (one rewrite at a time on it; a second one queued
+there says so, as in the daemon); Serve spreads requests over the replicas and scales them between the
+deployment's bounds, aiming at one running rewrite per replica (speculation pays at low concurrency).
+The HTTP endpoints and their wire are described in `cluster` (the client's side). Ray is an optional extra
+(`pip install 'specedit[cluster]'`), imported here only inside `deploy` and the replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import os
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from specedit.engine.errors import SpeceditError
+from specedit.engine.options import EngineOptions
+from specedit.engine.requests import RewriteRequest
+from specedit.engine.serving.cluster import DEFAULT_PORT, MAX_BODY_BYTES, error_body, json_object
+from specedit.engine.serving.protocol import ProtocolError, error_code_for, from_wire, to_wire
+from specedit.engine.session import LocalSession
+
+log = logging.getLogger(__name__)
+
+APP_NAME = "specedit"
+DEPLOYMENT_NAME = "engine"
+
+
+class EngineReplica:
+    """One Serve replica: the engine, loaded in the constructor, and the HTTP endpoints above."""
+
+    def __init__(self, options: EngineOptions, token: str) -> None:
+        if not token:
+            raise ValueError("a cluster engine needs a token")
+        self._token = token.encode()
+        self._options = options
+        self._session = LocalSession(options)
+        self._session.load()
+        self._count_lock = threading.Lock()
+        self._running = 0  # rewrites on this replica now
+        self._cancelled = 0  # rewrites its engine stopped because their client went away
+
+    async def __call__(self, http: Any) -> Any:  # starlette's Request -> Response
+        from starlette.responses import JSONResponse, StreamingResponse
+
+        if not self._authorized(http.headers.get("authorization", "")):
+            return JSONResponse(error_body("unauthorized", "a wrong or missing token"), status_code=401)
+        path = http.url.path.rstrip("/")
+        if http.method == "GET" and path.endswith("/status"):
+            with self._count_lock:
+                counts = {"running": self._running, "cancelled": self._cancelled}
+            return JSONResponse({"model": self._options.model, "pid": os.getpid(), **counts})
+        if not (http.method == "POST" and path.endswith("/rewrite")):
+            return JSONResponse(error_body("unknown_type", f"no {http.method} {path}"), status_code=404)
+        body = await http.body()
+        try:
+            if len(body) > MAX_BODY_BYTES:
+                raise ProtocolError("frame_too_large", f"a request of {len(body)} bytes (at most {MAX_BODY_BYTES})")
+            request = from_wire(RewriteRequest, json_object(body).get("request"))
+        except (ProtocolError, ValueError) as error:
+            code = error.code if isinstance(error, ProtocolError) else "bad_request"
+            return JSONResponse(error_body(code, str(error)), status_code=400)
+        return StreamingResponse(self._events(request), media_type="application/x-ndjson")
+
+    def _authorized(self, header: str) -> bool:
+        scheme, _, token = header.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self._token)
+
+    def _count(self, *, running: int = 0, cancelled: int = 0) -> None:
+        with self._count_lock:
+            self._running += running
+            self._cancelled += cancelled
+
+    async def _events(self, request: RewriteRequest) -> AsyncIterator[str]:
+        """The rewrite's events as lines; when the client goes away (the stream is closed early), the
+        engine stops within a step."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        cancel = threading.Event()
+
+        def put(event: dict[str, Any]) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        def work() -> None:
+            self._count(running=1)
+            try:
+                outcome = self._session.run(
+                    request,
+                    on_text=lambda delta: put({"type": "text", "delta": delta}),
+                    on_step=lambda info: put({"type": "step", "info": to_wire(info)}),
+                    on_phase=lambda phase: put({"type": "phase", "phase": to_wire(phase)}),
+                    cancel=cancel,
+                )
+                self._count(cancelled=int(outcome.status == "cancelled"))
+                put({"type": "done", "outcome": to_wire(outcome), "replica": os.getpid()})
+            except Exception as error:  # the client gets it; the replica carries on
+                if not isinstance(error, SpeceditError):
+                    log.exception("a rewrite failed")
+                put({"type": "done", **error_body(error_code_for(error), str(error))})
+            finally:
+                self._count(running=-1)
+
+        threading.Thread(target=work, name="specedit-rewrite", daemon=True).start()
+        try:
+            while True:
+                event = await events.get()
+                yield json.dumps(event) + "\n"
+                if event["type"] == "done":
+                    return
+        finally:
+            cancel.set()
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """A deployment: the engine each replica loads, how many replicas, where Serve's HTTP proxy listens."""
+
+    options: EngineOptions
+    token: str
+    min_replicas: int = 1
+    max_replicas: int = 1
+    host: str = "127.0.0.1"  # Serve's proxy; 0.0.0.0 opens it to the network (on purpose only)
+    port: int = DEFAULT_PORT
+    cpus_per_replica: float = 1.0
+    gpus_per_replica: float = 0.0
+    tls_cert: str | None = None  # both: Serve's proxy speaks HTTPS (the token then never crosses in clear)
+    tls_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_replicas <= self.max_replicas:
+            raise ValueError(f"replicas {self.min_replicas}:{self.max_replicas}: need 1 <= min <= max")
+        if not self.token:
+            raise ValueError("a cluster engine needs a token")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("TLS needs both a certificate and its key")
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{'https' if self.tls_cert else 'http'}://{host}:{self.port}"
+
+
+def deploy(config: ClusterConfig) -> str:
+    """Deploy (or update) the engine on the Ray cluster this process is connected to; its HTTP address.
+    Returns once every replica has loaded its model."""
+    from ray import serve
+
+    http: dict[str, Any] = {"host": config.host, "port": config.port}
+    if config.tls_cert is not None:
+        http.update(ssl_certfile=config.tls_cert, ssl_keyfile=config.tls_key)
+    serve.start(http_options=http)
+    scaling: dict[str, Any]
+    if config.min_replicas == config.max_replicas:
+        scaling = {"num_replicas": config.min_replicas}
+    else:
+        scaling = {
+            "autoscaling_config": {
+                "min_replicas": config.min_replicas,
+                "max_replicas": config.max_replicas,
+                "target_ongoing_requests": 1,
+            }
+        }
+    deployment = serve.deployment(
+        name=DEPLOYMENT_NAME,
+        ray_actor_options={"num_cpus": config.cpus_per_replica, "num_gpus": config.gpus_per_replica},
+        max_ongoing_requests=4,  # one runs; the others wait on the replica, told they are queued
+        **scaling,
+    )(EngineReplica)
+    serve.run(deployment.bind(config.options, config.token), name=APP_NAME, route_prefix="/")
+    return config.url
