@@ -90,10 +90,9 @@ class HttpSession:
         connection = self._connect()
         text: list[str] = []
         stopped = threading.Event()  # the rewrite is over: the cancel watcher ends
-        watcher = threading.Thread(target=_hang_up_on, args=(cancel, stopped, connection), daemon=True)
+        threading.Thread(target=_hang_up_on, args=(cancel, stopped, connection), daemon=True).start()
         try:
-            response = self._send(connection, "POST", "/rewrite", {"request": to_wire(request)})
-            watcher.start()
+            response = self._send(connection, "POST", "/rewrite", {"request": to_wire(request)}, stream=True)
             for line in response:
                 event = json_object(line)
                 if event.get("type") == "text":
@@ -111,9 +110,11 @@ class HttpSession:
             if cancel is not None and cancel.is_set():
                 return RewriteOutcome.finished("".join(text), "cancelled", {})
             raise EngineUnavailableError(f"the cluster engine at {self.address} ended the rewrite half-way")
-        except (OSError, http.client.HTTPException, ProtocolError) as error:
-            if cancel is not None and cancel.is_set():
+        except (OSError, http.client.HTTPException, ProtocolError, EngineUnavailableError) as error:
+            if cancel is not None and cancel.is_set():  # we hung up
                 return RewriteOutcome.finished("".join(text), "cancelled", {})
+            if isinstance(error, EngineUnavailableError):
+                raise
             raise EngineUnavailableError(f"the cluster engine at {self.address}: {error}") from error
         finally:
             stopped.set()
@@ -145,19 +146,28 @@ class HttpSession:
         return http.client.HTTPConnection(host, port or 80, timeout=CONNECT_TIMEOUT)
 
     def _send(
-        self, connection: http.client.HTTPConnection, method: str, path: str, body: dict[str, Any] | None
+        self,
+        connection: http.client.HTTPConnection,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        *,
+        stream: bool = False,
     ) -> http.client.HTTPResponse:
+        """The answer's head, once it is 200. A `stream` waits for it as long as it takes (Serve may hold
+        the request until a replica is free; cancelling hangs up): only connecting has a time limit."""
         headers = {"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"}
         try:
-            payload = None if body is None else json.dumps(body).encode()
-            connection.request(method, self._url.path.rstrip("/") + path, payload, headers)
-            response = connection.getresponse()
+            connection.connect()
         except OSError as error:
             raise EngineUnavailableError(f"no cluster engine answers at {self.address}: {error}") from error
+        if stream and connection.sock is not None:
+            connection.sock.settimeout(None)
+        payload = None if body is None else json.dumps(body).encode()
+        connection.request(method, self._url.path.rstrip("/") + path, payload, headers)
+        response = connection.getresponse()
         if response.status != 200:
             raise _refusal(response, self.address)
-        if connection.sock is not None:
-            connection.sock.settimeout(None)  # the stream: as long as the rewrite (cancel hangs up)
         return response
 
 
@@ -177,8 +187,7 @@ def _hang_up_on(
     if cancel is None:
         return
     while not stopped.wait(0.05):
-        if cancel.is_set():
-            if connection.sock is not None:
-                with contextlib.suppress(OSError):
-                    connection.sock.shutdown(socket.SHUT_RDWR)
+        if cancel.is_set() and connection.sock is not None:  # (not connected yet: it soon is, or fails)
+            with contextlib.suppress(OSError):
+                connection.sock.shutdown(socket.SHUT_RDWR)
             return
