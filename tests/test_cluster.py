@@ -279,3 +279,69 @@ def test_cluster_deploy_usage_errors_come_before_any_cluster(
     with pytest.raises(SystemExit):
         main(["cluster", "deploy", "--token-file", str(token_file), "--tls-cert", "cert.pem"])
     assert "TLS needs both" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def memorising_cluster(cluster: str, certificate: tuple[Path, Path], memorising_model_dir: Path) -> str:
+    """A second engine on the same cluster (its own application and route): the memorising model, which
+    finishes its answers."""
+    cert, key = certificate
+    options = EngineOptions(model=str(memorising_model_dir), dtype="float32", device="cpu", threads=1)
+    port = int(cluster.rsplit(":", 1)[1])
+    config = ClusterConfig(
+        options,
+        TOKEN,
+        port=port,
+        cpus_per_replica=0.5,
+        tls_cert=str(cert),
+        tls_key=str(key),
+        name="memorising",
+        route="/memorising",
+    )
+    return deploy(config)
+
+
+def test_the_command_line_writes_a_rewrite_from_the_cluster(
+    memorising_cluster: str, token_file: Path, tmp_path: Path
+) -> None:
+    from specedit.cli.main import main
+
+    assert memorising_cluster.endswith("/memorising")
+    source = tmp_path / "add.py"
+    source.write_text(ORIGINAL)
+    args = ["rewrite", str(source), "-i", "Rename add to plus.", "--engine", memorising_cluster, "--in-place"]
+    assert main([*args, "--engine-token-file", str(token_file), "--no-progress", "--no-backup"]) == 0
+    assert source.read_text() == "def plus(a, b):\n    return a + b\n"
+
+
+@pytest.mark.asyncio
+async def test_the_language_server_writes_a_live_rewrite_from_the_cluster(
+    memorising_cluster: str, token_file: Path
+) -> None:
+    """An editor whose `specedit.engine` is the cluster: the live rewrite lands in the document."""
+    import sys
+
+    from lsprotocol import types
+    from pytest_lsp import ClientServerConfig, client_capabilities
+    from test_lsp_e2e import EditorClient, make_client, new_uri, send_rewrite, settle
+
+    command = [sys.executable, "-m", "specedit.lsp", "--engine", memorising_cluster]
+    config = ClientServerConfig(
+        server_command=[*command, "--engine-token-file", str(token_file)],
+        client_factory=lambda: make_client("nvim"),
+        server_env=dict(os.environ),  # SSL_CERT_FILE: the test's certificate
+    )
+    client = await config.start()
+    assert isinstance(client, EditorClient)
+    try:
+        result = await client.initialize_session(types.InitializeParams(capabilities=client_capabilities("neovim")))
+        client.encoding = str(result.capabilities.position_encoding)
+        uri = new_uri("cluster")
+        client.open(uri, ORIGINAL)
+        params = {"textDocument": {"uri": uri, "version": 1}, "instruction": "Rename add to plus.", "delivery": "live"}
+        answer = await send_rewrite(client, params)
+        assert answer["status"] == "complete", answer
+        assert (await settle(client, uri)) == "def plus(a, b):\n    return a + b\n"
+    finally:
+        await client.shutdown_session()
+        await client.stop()

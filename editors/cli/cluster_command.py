@@ -39,13 +39,17 @@ def add_cluster_parser(subparsers: Any) -> argparse.ArgumentParser:
     deploy.add_argument("--port", type=int, default=8000, help="Serve's HTTP port (default 8000)")
     deploy.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS with this certificate (and --tls-key)")
     deploy.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    deploy.add_argument("--name", default="specedit", help="the Serve application (default specedit): one per engine")
+    deploy.add_argument("--route", default="/", help="its place in the address, e.g. /1.5b (default /)")
     deploy.add_argument("--cpus-per-replica", type=float, default=1.0, metavar="N", help="default 1")
     deploy.add_argument("--gpus-per-replica", type=float, default=0.0, metavar="N", help="default 0")
     add_engine_arguments(deploy.add_argument_group("engine"))
-    for action in (deploy, actions.add_parser("status", help="the application's and its replicas' state, as JSON")):
-        action.add_argument("--address", default="auto", help="the Ray cluster (default: the one on this machine)")
+    status = actions.add_parser("status", help="the application's and its replicas' state, as JSON")
     shutdown = actions.add_parser("shutdown", help="delete the engine's application from the cluster")
-    shutdown.add_argument("--address", default="auto", help="the Ray cluster (default: the one on this machine)")
+    for action in (deploy, status, shutdown):
+        action.add_argument("--address", default="auto", help="the Ray cluster (default: the one on this machine)")
+    for action in (status, shutdown):
+        action.add_argument("--name", default="specedit", help="the Serve application (default specedit)")
     cluster.set_defaults(cluster_parser=cluster)
     return cluster
 
@@ -56,7 +60,7 @@ def cluster_command(args: argparse.Namespace) -> int:
         from ray import serve
     except ImportError:
         raise EngineUnavailableError("Ray is not installed: pip install 'specedit[cluster]'") from None
-    from specedit.engine.serving.cluster_deploy import APP_NAME, ClusterConfig, deploy
+    from specedit.engine.serving.cluster_deploy import ClusterConfig, deploy
 
     config = None
     if args.cluster_command == "deploy":
@@ -73,6 +77,8 @@ def cluster_command(args: argparse.Namespace) -> int:
                 gpus_per_replica=args.gpus_per_replica,
                 tls_cert=args.tls_cert,
                 tls_key=args.tls_key,
+                name=args.name,
+                route=args.route,
             )
         except ValueError as error:
             args.cluster_parser.error(str(error))  # exits 2
@@ -84,10 +90,10 @@ def cluster_command(args: argparse.Namespace) -> int:
         url = deploy(config)
         print(f"specedit: the engine serves at {url}", file=sys.stderr)
     elif args.cluster_command == "status":
-        sys.stdout.write(json.dumps(_status(serve.status(), APP_NAME), indent=2) + "\n")
+        sys.stdout.write(json.dumps(_status(serve.status(), args.name), indent=2) + "\n")
     else:
-        serve.delete(APP_NAME)
-        print(f"specedit: deleted the application {APP_NAME!r}", file=sys.stderr)
+        serve.delete(args.name)
+        print(f"specedit: deleted the application {args.name!r}", file=sys.stderr)
     return 0
 
 

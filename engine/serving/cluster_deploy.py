@@ -131,6 +131,8 @@ class ClusterConfig:
     gpus_per_replica: float = 0.0
     tls_cert: str | None = None  # both: Serve's proxy speaks HTTPS (the token then never crosses in clear)
     tls_key: str | None = None
+    name: str = APP_NAME  # the Serve application: several engines (models) may share one cluster
+    route: str = "/"  # where its address ends: https://HOST:PORT/ROUTE
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_replicas <= self.max_replicas:
@@ -139,16 +141,19 @@ class ClusterConfig:
             raise ValueError("a cluster engine needs a token")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("TLS needs both a certificate and its key")
+        if not self.route.startswith("/"):
+            raise ValueError(f"the route {self.route!r} must start with /")
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{'https' if self.tls_cert else 'http'}://{host}:{self.port}"
+        return f"{'https' if self.tls_cert else 'http'}://{host}:{self.port}{self.route.rstrip('/')}"
 
 
 def deploy(config: ClusterConfig) -> str:
     """Deploy (or update) the engine on the Ray cluster this process is connected to; its HTTP address.
-    Returns once every replica has loaded its model."""
+    Returns once every replica has loaded its model. The HTTP proxy's place (host, port, TLS) is set by
+    the first deployment of a cluster; later ones share it."""
     from ray import serve
 
     http: dict[str, Any] = {"host": config.host, "port": config.port}
@@ -172,5 +177,5 @@ def deploy(config: ClusterConfig) -> str:
         max_ongoing_requests=4,  # one runs; the others wait on the replica, told they are queued
         **scaling,
     )(EngineReplica)
-    serve.run(deployment.bind(config.options, config.token), name=APP_NAME, route_prefix="/")
+    serve.run(deployment.bind(config.options, config.token), name=config.name, route_prefix=config.route)
     return config.url
