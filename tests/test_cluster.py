@@ -137,7 +137,7 @@ def test_concurrent_clients_each_get_their_answer_and_both_replicas_serve(cluste
         assert status == 200
         answers[budget] = events[-1]
 
-    threads = [threading.Thread(target=client, args=(budget,)) for budget in budgets]
+    threads = [threading.Thread(target=client, args=(budget,), daemon=True) for budget in budgets]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -246,7 +246,7 @@ def test_a_replica_killed_mid_rewrite_is_a_clear_error_and_serve_replaces_it(clu
         except EngineUnavailableError as error:
             result["error"] = error
 
-    thread = threading.Thread(target=client)
+    thread = threading.Thread(target=client, daemon=True)
     thread.start()
     assert started.wait(60)
     replicas = [
@@ -257,14 +257,20 @@ def test_a_replica_killed_mid_rewrite_is_a_clear_error_and_serve_replaces_it(clu
         ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
     thread.join(60)
     assert "outcome" not in result and "the cluster engine at" in str(result["error"])
-    for _ in range(120):  # Serve brings replicas up again
-        try:
-            if session.run(request(8)).status == "incomplete":
-                break
-        except EngineUnavailableError:
-            time.sleep(0.5)
-    else:
-        raise AssertionError("no replica came back")
+    # Serve brings replicas up again; it holds a request meanwhile (or refuses it: then ask again).
+    recovered = threading.Event()
+
+    def ask_until_served() -> None:
+        for _ in range(120):
+            try:
+                if session.run(request(8)).status == "incomplete":
+                    recovered.set()
+                    return
+            except EngineUnavailableError:
+                time.sleep(0.5)
+
+    threading.Thread(target=ask_until_served, daemon=True).start()
+    assert recovered.wait(120), "no replica came back"
 
 
 def test_cluster_deploy_usage_errors_come_before_any_cluster(
