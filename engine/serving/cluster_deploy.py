@@ -33,7 +33,7 @@ DEPLOYMENT_NAME = "engine"
 
 
 class EngineReplica:
-    """One Serve replica: the engine, loaded in the constructor, and the HTTP endpoints above."""
+    """One Serve replica: the engine, loaded in the constructor, behind the endpoints `cluster` describes."""
 
     def __init__(self, options: EngineOptions, token: str) -> None:
         if not token:
