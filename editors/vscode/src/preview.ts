@@ -24,10 +24,83 @@ export interface PreviewSession {
 export const ACCEPT_HUNK = 'specedit.acceptHunk';
 export const REJECT_HUNK = 'specedit.rejectHunk';
 
-export class Previews implements vscode.CodeLensProvider, vscode.Disposable {
-  private readonly sessions = new Map<string, PreviewSession>();
+/** Per document, one rewrite's hunks, each with a pair of CodeLenses (`lenses`: title and command, its
+ * arguments the document, the job and the hunk's id); the ranges follow the user's typing, and a session
+ * ends with its last hunk. Subclasses draw the hunks (`render`) on every change. */
+export abstract class HunkSessions<S extends { jobId: string; hunks: Map<number, { range: vscode.Range }> }>
+  implements vscode.CodeLensProvider, vscode.Disposable
+{
+  protected readonly sessions = new Map<string, S>();
   private readonly lensesChanged = new vscode.EventEmitter<void>();
   readonly onDidChangeCodeLenses = this.lensesChanged.event;
+  protected readonly disposables: vscode.Disposable[] = [this.lensesChanged];
+
+  constructor(private readonly lenses: [title: string, command: string][]) {
+    this.disposables.push(
+      vscode.workspace.onDidChangeTextDocument((event) => this.follow(event)),
+      vscode.workspace.onDidCloseTextDocument((document) => this.clear(document.uri)),
+      vscode.window.onDidChangeVisibleTextEditors(() => this.render()),
+    );
+  }
+
+  get(uri: vscode.Uri): S | undefined {
+    return this.sessions.get(uri.toString());
+  }
+
+  has(uri: vscode.Uri | undefined): boolean {
+    return uri !== undefined && this.sessions.has(uri.toString());
+  }
+
+  /** Hunks no longer shown (accepted, rejected, kept, undone or skipped). */
+  remove(uri: vscode.Uri, hunkIds: Iterable<number>): void {
+    const session = this.sessions.get(uri.toString());
+    if (!session) return;
+    for (const id of hunkIds) session.hunks.delete(id);
+    if (session.hunks.size === 0) this.sessions.delete(uri.toString());
+    this.changed();
+  }
+
+  /** The document's hunks (only if they are `jobId`'s, when given) no longer shown. */
+  clear(uri: vscode.Uri, jobId?: string): void {
+    const session = this.sessions.get(uri.toString());
+    if (session && (jobId === undefined || session.jobId === jobId)) {
+      this.sessions.delete(uri.toString());
+      this.changed();
+    }
+  }
+
+  provideCodeLenses(document: vscode.TextDocument): vscode.CodeLens[] {
+    const session = this.sessions.get(document.uri.toString());
+    if (!session) return [];
+    return [...session.hunks].flatMap(([id, { range }]) => {
+      const at = new vscode.Range(range.start, range.start);
+      const args = [document.uri.toString(), session.jobId, id];
+      return this.lenses.map(([title, command]) => new vscode.CodeLens(at, { title, command, arguments: args }));
+    });
+  }
+
+  dispose(): void {
+    this.sessions.clear();
+    this.disposables.forEach((disposable) => disposable.dispose());
+  }
+
+  protected changed(): void {
+    this.render();
+    this.lensesChanged.fire();
+  }
+
+  protected abstract render(): void;
+
+  private follow(event: vscode.TextDocumentChangeEvent): void {
+    const session = this.sessions.get(event.document.uri.toString());
+    if (!session || event.contentChanges.length === 0) return;
+    followChanges(session.hunks, event.contentChanges);
+    if (session.hunks.size === 0) this.sessions.delete(event.document.uri.toString());
+    this.changed();
+  }
+}
+
+export class Previews extends HunkSessions<PreviewSession> {
   private readonly removed = vscode.window.createTextEditorDecorationType({
     isWholeLine: true,
     backgroundColor: new vscode.ThemeColor('diffEditor.removedLineBackground'),
@@ -37,18 +110,13 @@ export class Previews implements vscode.CodeLensProvider, vscode.Disposable {
   private readonly added = vscode.window.createTextEditorDecorationType({
     after: { color: new vscode.ThemeColor('gitDecoration.addedResourceForeground'), margin: '0 0 0 2em' },
   });
-  private readonly disposables: vscode.Disposable[] = [this.removed, this.added, this.lensesChanged];
 
   constructor() {
-    this.disposables.push(
-      vscode.workspace.onDidChangeTextDocument((event) => this.follow(event)),
-      vscode.workspace.onDidCloseTextDocument((document) => this.clear(document.uri)),
-      vscode.window.onDidChangeVisibleTextEditors(() => this.render()),
-    );
-  }
-
-  get(uri: vscode.Uri): PreviewSession | undefined {
-    return this.sessions.get(uri.toString());
+    super([
+      ['$(check) Accept', ACCEPT_HUNK],
+      ['$(close) Reject', REJECT_HUNK],
+    ]);
+    this.disposables.push(this.removed, this.added);
   }
 
   /** New hunks of a job (a newer job on the document replaces the older one's preview). */
@@ -66,54 +134,12 @@ export class Previews implements vscode.CodeLensProvider, vscode.Disposable {
     this.changed();
   }
 
-  /** Hunks accepted, rejected or skipped: no longer shown; the session ends with its last hunk. */
-  remove(uri: vscode.Uri, hunkIds: Iterable<number>): void {
-    const session = this.sessions.get(uri.toString());
-    if (!session) return;
-    for (const id of hunkIds) session.hunks.delete(id);
-    if (session.hunks.size === 0) this.sessions.delete(uri.toString());
-    this.changed();
-  }
-
-  clear(uri: vscode.Uri, jobId?: string): void {
-    const session = this.sessions.get(uri.toString());
-    if (session && (jobId === undefined || session.jobId === jobId)) {
-      this.sessions.delete(uri.toString());
-      this.changed();
-    }
-  }
-
-  has(uri: vscode.Uri | undefined): boolean {
-    return uri !== undefined && this.sessions.has(uri.toString());
-  }
-
-  provideCodeLenses(document: vscode.TextDocument): vscode.CodeLens[] {
-    const session = this.sessions.get(document.uri.toString());
-    if (!session) return [];
-    const lenses: vscode.CodeLens[] = [];
-    for (const hunk of session.hunks.values()) {
-      const at = new vscode.Range(hunk.range.start, hunk.range.start);
-      const args = [document.uri.toString(), session.jobId, hunk.id];
-      lenses.push(
-        new vscode.CodeLens(at, { title: '$(check) Accept', command: ACCEPT_HUNK, arguments: args }),
-        new vscode.CodeLens(at, { title: '$(close) Reject', command: REJECT_HUNK, arguments: args }),
-      );
-    }
-    return lenses;
-  }
-
-  dispose(): void {
-    this.sessions.clear();
-    this.disposables.forEach((disposable) => disposable.dispose());
-  }
-
-  private changed(): void {
-    this.render();
-    this.lensesChanged.fire();
+  protected changed(): void {
+    super.changed();
     void vscode.commands.executeCommand('setContext', 'specedit.hasPreview', this.has(vscode.window.activeTextEditor?.document.uri));
   }
 
-  private render(): void {
+  protected render(): void {
     for (const editor of vscode.window.visibleTextEditors) {
       const session = this.sessions.get(editor.document.uri.toString());
       const removed: vscode.DecorationOptions[] = [];
@@ -133,15 +159,6 @@ export class Previews implements vscode.CodeLensProvider, vscode.Disposable {
       editor.setDecorations(this.removed, removed);
       editor.setDecorations(this.added, added);
     }
-  }
-
-  /** Moves the hunks with the user's typing; drops those typed into. */
-  private follow(event: vscode.TextDocumentChangeEvent): void {
-    const session = this.sessions.get(event.document.uri.toString());
-    if (!session || event.contentChanges.length === 0) return;
-    followChanges(session.hunks, event.contentChanges);
-    if (session.hunks.size === 0) this.sessions.delete(event.document.uri.toString());
-    this.changed();
   }
 }
 
