@@ -17,7 +17,9 @@ def add_lsp_arguments(parser: argparse.ArgumentParser) -> None:
         help="where rewrites run: 'inprocess' (load the model in this process), a daemon address, or "
         "(default) the shared daemon, started when none runs",
     )
-    parser.add_argument("--engine-token-file", metavar="FILE", help="the token file, for a tcp:// or http(s):// --engine")
+    parser.add_argument(
+        "--engine-token-file", metavar="FILE", help="the token file, for a tcp:// or http(s):// --engine"
+    )
     parser.add_argument(
         "--draft",
         choices=DRAFT_METHODS,

@@ -141,6 +141,7 @@ class DocumentState:
     jobs: list[Job] = field(default_factory=list)
     intents: deque[Intent] = field(default_factory=deque)
     in_flight: PlannedEdit | None = None
+    closed: bool = False
     _expired: PlannedEdit | None = None  # given up on after `applied: true`; its echo may still come
     _ours: deque[tuple[int, str, list[Edit]]] = field(default_factory=lambda: deque(maxlen=OWN_VERSIONS))
     _ids: itertools.count[int] = field(default_factory=itertools.count)
@@ -148,6 +149,9 @@ class DocumentState:
     # ---------------------------------------------------------------------------------------- intents
 
     def queue(self, intent: Intent) -> None:
+        if self.closed:  # a live job that had written may still ask to bring a closed document in step
+            intent.outcome = Outcome.DROPPED
+            return
         self.intents.append(intent)
 
     def settled(self, job: Job, hunks: Sequence[Hunk]) -> None:
@@ -309,7 +313,8 @@ class DocumentState:
         return intent
 
     def drop_all(self) -> None:
-        """The document is gone: nothing more will be written."""
+        """The document is gone: nothing more will be written, nor queued."""
+        self.closed = True
         for intent in self.intents:
             intent.outcome = Outcome.DROPPED
         self.intents.clear()

@@ -119,6 +119,7 @@ class SpeceditServer(LanguageServer):
         waits any more for edits no one will apply, and the process can end."""
         for uri in list(self.documents):
             self.did_close(uri)
+        self.writer.stop()
 
     def client_gone(self) -> None:
         """`close_all`, from any thread."""

@@ -29,7 +29,8 @@ class Waiting:
             if remaining is not None and remaining <= 0:
                 return False
             try:
-                await asyncio.wait_for(pulse.wait(), remaining)
+                async with asyncio.timeout(remaining):  # not wait_for: on 3.11 it can swallow a cancel
+                    await pulse.wait()
             except asyncio.TimeoutError:
                 return predicate()
         return True

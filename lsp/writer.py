@@ -34,6 +34,12 @@ class EditWriter:
         if doc.intents and (pump is None or pump.done()):
             self._pumps[doc.uri] = asyncio.ensure_future(self._pump(doc))
 
+    def stop(self) -> None:
+        """The client is gone: no edit in flight will be answered, nothing more is written."""
+        for pump in self._pumps.values():
+            pump.cancel()
+        self._pumps.clear()
+
     async def _pump(self, doc: DocumentState) -> None:
         try:
             await self._write(doc)
@@ -43,9 +49,8 @@ class EditWriter:
     async def _write(self, doc: DocumentState) -> None:
         while (edit := doc.plan()) is not None:
             try:
-                answer = await asyncio.wait_for(
-                    self._lsp.workspace_apply_edit_async(self._params(doc, edit)), APPLY_TIMEOUT
-                )
+                async with asyncio.timeout(APPLY_TIMEOUT):  # not wait_for: on 3.11 it can swallow a cancel
+                    answer = await self._lsp.workspace_apply_edit_async(self._params(doc, edit))
                 applied = bool(answer.applied)
                 if not applied:
                     log.info("edit %d not applied: %s", edit.id, answer.failure_reason or "stale")

@@ -491,6 +491,21 @@ def test_a_job_that_stops_while_its_provisional_text_is_on_its_way_takes_it_out(
     assert doc.text == HEAD + BEFORE + "# tail\n"
 
 
+def test_a_closed_document_gets_nothing_more_to_write() -> None:
+    """The editor closed it (or is gone) while a live job's edit was in flight: its echo arriving then
+    must not bring the job's document in step again (an edit sent to no one, waited on for minutes)."""
+    doc, job = _live()
+    doc.settled(job, job.feed("def area(width, height):\n"))
+    planned = doc.plan()
+    assert planned is not None
+    doc.drop_all()
+    doc.did_change(doc.version + 1, list(reversed(planned.edits)))
+    doc.on_response(planned, True)
+    doc.finish(planned)
+    doc.settled(job, job.feed("    return width * height\n"))
+    assert not doc.intents and doc.plan() is None
+
+
 def test_provisional_text_has_the_documents_line_ends() -> None:
     """Editors convert other line ends in what they are given (VS Code does): the edit would then no longer
     be what the server sees echoed."""

@@ -284,10 +284,12 @@ class _Connection:
         if self.writer.is_closing():
             return
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.writer.drain(), 2.0)
+            async with asyncio.timeout(2.0):
+                await self.writer.drain()
         self.writer.close()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.writer.wait_closed(), 2.0)
+            async with asyncio.timeout(2.0):
+                await self.writer.wait_closed()
 
 
 @dataclass(eq=False)
@@ -369,7 +371,8 @@ class Daemon:
         log.info("stopping")
         server.close()  # no new connections; the socket file goes when `serve` returns
         try:
-            await asyncio.wait_for(asyncio.shield(scheduler), STOP_GRACE)
+            async with asyncio.timeout(STOP_GRACE):
+                await asyncio.shield(scheduler)
         except asyncio.TimeoutError:
             log.warning("the engine did not stop within %.0f s; exiting anyway", STOP_GRACE)
         idle_watch.cancel()
@@ -457,7 +460,8 @@ class Daemon:
                     payload = await read_payload(reader, self.config.max_frame_size)
                 else:
                     limit = min(HELLO_MAX_FRAME_SIZE, self.config.max_frame_size)
-                    payload = await asyncio.wait_for(read_payload(reader, limit), HELLO_TIMEOUT)
+                    async with asyncio.timeout(HELLO_TIMEOUT):
+                        payload = await read_payload(reader, limit)
                 if payload is END_OF_STREAM:
                     return
                 message = parse_client_message(payload)
