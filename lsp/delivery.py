@@ -142,7 +142,9 @@ class DocumentState:
     intents: deque[Intent] = field(default_factory=deque)
     in_flight: PlannedEdit | None = None
     closed: bool = False
-    _expired: PlannedEdit | None = None  # given up on after `applied: true`; its echo may still come
+    # Given up on after `applied: true`, with no change seen since: the echo of any of them may still come
+    # (Neovim sends its changes late), even after edits planned again meanwhile.
+    _expired: list[PlannedEdit] = field(default_factory=list)
     _ours: deque[tuple[int, str, list[Edit]]] = field(default_factory=lambda: deque(maxlen=OWN_VERSIONS))
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -255,11 +257,10 @@ class DocumentState:
     def did_change(self, version: int, changes: Sequence[Edit]) -> None:
         """A `didChange`: its changes, each in the coordinates left by the one before."""
         first_user = 0
-        candidates = [
-            edit
-            for edit in (self.in_flight, self._expired)
-            if edit is not None and edit.version == self.version and (edit is self._expired or edit.echo is None)
-        ]
+        candidates = list(self._expired)
+        waiting = self.in_flight
+        if waiting is not None and waiting.version == self.version and waiting.echo is None:
+            candidates.insert(0, waiting)
         if candidates and changes:
             text = self.text
             for count, change in enumerate(changes, start=1):
@@ -274,7 +275,7 @@ class DocumentState:
                     break
             if self.in_flight is not None and self.in_flight.echo is None:
                 self.in_flight.echo = False  # the client's first change after its version was not it
-        self._expired = None
+        self._expired = []
         if first_user < len(changes):
             self._ours.clear()  # the user's: a request made before it is stale
         for start, end, new_text in changes[first_user:]:
@@ -299,7 +300,7 @@ class DocumentState:
         self.in_flight = None
         intent = edit.intent
         if edit.echo is False and edit.response is True and self.version == edit.version:
-            self._expired = edit  # no change seen since: the echo may still be on its way
+            self._expired.append(edit)  # no change seen since: the echo may still be on its way
         if edit.echo:
             # An intent for all pending hunks may have more to do (hunks settled meanwhile): it ends here.
             self._retire(intent, Outcome.DONE)

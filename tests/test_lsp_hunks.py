@@ -491,6 +491,33 @@ def test_a_job_that_stops_while_its_provisional_text_is_on_its_way_takes_it_out(
     assert doc.text == HEAD + BEFORE + "# tail\n"
 
 
+def test_a_late_echo_is_recognised_after_edits_planned_again_meanwhile() -> None:
+    """Neovim sends its changes late: the server gave up waiting for an edit's echo, planned the job's
+    newer state, gave up on that too; the first edit's echo, arriving then, is still the server's own
+    (else its provisional text would be left in the document as if the user had typed it)."""
+    doc, job = _live()
+    doc.settled(job, job.feed("def area(width, height):\n"))
+    first = doc.plan()
+    assert first is not None
+    doc.on_response(first, True)  # applied in the editor; its echo not sent yet
+    doc.expire(first)
+    doc.finish(first)
+    doc.settled(job, job.feed("    return width * height\n"))
+    again = doc.plan()
+    assert again is not None and again.version == first.version
+    doc.on_response(again, True)  # stale there: Neovim answers `applied` and does nothing
+    doc.expire(again)
+    doc.finish(again)
+    end = len(first.expected_text)  # the user typed at the end of the file; Neovim sends both at once
+    doc.did_change(doc.version + 3, [*reversed(first.edits), (end, end, "§")])
+    assert doc.text == first.expected_text + "§"
+    assert not job.region.conflict and doc.text[job.region.start : job.region.end] == job.region.text()
+    after = BEFORE.replace("(w, h):\n    return w * h", "(width, height):\n    return width * height")
+    doc.settled(job, job.finish(after))
+    _write_all(doc)
+    assert doc.text == HEAD + after + "# tail\n§"
+
+
 def test_a_closed_document_gets_nothing_more_to_write() -> None:
     """The editor closed it (or is gone) while a live job's edit was in flight: its echo arriving then
     must not bring the job's document in step again (an edit sent to no one, waited on for minutes)."""
