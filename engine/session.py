@@ -113,16 +113,48 @@ def merged_by_lines(request: RewriteRequest, on_text: TextCallback | None) -> Re
     return RewriteOutcome.finished(merged.text, "stop", stats)
 
 
+class _Turns:
+    """Rewrites take the model one at a time, in the order they came; one waiting is told how many are
+    ahead of it (the running one included), again whenever that changes."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._line: list[object] = []  # the running rewrite first
+
+    def take(self, tell: Callable[[int], None], cancel: threading.Event | None) -> object | None:
+        """Wait for this rewrite's turn: its ticket, or None if it was cancelled while waiting."""
+        ticket = object()
+        told = 0
+        with self._changed:
+            self._line.append(ticket)
+            while (ahead := self._line.index(ticket)) > 0:
+                if ahead != told:
+                    told = ahead
+                    tell(ahead)
+                self._changed.wait(0.05)
+                if cancel is not None and cancel.is_set():
+                    self._line.remove(ticket)
+                    self._changed.notify_all()
+                    return None
+        return ticket
+
+    def leave(self, ticket: object) -> None:
+        with self._changed:
+            self._line.remove(ticket)
+            self._changed.notify_all()
+
+
 class LocalSession:
-    """The model in this process: loaded on first use (or given), one rewrite at a time."""
+    """The model in this process: loaded on first use (or given), one rewrite at a time, in turn."""
 
     def __init__(self, options: EngineOptions | None = None, *, engine: Engine | None = None, progress: Any = None):
         self.options = options or EngineOptions()
         self._engine = engine
         self._progress = progress
         self._load_lock = threading.Lock()
-        self._run_lock = threading.Lock()
-        self._waiting_runs = 0  # rewrites waiting for the run lock: warming gives way to them
+        self._turns = _Turns()
+        self._run_lock = threading.Lock()  # the model: a rewrite whose turn came, or warming between them
+        self._waiting_runs = 0  # rewrites waiting for the model: warming gives way to them
         self._count_lock = threading.Lock()
         self._warm_lock = threading.Lock()
         self._warm_next: WarmRequest | None = None
@@ -160,18 +192,18 @@ class LocalSession:
         from specedit.engine.model.loading import release_freed_memory
 
         engine = self.load()
-        # One model, one rewrite at a time: a second request waits here, and may be cancelled waiting.
+        # One model, one rewrite at a time: later requests wait here in turn, and may be cancelled waiting.
         with self._count_lock:
             self._waiting_runs += 1
         try:
-            if not self._run_lock.acquire(blocking=False):
-                tell(Phase("queued", 1))
-                while not self._run_lock.acquire(timeout=0.05):
-                    if cancel is not None and cancel.is_set():
-                        return RewriteOutcome.cancelled_before_start()
+            ticket = self._turns.take(lambda ahead: tell(Phase("queued", ahead)), cancel)
+            if ticket is not None:
+                self._run_lock.acquire()  # warming, if it holds the model, gives way within its step
         finally:
             with self._count_lock:
                 self._waiting_runs -= 1
+        if ticket is None:
+            return RewriteOutcome.cancelled_before_start()
         tell(Phase("started"))
         try:
             _apply_threads(self.options)  # torch's thread count is per thread (OpenMP): this one runs it
@@ -181,6 +213,7 @@ class LocalSession:
         finally:
             release_freed_memory(collect=False)  # a big request's buffers go back to the system
             self._run_lock.release()
+            self._turns.leave(ticket)
         return result.outcome()
 
     def prefill(self, request: WarmRequest, should_stop: Callable[[], bool]) -> tuple[int, int]:
@@ -310,12 +343,13 @@ def remote_session(
     spawn: EngineOptions | None = None,
     client_name: str | None = None,
 ) -> Session:
-    """The session for an engine address: a cluster's (`http(s)://HOST:PORT`, `serving.cluster`), or a
-    daemon's (a socket path, `tcp://HOST:PORT`; None: the shared one, started with `spawn`)."""
+    """The session for an engine address: a cluster's (`http(s)://HOST:PORT`, `serving.cluster`; the
+    model `spawn` names, if any, is chosen among the deployment's), or a daemon's (a socket path,
+    `tcp://HOST:PORT`; None: the shared one, started with `spawn`)."""
     if address is not None and address.startswith(("http://", "https://")):
         from specedit.engine.serving.cluster import HttpSession
 
-        return HttpSession(address, token_file=token_file)
+        return HttpSession(address, token_file=token_file, model=spawn.model if spawn else None)
     return RemoteSession(address, token_file=token_file, spawn=spawn, client_name=client_name)
 
 

@@ -365,6 +365,42 @@ def test_the_queue_is_round_robin_across_clients(short_dir: Path, random_engine:
     assert order == ["a1", "b1", "a2", "a3"]
 
 
+def test_a_local_session_runs_rewrites_in_turn_and_tells_each_its_place(random_engine: Engine) -> None:
+    """In process (the language server's engine, a cluster replica), as in the daemon: the running rewrite
+    first, then the others in the order they came, each told how many are ahead of it; one cancelled while
+    it waits leaves the line and moves the others up."""
+    engine = GatedEngine(random_engine)
+    session = LocalSession(engine=engine)  # type: ignore[arg-type]
+    phases: dict[str, list[Phase]] = {}
+    started: list[str] = []
+    cancels = {name: threading.Event() for name in ("a", "b", "c", "d")}
+
+    def run(name: str) -> None:
+        def on_phase(phase: Phase) -> None:
+            phases[name].append(phase)
+            if phase.name == "started":
+                started.append(name)
+
+        phases[name] = []
+        session.run(random_model_request(3), on_phase=on_phase, cancel=cancels[name])
+
+    threads = {name: threading.Thread(target=run, args=(name,), daemon=True) for name in cancels}
+    threads["a"].start()
+    assert engine.paused.wait(TIMEOUT)  # running, held after one step
+    for name, ahead in (("b", 1), ("c", 2), ("d", 3)):
+        threads[name].start()
+        wait_for(lambda name=name, ahead=ahead: Phase("queued", ahead) in phases[name], f"{name} to be queued")
+    cancels["b"].set()  # leaves the line: c and d move up
+    wait_for(lambda: Phase("queued", 2) in phases["d"], "d to move up")
+    engine.gate.set()
+    for thread in threads.values():
+        thread.join(TIMEOUT)
+    assert started == ["a", "c", "d"]
+    assert phases["b"] == [Phase("queued", 1)]
+    assert phases["c"] == [Phase("queued", 2), Phase("queued", 1), Phase("started")]
+    assert phases["d"] == [Phase("queued", 3), Phase("queued", 2), Phase("queued", 1), Phase("started")]
+
+
 # --- cancellation --------------------------------------------------------------------------------------
 
 
