@@ -288,11 +288,11 @@ def test_cluster_deploy_usage_errors_come_before_any_cluster(
 
 
 @pytest.fixture(scope="module")
-def memorising_cluster(cluster: str, certificate: tuple[Path, Path], memorising_model_dir: Path) -> str:
-    """A second engine on the same cluster (its own application and route): the memorising model, which
-    finishes its answers."""
+def two_models(cluster: str, certificate: tuple[Path, Path], options: EngineOptions, memorising_model_dir: Path) -> str:
+    """A second engine on the same cluster (its own application and route), with two models: the tiny one
+    its own, the memorising one (which finishes its answers) for requests that name it (Serve's model
+    multiplexing), loaded on first use."""
     cert, key = certificate
-    options = EngineOptions(model=str(memorising_model_dir), dtype="float32", device="cpu", threads=1)
     port = int(cluster.rsplit(":", 1)[1])
     config = ClusterConfig(
         options,
@@ -301,28 +301,47 @@ def memorising_cluster(cluster: str, certificate: tuple[Path, Path], memorising_
         cpus_per_replica=0.5,
         tls_cert=str(cert),
         tls_key=str(key),
-        name="memorising",
-        route="/memorising",
+        name="two-models",
+        route="/two-models",
+        models=(str(memorising_model_dir),),
     )
     return deploy(config)
 
 
+def test_a_request_chooses_among_the_deployments_models(
+    two_models: str, token_file: Path, options: EngineOptions, memorising_model_dir: Path
+) -> None:
+    assert two_models.endswith("/two-models")
+    own = remote_session(two_models, token_file=str(token_file))
+    assert own.run(request(12)).text == LocalSession(options).run(request(12)).text
+    named = remote_session(two_models, token_file=str(token_file), spawn=EngineOptions(model=str(memorising_model_dir)))
+    phases: list[Phase] = []
+    outcome = named.run(request(200), on_phase=phases.append)
+    assert outcome.status == "complete" and outcome.text == "def plus(a, b):\n    return a + b\n"
+    assert phases[0] == Phase("loading") and Phase("started") in phases  # loaded for this request
+    assert isinstance(own, HttpSession)
+    assert own.status()["models"] == [str(memorising_model_dir)]
+    unknown = remote_session(two_models, token_file=str(token_file), spawn=EngineOptions(model="/etc"))
+    with pytest.raises(InputError, match="no model '/etc' on this engine"):  # a client never makes it load a path
+        unknown.run(request(8))
+
+
 def test_the_command_line_writes_a_rewrite_from_the_cluster(
-    memorising_cluster: str, token_file: Path, tmp_path: Path
+    two_models: str, token_file: Path, tmp_path: Path, memorising_model_dir: Path
 ) -> None:
     from specedit.cli.main import main
 
-    assert memorising_cluster.endswith("/memorising")
     source = tmp_path / "add.py"
     source.write_text(ORIGINAL)
-    args = ["rewrite", str(source), "-i", "Rename add to plus.", "--engine", memorising_cluster, "--in-place"]
-    assert main([*args, "--engine-token-file", str(token_file), "--no-progress", "--no-backup"]) == 0
+    args = ["rewrite", str(source), "-i", "Rename add to plus.", "--engine", two_models, "--in-place"]
+    args += ["--model", str(memorising_model_dir), "--engine-token-file", str(token_file)]
+    assert main([*args, "--no-progress", "--no-backup"]) == 0
     assert source.read_text() == "def plus(a, b):\n    return a + b\n"
 
 
 @pytest.mark.asyncio
 async def test_the_language_server_writes_a_live_rewrite_from_the_cluster(
-    memorising_cluster: str, token_file: Path
+    two_models: str, token_file: Path, memorising_model_dir: Path
 ) -> None:
     """An editor whose `specedit.engine` is the cluster: the live rewrite lands in the document."""
     import sys
@@ -331,7 +350,7 @@ async def test_the_language_server_writes_a_live_rewrite_from_the_cluster(
     from pytest_lsp import ClientServerConfig, client_capabilities
     from test_lsp_e2e import EditorClient, make_client, new_uri, send_rewrite, settle
 
-    command = [sys.executable, "-m", "specedit.lsp", "--engine", memorising_cluster]
+    command = [sys.executable, "-m", "specedit.lsp", "--engine", two_models, "--model", str(memorising_model_dir)]
     config = ClientServerConfig(
         server_command=[*command, "--engine-token-file", str(token_file)],
         client_factory=lambda: make_client("nvim"),

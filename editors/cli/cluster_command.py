@@ -41,6 +41,20 @@ def add_cluster_parser(subparsers: Any) -> argparse.ArgumentParser:
     deploy.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
     deploy.add_argument("--name", default="specedit", help="the Serve application (default specedit): one per engine")
     deploy.add_argument("--route", default="/", help="its place in the address, e.g. /1.5b (default /)")
+    deploy.add_argument(
+        "--other-model",
+        action="append",
+        default=[],
+        metavar="MODEL",
+        help="another model a request may name (--model on the client), loaded by a replica on first use; repeatable",
+    )
+    deploy.add_argument(
+        "--models-per-replica",
+        type=int,
+        default=1,
+        metavar="N",
+        help="how many other models a replica keeps loaded beside --model (default 1; the least recently used goes)",
+    )
     deploy.add_argument("--cpus-per-replica", type=float, default=1.0, metavar="N", help="default 1")
     deploy.add_argument("--gpus-per-replica", type=float, default=0.0, metavar="N", help="default 0")
     add_engine_arguments(deploy.add_argument_group("engine"))
@@ -79,6 +93,8 @@ def cluster_command(args: argparse.Namespace) -> int:
                 tls_key=args.tls_key,
                 name=args.name,
                 route=args.route,
+                models=tuple(args.other_model),
+                models_per_replica=args.models_per_replica,
             )
         except ValueError as error:
             args.cluster_parser.error(str(error))  # exits 2

@@ -239,9 +239,13 @@ def rewrite_command(args: argparse.Namespace) -> int:
 
     session: Session
     if args.engine:
-        if options != EngineOptions():
-            log.warning("the engine flags (--model, --draft-model, ...) are ignored with --engine: it serves its own")
-        session = remote_session(args.engine, token_file=args.engine_token_file, client_name="specedit rewrite")
+        cluster = args.engine.startswith(("http://", "https://"))  # its --model chooses among its models
+        if (dataclasses.replace(options, model=None) if cluster else options) != EngineOptions():
+            flags = "--draft-model, ..." if cluster else "--model, --draft-model, ..."
+            log.warning("the engine flags (%s) are ignored with --engine: it serves its own", flags)
+        session = remote_session(
+            args.engine, token_file=args.engine_token_file, spawn=options, client_name="specedit rewrite"
+        )
     else:
         # One process, one pass over the files: no later request could reuse a kept prompt cache. A sketch
         # that its lines merge everywhere needs no model: none is loaded.

@@ -11,13 +11,17 @@ standard library.
 The wire, HTTP/1.1 (HTTPS when the deployment has a certificate; the client trusts what Python's default
 context trusts, `SSL_CERT_FILE` included):
 
-    POST /rewrite   Authorization: Bearer TOKEN   {"request": RewriteRequest}
+    POST /rewrite   Authorization: Bearer TOKEN   [serve_multiplexed_model_id: MODEL]   {"request": RewriteRequest}
         200, newline-delimited JSON, one event per line, as the daemon streams them:
         {"type": "phase", "phase": Phase}, {"type": "text", "delta": str}, {"type": "step", "info": StepInfo},
         and last {"type": "done", "outcome": RewriteOutcome, "replica": pid} or {"type": "done", "error_code",
         "error_message"}
-    GET /status     Authorization: Bearer TOKEN   -> {"model", "pid", "running", "cancelled"} (of one replica)
+    GET /status     Authorization: Bearer TOKEN   -> {"model", "models", "pid", "running", "cancelled"} (of one replica)
     401 (no or wrong token: nothing runs), 400 (a request the engine cannot take), 404: {"error_code", "error_message"}
+
+A request names a model (Serve's multiplexing header) only to choose one of the deployment's other models
+(`models` in status); without it, the deployment's own model answers. Serve then prefers a replica that has
+that model loaded (one that has not loads it first: the request waits, told it is loading).
 
 The records travel as `protocol.to_wire` writes them (the daemon's forms, in JSON). Closing the connection
 cancels the rewrite within one step: HTTP has no other way back. An edit sketch goes to the cluster too
@@ -46,6 +50,7 @@ from specedit.engine.serving.protocol import ProtocolError, error_from, from_wir
 DEFAULT_PORT = 8000
 CONNECT_TIMEOUT = 10.0  # s to connect and to get the answer's head (the stream itself has no limit)
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a request's JSON, as the daemon's frames
+MODEL_HEADER = "serve_multiplexed_model_id"  # Serve routes by it (`serve.get_multiplexed_model_id`)
 
 
 def error_body(code: str, message: str) -> dict[str, str]:
@@ -68,7 +73,9 @@ def json_object(body: bytes) -> dict[str, Any]:
 class HttpSession:
     """Rewrites on a cluster engine at an `http(s)://HOST:PORT` address (a `Session`)."""
 
-    def __init__(self, address: str, *, token_file: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self, address: str, *, token_file: str | os.PathLike[str] | None = None, model: str | None = None
+    ) -> None:
         url = urlsplit(address)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise EngineUnavailableError(f"not an engine address: {address!r} (expected http(s)://HOST:PORT)")
@@ -77,6 +84,7 @@ class HttpSession:
         self.address = address
         self._url = url
         self._token = read_token(Path(token_file))
+        self._model = model  # one of the deployment's other models; None: its own
 
     def run(
         self,
@@ -157,6 +165,8 @@ class HttpSession:
         """The answer's head, once it is 200. A `stream` waits for it as long as it takes (Serve may hold
         the request until a replica is free; cancelling hangs up): only connecting has a time limit."""
         headers = {"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"}
+        if self._model:
+            headers[MODEL_HEADER] = self._model
         try:
             connection.connect()
         except OSError as error:

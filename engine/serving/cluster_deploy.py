@@ -1,8 +1,11 @@
 """The Ray side of a team's shared engine: the Serve replica and `deploy` (`specedit cluster deploy`).
 
-A replica is a `LocalSession` loaded in its constructor (one rewrite at a time on it; a second one queued
-there says so, as in the daemon); Serve spreads requests over the replicas and scales them between the
-deployment's bounds, aiming at one running rewrite per replica (speculation pays at low concurrency).
+A replica is a `LocalSession` loaded in its constructor (one rewrite at a time on it; the others wait there
+in turn, told their place on that replica, as in the daemon); Serve spreads requests over the replicas and
+scales them between the deployment's bounds, aiming at one running rewrite per replica (speculation pays at
+low concurrency). More models a request may name (`models`) are Serve's multiplexed models: a replica loads
+one on first use and keeps the `models_per_replica` used last, and Serve sends a request that names one to
+a replica that has it loaded, when there is one.
 The HTTP endpoints and their wire are described in `cluster` (the client's side). Ray is an optional extra
 (`pip install 'specedit[cluster]'`), imported here only inside `deploy` and the replicas.
 """
@@ -10,6 +13,7 @@ The HTTP endpoints and their wire are described in `cluster` (the client's side)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import logging
@@ -21,8 +25,8 @@ from typing import Any
 
 from specedit.engine.errors import SpeceditError
 from specedit.engine.options import EngineOptions
-from specedit.engine.requests import RewriteRequest
-from specedit.engine.serving.cluster import DEFAULT_PORT, MAX_BODY_BYTES, error_body, json_object
+from specedit.engine.requests import Phase, RewriteRequest
+from specedit.engine.serving.cluster import DEFAULT_PORT, MAX_BODY_BYTES, MODEL_HEADER, error_body, json_object
 from specedit.engine.serving.protocol import ProtocolError, error_code_for, from_wire, to_wire
 from specedit.engine.session import LocalSession
 
@@ -35,13 +39,26 @@ DEPLOYMENT_NAME = "engine"
 class EngineReplica:
     """One Serve replica: the engine, loaded in the constructor, behind the endpoints `cluster` describes."""
 
-    def __init__(self, options: EngineOptions, token: str) -> None:
+    def __init__(
+        self, options: EngineOptions, token: str, models: tuple[str, ...] = (), models_per_replica: int = 1
+    ) -> None:
         if not token:
             raise ValueError("a cluster engine needs a token")
         self._token = token.encode()
         self._options = options
         self._session = LocalSession(options)
         self._session.load()
+        self._models = models  # the only others a request may name: a client never makes a replica load a path
+        self._session_for: Any = None
+        if models:
+            from ray import serve
+
+            async def load(model: str) -> LocalSession:
+                session = LocalSession(dataclasses.replace(options, model=model))
+                await asyncio.to_thread(session.load)
+                return session
+
+            self._session_for = serve.multiplexed(max_num_models_per_replica=models_per_replica)(load)
         self._count_lock = threading.Lock()
         self._running = 0  # rewrites on this replica now
         self._cancelled = 0  # rewrites its engine stopped because their client went away
@@ -55,7 +72,8 @@ class EngineReplica:
         if http.method == "GET" and path.endswith("/status"):
             with self._count_lock:
                 counts = {"running": self._running, "cancelled": self._cancelled}
-            return JSONResponse({"model": self._options.model, "pid": os.getpid(), **counts})
+            models = {"model": self._options.model, "models": list(self._models)}
+            return JSONResponse({**models, "pid": os.getpid(), **counts})
         if not (http.method == "POST" and path.endswith("/rewrite")):
             return JSONResponse(error_body("unknown_type", f"no {http.method} {path}"), status_code=404)
         body = await http.body()
@@ -63,10 +81,20 @@ class EngineReplica:
             if len(body) > MAX_BODY_BYTES:
                 raise ProtocolError("frame_too_large", f"a request of {len(body)} bytes (at most {MAX_BODY_BYTES})")
             request = from_wire(RewriteRequest, json_object(body).get("request"))
+            model = self._model_named(http.headers.get(MODEL_HEADER, ""))
         except (ProtocolError, ValueError) as error:
             code = error.code if isinstance(error, ProtocolError) else "bad_request"
             return JSONResponse(error_body(code, str(error)), status_code=400)
-        return StreamingResponse(self._events(request), media_type="application/x-ndjson")
+        return StreamingResponse(self._events(model, request), media_type="application/x-ndjson")
+
+    def _model_named(self, model: str) -> str | None:
+        """The other model a request names; None for the deployment's own (none named, or it)."""
+        if not model or model == self._options.model:
+            return None
+        if model not in self._models:
+            known = ", ".join(repr(name) for name in (self._options.model or "the default", *self._models))
+            raise ValueError(f"no model {model!r} on this engine (it has {known})")
+        return model
 
     def _authorized(self, header: str) -> bool:
         scheme, _, token = header.partition(" ")
@@ -77,9 +105,21 @@ class EngineReplica:
             self._running += running
             self._cancelled += cancelled
 
-    async def _events(self, request: RewriteRequest) -> AsyncIterator[str]:
+    async def _events(self, model: str | None, request: RewriteRequest) -> AsyncIterator[str]:
         """The rewrite's events as lines; when the client goes away (the stream is closed early), the
         engine stops within a step."""
+        session = self._session
+        if model is not None:
+            loading = asyncio.ensure_future(self._session_for(model))
+            if not (await asyncio.wait({loading}, timeout=0.1))[0]:
+                yield json.dumps({"type": "phase", "phase": to_wire(Phase("loading"))}) + "\n"
+            try:
+                session = await loading
+            except Exception as error:  # a model that does not load: the client is told, the replica carries on
+                if not isinstance(error, SpeceditError):
+                    log.exception("loading %s failed", model)
+                yield json.dumps({"type": "done", **error_body(error_code_for(error), str(error))}) + "\n"
+                return
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         cancel = threading.Event()
@@ -90,7 +130,7 @@ class EngineReplica:
         def work() -> None:
             self._count(running=1)
             try:
-                outcome = self._session.run(
+                outcome = session.run(
                     request,
                     on_text=lambda delta: put({"type": "text", "delta": delta}),
                     on_step=lambda info: put({"type": "step", "info": to_wire(info)}),
@@ -133,6 +173,8 @@ class ClusterConfig:
     tls_key: str | None = None
     name: str = APP_NAME  # the Serve application: several engines (models) may share one cluster
     route: str = "/"  # where its address ends: https://HOST:PORT/ROUTE
+    models: tuple[str, ...] = ()  # others a request may name (Serve's model multiplexing), loaded on demand
+    models_per_replica: int = 1  # of those, how many a replica keeps loaded (the least recently used goes)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_replicas <= self.max_replicas:
@@ -143,6 +185,8 @@ class ClusterConfig:
             raise ValueError("TLS needs both a certificate and its key")
         if not self.route.startswith("/"):
             raise ValueError(f"the route {self.route!r} must start with /")
+        if self.models_per_replica < 1:
+            raise ValueError(f"models per replica {self.models_per_replica}: need at least 1")
 
     @property
     def url(self) -> str:
@@ -177,5 +221,6 @@ def deploy(config: ClusterConfig) -> str:
         max_ongoing_requests=4,  # one runs; the others wait on the replica, told they are queued
         **scaling,
     )(EngineReplica)
-    serve.run(deployment.bind(config.options, config.token), name=config.name, route_prefix=config.route)
+    application = deployment.bind(config.options, config.token, config.models, config.models_per_replica)
+    serve.run(application, name=config.name, route_prefix=config.route)
     return config.url
