@@ -13,6 +13,7 @@ The HTTP endpoints and their wire are described in `cluster` (the client's side)
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import hmac
 import json
@@ -31,6 +32,8 @@ from specedit.engine.serving.protocol import ProtocolError, error_code_for, from
 from specedit.engine.session import LocalSession
 
 log = logging.getLogger(__name__)
+
+_LOADING: contextvars.ContextVar[asyncio.Event | None] = contextvars.ContextVar("specedit_loading", default=None)
 
 APP_NAME = "specedit"
 DEPLOYMENT_NAME = "engine"
@@ -54,6 +57,9 @@ class EngineReplica:
             from ray import serve
 
             async def load(model: str) -> LocalSession:
+                told = _LOADING.get()
+                if told is not None:
+                    told.set()  # the request that waits for it says so
                 session = LocalSession(dataclasses.replace(options, model=model))
                 await asyncio.to_thread(session.load)
                 return session
@@ -110,8 +116,14 @@ class EngineReplica:
         engine stops within a step."""
         session = self._session
         if model is not None:
-            loading = asyncio.ensure_future(self._session_for(model))
-            if not (await asyncio.wait({loading}, timeout=0.1))[0]:
+            told = asyncio.Event()
+            context = contextvars.copy_context()
+            context.run(_LOADING.set, told)
+            loading = asyncio.get_running_loop().create_task(self._session_for(model), context=context)
+            telling = asyncio.ensure_future(told.wait())
+            await asyncio.wait({loading, telling}, return_when=asyncio.FIRST_COMPLETED)
+            telling.cancel()
+            if told.is_set():  # not loaded on this replica yet: it loads now
                 yield json.dumps({"type": "phase", "phase": to_wire(Phase("loading"))}) + "\n"
             try:
                 session = await loading
