@@ -138,6 +138,11 @@ class _Turns:
                     return None
         return ticket
 
+    def wanted(self) -> bool:
+        """A rewrite runs or waits: warming gives way."""
+        with self._changed:
+            return bool(self._line)
+
     def leave(self, ticket: object) -> None:
         with self._changed:
             self._line.remove(ticket)
@@ -154,8 +159,6 @@ class LocalSession:
         self._load_lock = threading.Lock()
         self._turns = _Turns()
         self._run_lock = threading.Lock()  # the model: a rewrite whose turn came, or warming between them
-        self._waiting_runs = 0  # rewrites waiting for the model: warming gives way to them
-        self._count_lock = threading.Lock()
         self._warm_lock = threading.Lock()
         self._warm_next: WarmRequest | None = None
         self._warmer: threading.Thread | None = None
@@ -193,26 +196,20 @@ class LocalSession:
 
         engine = self.load()
         # One model, one rewrite at a time: later requests wait here in turn, and may be cancelled waiting.
-        with self._count_lock:
-            self._waiting_runs += 1
-        try:
-            ticket = self._turns.take(lambda ahead: tell(Phase("queued", ahead)), cancel)
-            if ticket is not None:
-                self._run_lock.acquire()  # warming, if it holds the model, gives way within its step
-        finally:
-            with self._count_lock:
-                self._waiting_runs -= 1
+        ticket = self._turns.take(lambda ahead: tell(Phase("queued", ahead)), cancel)
         if ticket is None:
             return RewriteOutcome.cancelled_before_start()
-        tell(Phase("started"))
         try:
-            _apply_threads(self.options)  # torch's thread count is per thread (OpenMP): this one runs it
-            result = rewrite(
-                engine, request, on_text=on_text, on_step=on_step, cancel=cancel.is_set if cancel else None
-            )
+            with self._run_lock:  # warming, if it holds the model, gives way within its step
+                tell(Phase("started"))
+                try:
+                    _apply_threads(self.options)  # torch's thread count is per thread (OpenMP): this one runs it
+                    result = rewrite(
+                        engine, request, on_text=on_text, on_step=on_step, cancel=cancel.is_set if cancel else None
+                    )
+                finally:
+                    release_freed_memory(collect=False)  # a big request's buffers go back to the system
         finally:
-            release_freed_memory(collect=False)  # a big request's buffers go back to the system
-            self._run_lock.release()
             self._turns.leave(ticket)
         return result.outcome()
 
@@ -224,7 +221,7 @@ class LocalSession:
         engine = self.load()
         with self._run_lock:
             _apply_threads(self.options)
-            return warm_document(engine, request, lambda: self._waiting_runs > 0 or should_stop())
+            return warm_document(engine, request, lambda: self._turns.wanted() or should_stop())
 
     def warm(self, request: WarmRequest) -> None:
         """Prefill `request` on a thread of its own once the model is loaded (a newer offer replaces one
