@@ -163,6 +163,13 @@ class LocalSession:
         self._warm_next: WarmRequest | None = None
         self._warmer: threading.Thread | None = None
 
+    def beside(self, options: EngineOptions | None = None, *, engine: Engine | None = None) -> LocalSession:
+        """Another model's session in this process that takes turns with this one (one set of cores: a
+        replica's multiplexed models run one rewrite at a time between them, as one model does)."""
+        other = LocalSession(options, engine=engine, progress=self._progress)
+        other._turns, other._run_lock = self._turns, self._run_lock
+        return other
+
     @property
     def engine(self) -> Engine | None:
         """The engine once loaded (None before)."""

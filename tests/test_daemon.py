@@ -401,6 +401,27 @@ def test_a_local_session_runs_rewrites_in_turn_and_tells_each_its_place(random_e
     assert phases["d"] == [Phase("queued", 3), Phase("queued", 2), Phase("queued", 1), Phase("started")]
 
 
+def test_sessions_beside_each_other_take_turns_as_one(random_engine: Engine) -> None:
+    """A replica's other models share its cores: a rewrite on one waits while the other runs."""
+    engine = GatedEngine(random_engine)
+    session = LocalSession(engine=engine)  # type: ignore[arg-type]
+    other = session.beside(engine=random_engine)
+    first = threading.Thread(target=session.run, args=(random_model_request(3),), daemon=True)
+    first.start()
+    assert engine.paused.wait(TIMEOUT)  # running, held after one step
+    phases: list[Phase] = []
+    second = threading.Thread(
+        target=other.run, args=(random_model_request(3),), kwargs={"on_phase": phases.append}, daemon=True
+    )
+    second.start()
+    wait_for(lambda: Phase("queued", 1) in phases, "the other model's rewrite to be queued")
+    assert Phase("started") not in phases
+    engine.gate.set()
+    for thread in (first, second):
+        thread.join(TIMEOUT)
+    assert phases == [Phase("queued", 1), Phase("started")]
+
+
 # --- cancellation --------------------------------------------------------------------------------------
 
 

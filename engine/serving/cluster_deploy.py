@@ -1,7 +1,7 @@
 """The Ray side of a team's shared engine: the Serve replica and `deploy` (`specedit cluster deploy`).
 
-A replica is a `LocalSession` loaded in its constructor (one rewrite at a time on it; the others wait there
-in turn, told their place on that replica, as in the daemon); Serve spreads requests over the replicas and
+A replica is a `LocalSession` loaded in its constructor (one rewrite at a time on it, whichever model it
+names; the others wait there in turn, told their place on that replica, as in the daemon); Serve spreads requests over the replicas and
 scales them between the deployment's bounds, aiming at one running rewrite per replica (speculation pays at
 low concurrency). More models a request may name (`models`) are Serve's multiplexed models: a replica loads
 one on first use and keeps the `models_per_replica` used last, and Serve sends a request that names one to
@@ -60,7 +60,7 @@ class EngineReplica:
                 told = _LOADING.get()
                 if told is not None:
                     told.set()  # the request that waits for it says so
-                session = LocalSession(dataclasses.replace(options, model=model))
+                session = self._session.beside(dataclasses.replace(options, model=model))
                 await asyncio.to_thread(session.load)
                 return session
 
