@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import socket
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
 
 from specedit.cli.main import main
-from specedit.engine.ops import llama_cpp
+from specedit.engine.ops import llama_cpp, llama_server, model_store
 from specedit.engine.ops.bench import first_difference, summarise
 
 from conftest import ECHOED_SKETCH, LINES_SKETCH, MEMORISED_REWRITES
@@ -35,6 +37,7 @@ def test_bench_runs_every_method_on_every_case(
 ) -> None:
     # llama.cpp is an optional extra (and runs on the real default GGUF): here it is missing, as in CI.
     monkeypatch.setattr(llama_cpp.LlamaCppRunner, "create", classmethod(lambda cls, threads=None: None))
+    monkeypatch.setattr(llama_server, "find_binary", lambda given=None: None)  # none built (as in CI)
     cases = write_cases(tmp_path / "cases.jsonl")
     out = tmp_path / "bench.json"
     code = main(
@@ -47,7 +50,7 @@ def test_bench_runs_every_method_on_every_case(
             "--json",
             str(out),
             "--methods",
-            "plain,plain-stock,prompt-lookup,specedit,llama-cpp",
+            "plain,plain-stock,prompt-lookup,specedit,llama-cpp,llama-server",
             "--prompt-lookup-tokens",
             "8",
         ]
@@ -75,6 +78,7 @@ def test_bench_runs_every_method_on_every_case(
     assert "speculation: identical to plain decoding bit for bit" in table
     assert report["settings"]["llama_cpp"] == "not installed"
     assert "llama.cpp: not installed" in table
+    assert report["settings"]["llama_server"] == "not built" and "llama-server: not built" in table
 
     assert [case["id"] for case in report["cases"]] == [f"memorised/{i}" for i in range(len(MEMORISED_REWRITES))]
     for case in report["cases"]:
@@ -187,3 +191,99 @@ def test_first_difference() -> None:
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 4], [1, 2, 3]) == 2
     assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+# A stand-in for llama.cpp's server (the real one is built by scripts/build_llama_server.sh, 17 minutes:
+# not in CI): it speaks the part of its HTTP API the bench uses, streams a fixed answer as server-sent
+# events, and logs what it was started with and asked.
+FAKE_LLAMA_SERVER = """\
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+args = sys.argv[1:]
+port = int(args[args.index("--port") + 1])
+log = open(sys.argv[0] + ".log", "a")
+log.write(json.dumps({"args": args}) + "\\n")
+log.flush()
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *_):
+        pass
+
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b'{"status": "ok"}')
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        log.write(json.dumps({"args": args, "body": body}) + "\\n")
+        log.flush()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        speculating = "--spec-type" in args
+        final = {"content": "", "stop": True, "stopping_word": body["stop"][0],
+                 "timings": {"draft_n": 4 if speculating else 0, "draft_n_accepted": 3 if speculating else 0}}
+        for event in ({"content": "```python\\n", "tokens": [1, 2]}, {"content": "x = 1", "tokens": [3]}, final):
+            self.wfile.write(b"data: " + json.dumps(event).encode() + b"\\n\\n")
+            self.wfile.flush()
+
+HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def test_bench_runs_llama_server_per_speculation_type_and_reports_the_best(
+    tmp_path: Path, memorising_model_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llama-server: one process per way of decoding (plain, each n-gram type at draft max 64), the prompt
+    as token ids, greedy, no prompt cache, stopping at the closing fence; `llama-server` is each case's
+    fastest type, compared with llama-server's own plain decoding, and the servers are gone after."""
+    binary = tmp_path / "llama-server"
+    binary.write_text(f"#!{sys.executable}\n" + FAKE_LLAMA_SERVER)
+    binary.chmod(0o755)
+    monkeypatch.setattr(model_store, "ensure_gguf", lambda spec=None: tmp_path / "model.gguf")
+    out = tmp_path / "bench.json"
+    cases = write_cases(tmp_path / "cases.jsonl")
+    arguments = ["bench", "--cases", str(cases), "--model", str(memorising_model_dir), "--limit", "2"]
+    arguments += ["--llama-server", str(binary)]
+    code = main([*arguments, "--methods", "plain,specedit,llama-server", "--json", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["settings"]["llama_server"] == "ran"
+    summary = report["summary"]
+    types = {"llama-server-plain", "llama-server-ngram-mod", "llama-server-ngram-simple"}
+    for case in report["cases"]:
+        runs = case["methods"]
+        assert set(runs) == {"plain", "specedit", "llama-server", *types}
+        best = runs["llama-server"]["extra"]["best_of"]
+        assert best in types - {"llama-server-plain"}
+        assert runs["llama-server"]["wall_seconds"] == runs[best]["wall_seconds"]
+        assert runs["llama-server"]["identical_to_plain"]  # its own plain decoding's answer
+        assert runs["llama-server-ngram-mod"]["accepted_tokens"] == 3
+        assert runs["llama-server"]["generated_tokens"] == 3
+    assert summary["identical_rate"]["llama-server"] == 1.0
+    assert summary["speedup_vs_llama_server"] > 0 and 0 <= summary["slower_than_llama_server"] <= 2
+    assert sum(summary["llama_server_best_type"].values()) == 2
+    assert "specedit over llama-server's best n-gram type per case" in capsys.readouterr().out
+
+    logged = [json.loads(line) for line in (tmp_path / "llama-server.log").read_text().splitlines()]
+    started = [entry["args"] for entry in logged if "body" not in entry]
+    assert len(started) == 3
+    assert sorted(args[args.index("--spec-type") + 1] for args in started if "--spec-type" in args) == [
+        "ngram-mod",
+        "ngram-simple",
+    ]
+    assert all(args[args.index("--spec-draft-n-max") + 1] == "64" for args in started if "--spec-type" in args)
+    assert all(args[args.index("-np") + 1] == "1" for args in started)
+    asked = [entry["body"] for entry in logged if "body" in entry]
+    assert len(asked) == 6  # 2 cases x 3 servers
+    for body in asked:
+        assert all(isinstance(token, int) for token in body["prompt"])
+        assert body["temperature"] == 0 and body["top_k"] == 1 and body["cache_prompt"] is False
+        assert body["stop"] == ["\n```\n"] and body["stream"] is True
+    # The servers are stopped with the bench.
+    ports = {args[args.index("--port") + 1] for args in started}
+    for port in ports:
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", int(port)), timeout=1).close()

