@@ -10,7 +10,11 @@ What both do is apply a versioned edit only to that exact version, so if the edi
 first change the client reports after that version *is* the edit (possibly split into several changes,
 or followed by the user's typing in the same notification). So the edit counts as applied when, and only
 when, the text after some prefix of the first changes after its version equals the text the edit would
-give. Otherwise it was not applied, and it is planned again, rebased on the current text.
+give. Otherwise it was not applied, and it is planned again, rebased on the current text. One exception:
+Neovim applies an edit's parts bottom up and, when it had sent nothing for a while, reports the first
+part at once in a notification of its own and the others a debounce later; a notification that gives
+the text of some of the edit's parts is held, unread, as the start of its echo, and read together with
+the next one (the edit's parts being the user's typing instead is not worth a thought).
 
 A live job keeps its document in step with the model: every edit it sends writes the hunks settled so far
 and replaces the *provisional* text (the output not settled yet, written just before the frontier) with
@@ -145,6 +149,7 @@ class DocumentState:
     # Given up on after `applied: true`, with no change seen since: the echo of any of them may still come
     # (Neovim sends its changes late), even after edits planned again meanwhile.
     _expired: list[PlannedEdit] = field(default_factory=list)
+    _held: HeldChange | None = None  # the first part of an edit's echo, Neovim's way, not read yet
     _ours: deque[tuple[int, str, list[Edit]]] = field(default_factory=lambda: deque(maxlen=OWN_VERSIONS))
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -256,6 +261,9 @@ class DocumentState:
 
     def did_change(self, version: int, changes: Sequence[Edit]) -> None:
         """A `didChange`: its changes, each in the coordinates left by the one before."""
+        held, self._held = self._held, None
+        if held is not None:
+            changes = [*held.changes, *changes]  # one notification, as far as the echo goes
         first_user = 0
         candidates = list(self._expired)
         waiting = self.in_flight
@@ -273,12 +281,19 @@ class DocumentState:
                     self._confirm(echoed)
                     first_user = count
                     break
+            else:
+                if held is None and _started(self.text, text, candidates):
+                    self._held = HeldChange(version, list(changes))
+                    return  # the rest of the echo is on its way
             if self.in_flight is not None and self.in_flight.echo is None:
                 self.in_flight.echo = False  # the client's first change after its version was not it
         self._expired = []
-        if first_user < len(changes):
-            self._ours.clear()  # the user's: a request made before it is stale
-        for start, end, new_text in changes[first_user:]:
+        self._users(version, changes[first_user:])
+
+    def _users(self, version: int, changes: Sequence[Edit]) -> None:
+        if changes:
+            self._ours.clear()  # the user's: a request made before them is stale
+        for start, end, new_text in changes:
             self.text = self.text[:start] + new_text + self.text[end:]
             for job in self.jobs:
                 job.region.user_edit(start, end, new_text)
@@ -338,6 +353,21 @@ class DocumentState:
             if other is not job:
                 for start, end, new_text in reversed(edit.edits):
                     other.region.our_edit(start, end, new_text)
+
+
+@dataclass(frozen=True)
+class HeldChange:
+    """A notification held as the start of an edit's echo: its version and changes."""
+
+    version: int
+    changes: list[Edit]
+
+
+def _started(before: str, after: str, candidates: Sequence[PlannedEdit]) -> bool:
+    """Some edit's last parts (Neovim applies them bottom up) turn `before` into `after`."""
+    return any(
+        apply_edits(before, edit.edits[first:]) == after for edit in candidates for first in range(1, len(edit.edits))
+    )
 
 
 Span = tuple[int, int, int]  # (start, end, length): text[start:end] replaced with `length` characters

@@ -173,7 +173,7 @@ class FakeEditor:
         else:
             self.unsent.append(edit)
 
-    def apply(self, planned: PlannedEdit, outbox: deque[Any]) -> None:
+    def apply(self, planned: PlannedEdit, outbox: deque[Any], *, split: bool = False) -> None:
         if planned.version != self.version:  # stale
             outbox.append(("response", planned, self.kind == "nvim"))
             return
@@ -186,8 +186,15 @@ class FakeEditor:
             self.version += 1
             outbox.append(("change", self.version, changes))
         else:
+            edits = planned.edits
+            if split and len(edits) > 1 and not self.unsent:
+                # Neovim applies the parts bottom up; after a quiet while, the first goes out at once, alone.
+                partial = apply_edits(self.text, edits[-1:])
+                self.version += 1
+                outbox.append(("change", self.version, [_minimal_change(self.text, partial)]))
+                self.text, edits = partial, edits[:-1]
             # Neovim reports the smallest change it can see, later, together with the user's typing.
-            after = apply_edits(self.text, planned.edits)
+            after = apply_edits(self.text, edits)
             self.unsent.append(_minimal_change(self.text, after))
             self.text = after
             self.version += 3  # changedtick moves by more than one
@@ -259,7 +266,7 @@ class Simulation:
             if planned is not None:
                 self.to_client.append(planned)
         elif action == "client":
-            self.editor.apply(self.to_client.popleft(), self.to_server)
+            self.editor.apply(self.to_client.popleft(), self.to_server, split=self.data.draw(st.booleans()))
         elif action == "flush":
             self.editor.flush(self.to_server)
         elif action == "type":
@@ -516,6 +523,57 @@ def test_a_late_echo_is_recognised_after_edits_planned_again_meanwhile() -> None
     doc.settled(job, job.finish(after))
     _write_all(doc)
     assert doc.text == HEAD + after + "# tail\n§"
+
+
+def test_an_echo_neovim_sends_in_two_notifications_is_the_servers_own() -> None:
+    """Seen in Neovim 0.11 (a live rewrite, nobody typing): an edit in two parts (a settled hunk, the
+    provisional text further down) is applied bottom up; the lower part's change goes out at once, alone,
+    the upper one's a debounce later. Both together are the echo: nothing the user typed, no conflict, no
+    provisional text left behind."""
+    doc, job = _live()
+    doc.settled(job, job.feed("def area(width, height):\n"))
+    _write_all(doc)
+    doc.settled(job, job.feed("    return width * height\n\n\ndef perimeter(w, h):\n    return 2 * w"))
+    planned = doc.plan()
+    assert planned is not None and len(planned.edits) == 2
+    upper, lower = planned.edits
+    doc.on_response(planned, True)
+    before = doc.text
+    doc.did_change(doc.version + 1, [lower])
+    assert planned.echo is None and doc.text == before  # the start of its echo, held: the rest is on its way
+    doc.did_change(doc.version + 1, [upper])
+    assert planned.echo is True and doc.text == planned.expected_text
+    doc.finish(planned)
+    assert not job.region.conflict and doc.text[job.region.start : job.region.end] == job.region.text()
+    after = BEFORE.replace("(w, h):\n    return w * h", "(width, height):\n    return width * height")
+    after = after.replace("2 * (w + h)", "2 * width + 2 * height")
+    doc.settled(job, job.finish(after))
+    _write_all(doc)
+    assert doc.text == HEAD + after + "# tail\n"
+
+
+def test_a_lone_part_of_an_edit_followed_by_something_else_is_the_users() -> None:
+    """The first part's change, then a change that is not the rest (even after the edit expired): both are
+    the user's; the document's copy and the job's map of it stay exact."""
+    for expired in (False, True):
+        doc, job = _live()
+        doc.settled(job, job.feed("def area(width, height):\n"))
+        _write_all(doc)
+        doc.settled(job, job.feed("    return width * height\n\n\ndef perimeter(w, h):\n    return 2 * w"))
+        planned = doc.plan()
+        assert planned is not None
+        doc.on_response(planned, True)
+        lower, before = planned.edits[1], doc.text
+        doc.did_change(doc.version + 1, [lower])
+        if expired:
+            doc.expire(planned)
+        doc.did_change(doc.version + 1, [(0, 0, "§")])
+        assert planned.echo is False
+        assert doc.text == "§" + apply_edits(before, [lower])
+        doc.finish(planned)
+        assert doc.text[job.region.start : job.region.end] == job.region.text()
+        _write_all(doc)
+        assert doc.text[job.region.start : job.region.end] == job.region.text()
 
 
 def test_a_closed_document_gets_nothing_more_to_write() -> None:
