@@ -122,8 +122,13 @@ t.it("live: the buffer ends as `specedit rewrite` wrote it, in one undo step", f
   t.eq("complete", result.status, "status")
   t.eq(settings.expected, t.text(bufnr), "buffer after a live rewrite")
   t.truthy(result.stats and result.stats.generated_tokens > 0, "the final stats")
+  t.truthy(next(job.written) ~= nil, "the written hunks marked")
   vim.cmd.undo()
   t.eq(settings.original, t.text(bufnr), "buffer after one undo")
+  t.wait(5000, function()
+    return next(job.written) == nil
+  end, "the undone rewrite's hunks unmarked")
+  t.eq(0, marks(bufnr), "extmarks left after undo")
   vim.cmd.redo()
   t.eq(settings.expected, t.text(bufnr), "buffer after redo")
 end)

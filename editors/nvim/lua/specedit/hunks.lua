@@ -29,6 +29,30 @@ function M.mark_written(job, written)
     end
   end
   M.keymaps(bufnr, next(job.written) ~= nil)
+  if next(job.written) ~= nil then
+    M.unmark_on_undo(job)
+  end
+end
+
+--- Once the user undoes the rewrite (`u` past its undo step), its hunks are no longer marked.
+function M.unmark_on_undo(job)
+  local bufnr = job.bufnr
+  local written_at = vim.fn.undotree(bufnr).seq_cur
+  local done = false
+  vim.api.nvim_buf_attach(bufnr, false, {
+    on_lines = function()
+      if done or next(job.written or {}) == nil then
+        return true -- kept or undone hunk by hunk, or replaced by the next rewrite: detach
+      end
+      vim.schedule(function()
+        if not done and vim.api.nvim_buf_is_valid(bufnr) and vim.fn.undotree(bufnr).seq_cur < written_at then
+          done = true
+          M.unmark_written(job)
+          M.keymaps(bufnr, false)
+        end
+      end)
+    end,
+  })
 end
 
 --- Forget the marks of written hunks (`ids`, or all).
