@@ -34,6 +34,7 @@ if [ ! -f "$SRC/llama.cpp/CMakeLists.txt" ]; then
     rm -f "$tarball"
 fi
 log "building llama-server with $JOBS jobs (about 17 minutes on 2 cores)"
+export GIT_CEILING_DIRECTORIES="$SRC"  # its build info must not come from a repository around this folder
 cmake -S "$SRC/llama.cpp" -B "$OUT/cmake" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
     -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >"$OUT/cmake.log" 2>&1 \
     || { log "cmake failed: see $OUT/cmake.log"; exit 1; }
