@@ -413,15 +413,17 @@ def run_bench(
 def _start_llama_server(engine: Engine, given: str | None) -> Any:
     """llama-server's processes for the bench's model, or None (a warning) when there is no llama-server."""
     from specedit.engine.ops import llama_server
-    from specedit.engine.ops.model_store import DEFAULT_MODEL, KNOWN_MODELS, ensure_gguf
+    from specedit.engine.ops.model_store import DEFAULT_MODEL, KNOWN_MODELS, converted_path, ensure_gguf
 
     binary = llama_server.find_binary(given)
     if binary is None:
         log.warning("no llama-server (scripts/build_llama_server.sh builds one): the bench runs without it")
         return None
-    spec = KNOWN_MODELS.get(engine.loaded.name, DEFAULT_MODEL)
-    if spec.name != engine.loaded.name:
-        log.warning("llama-server runs %s: %s has no GGUF here", spec.name, engine.loaded.name)
+    name = engine.loaded.name  # a known model's name, or the folder it was converted to
+    spec = next((s for s in KNOWN_MODELS.values() if name in (s.name, str(converted_path(s)))), None)
+    if spec is None:
+        spec = DEFAULT_MODEL
+        log.warning("llama-server runs %s: %s has no GGUF here", spec.name, name)
     log.info("llama-server: %s", binary)
     return llama_server.LlamaServerRunner.create(binary, ensure_gguf(spec), threads=torch.get_num_threads())
 
