@@ -265,6 +265,7 @@ def test_bench_runs_llama_server_per_speculation_type_and_reports_the_best(
     assert summary["identical_rate"]["llama-server"] == 1.0
     assert summary["speedup_vs_llama_server"] > 0 and 0 <= summary["slower_than_llama_server"] <= 2
     assert sum(summary["llama_server_best_type"].values()) == 2
+    assert summary["llama_server_same_answer"] == 0  # its "x = 1" is not the memorised answer
     assert "specedit over llama-server's best n-gram type per case" in capsys.readouterr().out
 
     logged = [json.loads(line) for line in (tmp_path / "llama-server.log").read_text().splitlines()]

@@ -489,11 +489,15 @@ def bench_command(args: argparse.Namespace) -> int:
     if "speedup_vs_llama_cpp" in summary:
         print(f"specedit over llama.cpp prompt lookup (median): {summary['speedup_vs_llama_cpp']}x")
     if "speedup_vs_llama_server" in summary:
+        same = summary["llama_server_same_answer"]
+        alike = f"on the {same} it answers as we do: {summary['speedup_vs_llama_server_same_answer']}x; "
         print(
             f"specedit over llama-server's best n-gram type per case (median / geometric mean): "
             f"{summary['speedup_vs_llama_server']}x / {summary['speedup_vs_llama_server_geomean']}x, "
             f"decode phase {summary['decode_speedup_vs_llama_server']}x; slower on "
-            f"{summary['slower_than_llama_server']} of {summary['cases']} cases; best type "
+            f"{summary['slower_than_llama_server']} of {summary['cases']} cases; "
+            + (alike if same else "")
+            + "best type "
             + ", ".join(f"{t} {n}" for t, n in summary["llama_server_best_type"].items())
         )
     print(
