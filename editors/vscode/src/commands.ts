@@ -5,11 +5,12 @@
 import * as vscode from 'vscode';
 import * as config from './config';
 import { ACCEPT_HUNK, REJECT_HUNK } from './preview';
+import { documentUri, PreviewDiffs, SHOW_DIFF } from './previewDiff';
 import { KEEP_HUNK, UNDO_HUNK } from './written';
 import { RewriteArgs, Rewrites } from './rewrite';
 import { Server } from './server';
 
-export function registerCommands(rewrites: Rewrites, server: Server): vscode.Disposable[] {
+export function registerCommands(rewrites: Rewrites, server: Server, diffs: PreviewDiffs): vscode.Disposable[] {
   const rewrite = (whole: boolean) => async (args?: RewriteArgs) => {
     const editor = vscode.window.activeTextEditor;
     if (!editor) return undefined;
@@ -17,7 +18,18 @@ export function registerCommands(rewrites: Rewrites, server: Server): vscode.Dis
     if (!request) return undefined;
     return run(rewrites, editor, whole ? undefined : selectedLines(editor), request);
   };
-  const activeUri = (): vscode.Uri | undefined => vscode.window.activeTextEditor?.document.uri;
+  // The document, also when the active editor is the right side of its preview's diff.
+  const activeUri = (): vscode.Uri | undefined => {
+    const uri = vscode.window.activeTextEditor?.document.uri;
+    return uri && documentUri(uri);
+  };
+  const actAtCursor = (accept: boolean) => {
+    const editor = vscode.window.activeTextEditor;
+    if (!editor) return undefined;
+    const inDiff = diffs.hunkAt(editor); // on the right side of a preview's diff
+    if (inDiff) return accept ? rewrites.accept(inDiff.uri, [inDiff.id]) : rewrites.reject(inDiff.uri, [inDiff.id]);
+    return rewrites.actOnHunkAtCursor(editor, accept);
+  };
   return [
     vscode.commands.registerCommand('specedit.rewriteSelection', rewrite(false)),
     vscode.commands.registerCommand('specedit.rewriteFile', rewrite(true)),
@@ -45,13 +57,11 @@ export function registerCommands(rewrites: Rewrites, server: Server): vscode.Dis
     vscode.commands.registerCommand(UNDO_HUNK, (uri: string, _jobId: string, hunkId: number) =>
       rewrites.reject(vscode.Uri.parse(uri), [hunkId]),
     ),
-    vscode.commands.registerCommand('specedit.acceptHunkAtCursor', () => {
-      const editor = vscode.window.activeTextEditor;
-      return editor && rewrites.actOnHunkAtCursor(editor, true);
-    }),
-    vscode.commands.registerCommand('specedit.rejectHunkAtCursor', () => {
-      const editor = vscode.window.activeTextEditor;
-      return editor && rewrites.actOnHunkAtCursor(editor, false);
+    vscode.commands.registerCommand('specedit.acceptHunkAtCursor', () => actAtCursor(true)),
+    vscode.commands.registerCommand('specedit.rejectHunkAtCursor', () => actAtCursor(false)),
+    vscode.commands.registerCommand(SHOW_DIFF, (uri?: vscode.Uri) => {
+      const target = uri ?? activeUri();
+      return target && diffs.open(target);
     }),
     vscode.commands.registerCommand('specedit.nextHunk', () => {
       const editor = vscode.window.activeTextEditor;

@@ -40,6 +40,11 @@ export function delivery(document: vscode.TextDocument): Delivery {
   return (NAMES.deliveries as readonly string[]).includes(value) ? (value as Delivery) : 'live';
 }
 
+/** Whether a preview opens its diff beside the document (`previewDiff.ts`). */
+export function previewDiff(document: vscode.TextDocument): boolean {
+  return settings(document).get<boolean>('previewDiff', true);
+}
+
 export function maxNewTokens(document: vscode.TextDocument): number | undefined {
   return settings(document).get<number | null>('maxNewTokens') ?? undefined;
 }

@@ -3,7 +3,7 @@
  *
  * The server does the work (rewrite jobs, hunks, versioned edits); this extension starts it (server.ts),
  * applies its edits as one undo step per rewrite (editApplier.ts), marks the text a live rewrite is still
- * writing (provisional.ts), shows previews (preview.ts), and
+ * writing (provisional.ts), shows previews (preview.ts) and their diffs (previewDiff.ts), and
  * offers the commands (commands.ts), the progress (rewrite.ts) and the status bar item (statusBar.ts).
  */
 import * as vscode from 'vscode';
@@ -11,6 +11,7 @@ import { registerCommands } from './commands';
 import { needsRestart } from './config';
 import { EditApplier } from './editApplier';
 import { Previews } from './preview';
+import { documentUri, PreviewDiffs } from './previewDiff';
 import { ProvisionalMarks } from './provisional';
 import { WrittenHunks } from './written';
 import { RewriteEvent, Rewrites } from './rewrite';
@@ -33,10 +34,13 @@ export function activate(context: vscode.ExtensionContext): SpeceditApi {
   server = new Server(output, applier, provisional);
   const status = new StatusBar(server);
   const previews = new Previews();
+  const diffs = new PreviewDiffs(previews);
   const written = new WrittenHunks();
   const rewrites = new Rewrites(server, applier, previews, provisional, written, status);
+  // A preview's diff (its right side) counts as the document it shows the proposal for.
+  const shownUri = (editor = vscode.window.activeTextEditor) => editor && documentUri(editor.document.uri);
   const hunksContext = (editor = vscode.window.activeTextEditor) =>
-    vscode.commands.executeCommand('setContext', 'specedit.hasHunks', previews.has(editor?.document.uri) || written.has(editor?.document.uri));
+    vscode.commands.executeCommand('setContext', 'specedit.hasHunks', previews.has(shownUri(editor)) || written.has(shownUri(editor)));
   const started = server;
 
   context.subscriptions.push(
@@ -44,6 +48,7 @@ export function activate(context: vscode.ExtensionContext): SpeceditApi {
     server,
     status,
     previews,
+    diffs,
     provisional,
     written,
     rewrites,
@@ -53,12 +58,12 @@ export function activate(context: vscode.ExtensionContext): SpeceditApi {
     vscode.languages.registerCodeLensProvider({ scheme: 'untitled' }, written),
     previews.onDidChangeCodeLenses(() => void hunksContext()),
     written.onDidChangeCodeLenses(() => void hunksContext()),
-    ...registerCommands(rewrites, server),
+    ...registerCommands(rewrites, server, diffs),
     vscode.workspace.onDidChangeConfiguration((event) => {
       if (needsRestart(event) && started.state !== 'stopped') void started.restart().catch(() => undefined);
     }),
     vscode.window.onDidChangeActiveTextEditor((editor) => {
-      void vscode.commands.executeCommand('setContext', 'specedit.hasPreview', previews.has(editor?.document.uri));
+      void vscode.commands.executeCommand('setContext', 'specedit.hasPreview', previews.has(shownUri(editor)));
       void hunksContext(editor);
     }),
   );

@@ -2,6 +2,7 @@
 import * as assert from 'assert';
 import * as vscode from 'vscode';
 import { mapRange } from '../preview';
+import { propose } from '../previewDiff';
 
 function change(startLine: number, startCharacter: number, endLine: number, endCharacter: number, text: string): vscode.TextDocumentContentChangeEvent {
   const range = new vscode.Range(startLine, startCharacter, endLine, endCharacter);
@@ -35,5 +36,22 @@ suite('preview ranges follow typing', () => {
     assert.strictEqual(show(mapRange(insertion, change(0, 0, 0, 0, '\n'))), '3:0-3:0');
     assert.strictEqual(show(mapRange(insertion, change(2, 1, 2, 1, 'x'))), '2:0-2:0');
     assert.strictEqual(show(mapRange(insertion, change(1, 2, 2, 1, ''))), 'touched');
+  });
+});
+
+suite("a preview's proposal (the right side of its diff)", () => {
+  test('each hunk in place, in the order of the text, and the line where each starts', () => {
+    const text = 'a\nb\nc\nd\n';
+    const { text: proposed, lines } = propose(text, [
+      { id: 2, start: 6, end: 8, newText: '' }, // delete "d\n"
+      { id: 0, start: 0, end: 2, newText: 'A1\nA2\n' }, // "a\n" -> two lines
+      { id: 1, start: 4, end: 4, newText: 'new\n' }, // insert before "c"
+    ]);
+    assert.strictEqual(proposed, 'A1\nA2\nb\nnew\nc\n');
+    assert.deepStrictEqual([...lines].sort(), [[0, 0], [1, 3], [2, 5]]);
+  });
+
+  test('no hunk: the text as it is', () => {
+    assert.deepStrictEqual(propose('x\r\ny\r\n', []), { text: 'x\r\ny\r\n', lines: new Map() });
   });
 });

@@ -13,6 +13,7 @@ import * as path from 'path';
 import * as vscode from 'vscode';
 import { checkServerCommand, ServerSetupError } from '../config';
 import type { SpeceditApi } from '../extension';
+import { proposedUri } from '../previewDiff';
 import { NAMES, RewriteResult } from '../protocol';
 
 const ADD = { before: 'def add(a, b):\n    return a + b\n', instruction: 'Rename add to plus.', after: 'def plus(a, b):\n    return a + b\n' };
@@ -251,6 +252,30 @@ suite('specedit in VS Code', () => {
     assert.ok(accept, 'an Accept CodeLens on the hunk');
     await vscode.commands.executeCommand(accept.command, ...(accept.arguments ?? []));
     assert.strictEqual(editor.document.getText(), ADD.after);
+  });
+
+  test("a preview's diff shows the new code in full beside the document, with Accept / Reject on each change", async () => {
+    const editor = await openFile(EMOJI.before);
+    const proposed = proposedUri(editor.document.uri);
+    const diffTab = () =>
+      vscode.window.tabGroups.all
+        .flatMap((group) => group.tabs)
+        .find((tab) => tab.input instanceof vscode.TabInputTextDiff && tab.input.modified.toString() === proposed.toString());
+    assert.strictEqual((await rewriteFile(EMOJI.instruction, 'preview')).status, 'complete');
+    await until(() => diffTab() !== undefined, 10_000, 'the diff opened beside the document');
+    const right = await vscode.workspace.openTextDocument(proposed);
+    assert.strictEqual(right.getText(), EMOJI.after, 'the right side: the document with the change in place');
+    assert.strictEqual(editor.document.getText(), EMOJI.before, 'a preview writes nothing');
+    assert.strictEqual(vscode.window.activeTextEditor?.document.uri.toString(), editor.document.uri.toString(), 'focus stays');
+    const lenses = await vscode.commands.executeCommand<vscode.CodeLens[]>('vscode.executeCodeLensProvider', proposed);
+    const titles = lenses.map((lens) => `${lens.range.start.line}:${lens.command?.title}`);
+    assert.deepStrictEqual(titles, ['1:$(check) Accept', '1:$(close) Reject']);
+    await screenshot('vscode-preview-diff');
+    const accept = lenses[0].command;
+    assert.ok(accept);
+    await vscode.commands.executeCommand(accept.command, ...(accept.arguments ?? []));
+    assert.strictEqual(editor.document.getText(), EMOJI.after);
+    await until(() => diffTab() === undefined, 10_000, 'the diff closed with the preview');
   });
 
   test('a preview rejected leaves the document as it was', async () => {
