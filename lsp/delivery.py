@@ -259,8 +259,15 @@ class DocumentState:
         at = versions.index(version)
         return Rebase(self._ours[at][1], [edits for _, _, edits in list(self._ours)[at:]])
 
+    @property
+    def client_text(self) -> str:
+        """The text as the client has it: the document's, and a held notification's changes (the next
+        notification's positions are in it)."""
+        return self._held.text if self._held is not None else self.text
+
     def did_change(self, version: int, changes: Sequence[Edit]) -> None:
-        """A `didChange`: its changes, each in the coordinates left by the one before."""
+        """A `didChange`: its changes, each in the coordinates left by the one before (the first in
+        `client_text`'s)."""
         held, self._held = self._held, None
         if held is not None:
             changes = [*held.changes, *changes]  # one notification, as far as the echo goes
@@ -283,7 +290,7 @@ class DocumentState:
                     break
             else:
                 if held is None and _started(self.text, text, candidates):
-                    self._held = HeldChange(version, list(changes))
+                    self._held = HeldChange(version, list(changes), text)
                     return  # the rest of the echo is on its way
             if self.in_flight is not None and self.in_flight.echo is None:
                 self.in_flight.echo = False  # the client's first change after its version was not it
@@ -357,10 +364,11 @@ class DocumentState:
 
 @dataclass(frozen=True)
 class HeldChange:
-    """A notification held as the start of an edit's echo: its version and changes."""
+    """A notification held as the start of an edit's echo: its version, its changes, the text after them."""
 
     version: int
     changes: list[Edit]
+    text: str
 
 
 def _started(before: str, after: str, candidates: Sequence[PlannedEdit]) -> bool:

@@ -91,7 +91,7 @@ class SpeceditServer(LanguageServer):
         if doc is None:
             return
         codec = self.workspace.position_codec
-        text, changes = doc.text, []
+        text, changes = doc.client_text, []
         for change in params.content_changes:
             if isinstance(change, types.TextDocumentContentChangePartial):
                 index = TextIndex(text)

@@ -541,6 +541,7 @@ def test_an_echo_neovim_sends_in_two_notifications_is_the_servers_own() -> None:
     before = doc.text
     doc.did_change(doc.version + 1, [lower])
     assert planned.echo is None and doc.text == before  # the start of its echo, held: the rest is on its way
+    assert doc.client_text == apply_edits(before, [lower])  # where the next notification's positions are
     doc.did_change(doc.version + 1, [upper])
     assert planned.echo is True and doc.text == planned.expected_text
     doc.finish(planned)
