@@ -295,12 +295,9 @@ class DocumentState:
             if self.in_flight is not None and self.in_flight.echo is None:
                 self.in_flight.echo = False  # the client's first change after its version was not it
         self._expired = []
-        self._users(version, changes[first_user:])
-
-    def _users(self, version: int, changes: Sequence[Edit]) -> None:
-        if changes:
-            self._ours.clear()  # the user's: a request made before them is stale
-        for start, end, new_text in changes:
+        if first_user < len(changes):
+            self._ours.clear()  # the user's: a request made before it is stale
+        for start, end, new_text in changes[first_user:]:
             self.text = self.text[:start] + new_text + self.text[end:]
             for job in self.jobs:
                 job.region.user_edit(start, end, new_text)
