@@ -351,13 +351,15 @@ def test_interrupt_leaves_the_file_untouched(tmp_path: Path, tiny_model_dir: Pat
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # As from a terminal: a test run started in the background (`... &`) ignores SIGINT, and so would
+        # the rewrite (Python leaves an ignored SIGINT ignored).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert process.stderr is not None
-    for line in process.stderr:  # wait until the rewrite has begun (the model loads, then writes)
+    for line in process.stderr:  # wait until the model is generating
         if "rewriting" in line:
             break
-    # At once: after a fixed pause, the tiny model once wrote its whole budget (1,938 tokens) before the
-    # signal came, on a busy machine (CI, 2026-12-01), and the race was lost the other way.
+    time.sleep(0.5)
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 130, err
