@@ -290,7 +290,7 @@ class DocumentState:
                     break
             else:
                 if held is None and _started(self.text, text, candidates):
-                    self._held = HeldChange(version, list(changes), text)
+                    self._held = HeldChange(list(changes), text)
                     return  # the rest of the echo is on its way
             if self.in_flight is not None and self.in_flight.echo is None:
                 self.in_flight.echo = False  # the client's first change after its version was not it
@@ -361,9 +361,8 @@ class DocumentState:
 
 @dataclass(frozen=True)
 class HeldChange:
-    """A notification held as the start of an edit's echo: its version, its changes, the text after them."""
+    """A notification held as the start of an edit's echo: its changes, and the text after them."""
 
-    version: int
     changes: list[Edit]
     text: str
 

@@ -22,7 +22,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +54,6 @@ class _Server:
     port: int
     log_path: Path
     spec_type: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class LlamaServerRunner:
@@ -115,19 +114,7 @@ class LlamaServerRunner:
         speculating = [name for name in runs if name != "llama-server-plain"]
         if speculating:
             best = min(speculating, key=lambda name: runs[name].wall_seconds)
-            chosen = runs[best]
-            runs["llama-server"] = MethodRun(
-                chosen.tokens,
-                chosen.text,
-                chosen.wall_seconds,
-                chosen.cpu_seconds,
-                chosen.prefill_seconds,
-                chosen.decode_seconds,
-                chosen.target_forwards,
-                chosen.drafted_tokens,
-                chosen.accepted_tokens,
-                extra={**chosen.extra, "best_of": best},
-            )
+            runs["llama-server"] = replace(runs[best], extra={**runs[best].extra, "best_of": best})
         return runs
 
 
