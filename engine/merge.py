@@ -5,28 +5,35 @@ placed in order, each after the one before, each replacing a span of the origina
 
 1. *Anchors*: the chunk's lines that say something (`merge_checks.counts`: a few letters or digits) and
    occur once in the original after the chunk before, grown into runs of equal lines (compared stripped,
-   so a re-indented chunk still matches). `def total(items):` can anchor, `return this;` cannot.
+   so a re-indented chunk still matches; not back over a line the chunk itself has twice, which may be
+   the copy that closes new code). `def total(items):` can anchor, `return this;` cannot.
 2. *Which anchors*: those that fit together (in order in both, and what lies between two of them in the
    chunk can stand where the original has what lies between them: as many brackets opened and closed, not
    much more code replaced than shown), and, since new code may repeat a unique line of old code, each
-   anchor alone too. Each choice gives a placement; of those that cover the anchors holding the chunk's
-   first and last lines (its context) and its runs of two lines or more, the one that loses the fewest of
-   the original's lines (lines that say something and that the chunk lacks) is taken.
+   anchor alone too; and a chunk that ends the file, at each place where the original has its first
+   lines (likewise one that starts it). Each choice gives a placement; of those that cover the anchors
+   holding the chunk's first and last lines (its context) and, if any can, its runs of two lines or more
+   (new code written beside a near copy of old code repeats them), the one that loses the fewest of the
+   original's lines (lines that say something and that the chunk lacks) is taken.
 3. *Edges*: the chunk's lines before its first anchor start where the original has the most of their
-   first lines before the anchor (context it repeats: a `}` and a blank line before a new function), if
-   the rest fits there; else its last lines may be changes of the lines just before the anchor (alike,
-   `EDGE_SCORE`); else they are new, and go in before the anchor if they close what they open and do not
-   land inside a deeper block. Likewise after the last anchor. A chunk with no marker before it starts the
-   file, one with no marker after it ends it; one that is a changed line alone (a new signature) goes
-   where the one line alike to it is.
-4. Lines the chunk repeats keep the original's own text (a sketch drops trailing spaces).
+   first lines before the anchor (context it repeats: a `}` and a blank line before a new function), less
+   the lines skipping there loses, if the rest fits there; else its last lines may be changes of the lines
+   just before the anchor (alike, `EDGE_SCORE`); else they are new, and go in before the anchor if they
+   close what they open and do not land inside a deeper block. Likewise after the last anchor. A chunk
+   with no marker before it starts the file, one with no marker after it ends it; one that is a changed
+   line alone (a new signature) goes where the one line alike to it is.
+4. *Repeated blocks*: a chunk none of whose lines the original has once is placed in each stretch around
+   a place of its rarest line where it changes something; the place after which the chunks that follow
+   can still be placed is taken, and if several can, none (`_places`, `_placed`).
+5. Lines the chunk repeats keep the original's own text (a sketch drops trailing spaces), but for a line
+   trimmed beside a line the chunk changes.
 
 A chunk that cannot be placed, or a merge that `merge_checks` refuses, leaves the merge *unresolved*
 (`SketchMerge.unresolved` says why): the model writes the answer then, with the partial merge as the copy
-drafter's draft. Measured on sketches of real edits (see the README, "Edit sketches"): on the set the
-project did not tune on, 69 of 75 merged by the lines equal the real edit, 2 differ in whitespace, 4 are
-left to the model, none is wrong. Wrong merges seen while tuning: a chunk whose lines are, verbatim,
-another place of the file (a Go template holding the same imports) goes there.
+drafter's draft. Measured on sketches of real edits (see the README, "Edit sketches"). Wrong merges seen
+while tuning: a chunk whose lines are, verbatim, another place of the file (a Go template holding the same
+imports) goes there; a new test whose lines (unique ones among them) repeat an old test's far above
+chains onto them and replaces what lies between (guzzle's XML visitor test).
 
 >>> original = "def f():\\n    return 1\\n\\n\\ndef g():\\n    return 2\\n"
 >>> sketch = "# ... existing code ...\\ndef g():\\n    return 3\\n"
@@ -38,6 +45,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+from collections import Counter
 from dataclasses import dataclass
 
 from rapidfuzz import fuzz
@@ -57,6 +65,10 @@ EDGE_SCORE = 60
 # replace far more (68 lines for 18 in a requests test file); a longer deletion is left to the model.
 REPLACED_PER_LINE = 2
 REPLACED_SLACK = 16
+# A chunk whose every line the original has more than once is tried at each place of its rarest line, if
+# it has at most this many (a block a file repeats: the same lines in two lists, an import block a template
+# holds too).
+MAX_REPEATS = 8
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,25 @@ class _Anchor:
     size: int
 
 
+@dataclass(frozen=True)
+class _Placement:
+    start: int  # the chunk replaces the original's lines[start:stop]
+    stop: int
+    lines: list[str]
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """How the chunks from one on fare: per chunk its placement, or why it has none or is doubtful; with
+    the number of those, to compare one placement's consequences with another's."""
+
+    steps: tuple[tuple[_Placement | None, str], ...] = ()  # (placement, "" or why it is doubtful or missing)
+    unplaced: int = 0
+
+    def after(self, placement: _Placement | None, why: str = "") -> _Outcome:
+        return _Outcome(((placement, why), *self.steps), self.unplaced + (placement is None or bool(why)))
+
+
 @functools.lru_cache(maxsize=8)
 def merge_sketch(original: str, sketch: str) -> SketchMerge:
     """`sketch` merged into `original` where its chunks say where they go (see the module docstring); in
@@ -97,17 +128,17 @@ def merge_sketch(original: str, sketch: str) -> SketchMerge:
     lines = _lines(original)
     keys = [line.strip() for line in lines]  # compared for anchors and likeness
     raw = [line.rstrip() for line in lines]  # compared with their indentation, at a chunk's edges
+    chunks = _chunks(sketch)
+
     merged: list[str] = []
     unresolved: list[str] = []
     cursor = 0  # the original's lines before it are placed (copied or replaced)
-    for chunk in _chunks(sketch):
-        placed = _place(lines, keys, raw, cursor, chunk)
-        if isinstance(placed, str):
-            unresolved.append(f"{placed} (the chunk starting {chunk.lines[0].strip()!r})")
-            continue
-        start, stop, new_lines = placed
-        merged += lines[cursor:start] + new_lines
-        cursor = stop
+    for place, why in _placed(chunks, lines, keys, raw).steps:
+        if why:
+            unresolved.append(why)
+        if place:
+            merged += lines[cursor : place.start] + place.lines
+            cursor = place.stop
     merged += lines[cursor:]
     text = "".join(merged)
     if not original.endswith("\n"):
@@ -117,6 +148,44 @@ def merge_sketch(original: str, sketch: str) -> SketchMerge:
         if not check.ok:
             unresolved.append(f"the merge fails its checks: {check.describe()}")
     return SketchMerge(text.replace("\n", "\r\n") if crlf else text, tuple(unresolved))
+
+
+def _placed(chunks: list[_Chunk], lines: list[str], keys: list[str], raw: list[str]) -> _Outcome:
+    """Where each chunk goes, after the one before: where a chunk may go in several places (`_places`), the
+    one after which the fewest chunks stay unplaced (a tie is a doubt: which of two equal blocks a sketch
+    meant: what each would change did not tell it reliably). Worked out from the last chunk back, for the
+    states (chunk, cursor) that the first chunk's choices reach: a stack, not recursion, since a sketch may
+    have many chunks."""
+    outcomes: dict[tuple[int, int], _Outcome] = {}
+    places: dict[tuple[int, int], list[_Placement] | str] = {}
+    stack = [(0, 0)]
+    while stack:
+        number, cursor = state = stack[-1]
+        if state in outcomes:  # reached two ways
+            stack.pop()
+            continue
+        if number == len(chunks):
+            outcomes[state] = _Outcome()
+            continue
+        chunk = chunks[number]
+        if state not in places:
+            places[state] = _places(lines, keys, raw, cursor, chunk)
+        found = places[state]
+        nexts = [(number + 1, cursor)] if isinstance(found, str) else [(number + 1, place.stop) for place in found]
+        if missing := [after for after in nexts if after not in outcomes]:
+            stack += missing
+            continue
+        stack.pop()
+        if isinstance(found, str):
+            outcomes[state] = outcomes[nexts[0]].after(None, f"{found} (the chunk starting {chunk.lines[0].strip()!r})")
+            continue
+        # Of the places, the one after which the fewest chunks stay unplaced; two alike are a doubt.
+        scored = sorted(((outcomes[(number + 1, place.stop)], place) for place in found), key=lambda o: o[0].unplaced)
+        (best, chosen), rest = scored[0], scored[1:]
+        tie = bool(rest) and rest[0][0].unplaced == best.unplaced
+        why = f"{chunk.lines[0].strip()!r} could go in more than one place" if tie else ""
+        outcomes[state] = best.after(chosen, why)
+    return outcomes[(0, 0)]
 
 
 def _lines(text: str) -> list[str]:
@@ -143,27 +212,59 @@ def _chunks(sketch: str) -> list[_Chunk]:
     return chunks
 
 
-def _place(
-    lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk: _Chunk
-) -> tuple[int, int, list[str]] | str:
+def _places(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk: _Chunk) -> list[_Placement] | str:
+    """Where `chunk` may go after `cursor` (`_place`); or why nowhere.
+
+    A chunk whose lines all occur more than once (a block that a file repeats) is placed in each stretch
+    of the original that holds one of the places of its rarest line (up to `MAX_REPEATS`), where it
+    changes something (a chunk is in a sketch for a change: one that changes nothing at any of them may
+    mean a deletion its lines do not show, as of one of two equal tests): the chunks after it then choose,
+    or it stays unresolved (`merge_sketch`).
+    """
+    placed = _place(lines, keys, raw, cursor, chunk)
+    if not isinstance(placed, str):
+        return [placed]
+    chunk_keys = {line.strip() for line in chunk.lines if counts(line)}
+    found: dict[str, list[int]] = {}
+    for index in range(cursor, len(keys)):
+        if keys[index] in chunk_keys:
+            found.setdefault(keys[index], []).append(index)
+    repeats = min(found.values(), key=len, default=[])
+    if not 1 < len(repeats) <= MAX_REPEATS:  # it has anchors (and did not fit on them), or too many places
+        return placed
+    places = []
+    for number, at in enumerate(repeats):
+        low = repeats[number - 1] + 1 if number else cursor
+        high = repeats[number + 1] if number + 1 < len(repeats) else len(lines)
+        if (chunk.at_start and low > cursor) or (chunk.at_end and high < len(lines)):
+            continue
+        place = _place(lines[:high], keys[:high], raw[:high], low, chunk)
+        if not isinstance(place, str) and place.start <= at < place.stop:
+            places.append(place)
+    return [place for place in places if place.lines != lines[place.start : place.stop]] or placed
+
+
+def _place(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk: _Chunk) -> _Placement | str:
     """Where `chunk` goes: it replaces `lines[start:stop]` with its lines (re-indented like the original's
     where all its anchors are shifted alike); or why that cannot be said.
 
     The anchors that fit together best are tried, and each anchor alone (a unique line of new code may
-    fit with the real ones); of the placements that hold and cover the anchors they must (`_required`),
-    the one that loses the fewest lines of the original (lines that say something, and that the chunk does
-    not have) is taken, and of those the one that replaces the fewest.
+    fit with the real ones), and those by the context of a chunk that starts or ends the file
+    (`_by_context`); of the placements that hold and cover the anchors they must (`_required`: the
+    context, and the runs if any can), the one that loses the fewest lines of the original (lines that say
+    something, and that the chunk does not have) is taken, and of those the one that replaces the fewest.
     """
     chunk_keys = [line.strip() for line in chunk.lines]
     anchors = _anchors(keys, cursor, chunk_keys)
     chains = [_best_chain(keys, chunk_keys, anchors), *([a] for a in anchors)] if anchors else [[]]
-    placements = [_place_on(chain, lines, raw, cursor, chunk) for chain in chains]
-    required = _required(anchors, chunk_keys, chunk)
-    held = [
-        placement
-        for placement in placements
-        if not isinstance(placement, str) and all(placement[0] <= a.original < placement[1] for a in required)
-    ]
+    placements = [_place_on(chain, lines, raw, cursor, chunk) for chain in chains] + _by_context(
+        lines, raw, cursor, chunk
+    )
+    edges, runs = _required(anchors, chunk_keys, chunk)
+    placed = [placement for placement in placements if not isinstance(placement, str)]
+    held = [placement for placement in placed if all(placement[0] <= a.original < placement[1] for a in edges)]
+    covering = [placement for placement in held if all(placement[0] <= a.original < placement[1] for a in runs)]
+    held = covering or (held if edges else [])  # the context placed it, new code may repeat old code
     if not held:
         reasons = [placement for placement in placements if isinstance(placement, str)]
         return reasons[0] if reasons else "its lines in the original do not fit together"
@@ -173,15 +274,38 @@ def _place(
         return sum(counts(key) and key not in kept for key in keys[placement[0] : placement[1]])
 
     start, stop, new_lines = min(held, key=lambda placement: (lost(placement), placement[1] - placement[0]))
-    return start, stop, _keeping_unchanged(lines[start:stop], new_lines)
+    return _Placement(start, stop, _keeping_unchanged(lines[start:stop], new_lines))
 
 
-def _required(anchors: list[_Anchor], chunk_keys: list[str], chunk: _Chunk) -> list[_Anchor]:
+def _by_context(lines: list[str], raw: list[str], cursor: int, chunk: _Chunk) -> list[tuple[int, int, list[str]]]:
+    """The placements of a chunk that ends the file (no marker after it) at each place where the original
+    has its first lines (its context: one at least that says something), replacing all after; of a chunk
+    that starts the file, at each place where the original has its last lines, replacing all before. Its
+    anchors may be new code repeating old code (a test appended after a near copy of it)."""
+    new_raw = [line.rstrip() for line in chunk.lines]
+    if chunk.at_start == chunk.at_end:
+        return []
+    if chunk.at_end:
+        return [(place, len(lines), chunk.lines) for place in range(cursor, len(lines)) if _says(new_raw, raw[place:])]
+    return [
+        (cursor, place, chunk.lines)
+        for place in range(cursor + 1, len(lines) + 1)
+        if _says(new_raw[::-1], raw[place - 1 :: -1])
+    ]
+
+
+def _says(new: list[str], old: list[str]) -> bool:
+    """Whether the first lines `new` and `old` have in common hold one that says something."""
+    return any(counts(line) for line in new[: _common_length(new, old)])
+
+
+def _required(anchors: list[_Anchor], chunk_keys: list[str], chunk: _Chunk) -> tuple[list[_Anchor], list[_Anchor]]:
     """The anchors a placement must cover: those holding the chunk's first or last line that says something
     (where a sketch repeats its context; not the end a file's start or end fixes, and neither when the two
-    disagree), and runs of two such lines or more in the same order as those (new code may repeat a line
-    of old code, seldom two together; a placement that leaves them out, beside the chunk's copy, doubles
-    them)."""
+    disagree); and, if it can, runs of two such lines or more in the same order as those (new code may
+    repeat a line of old code, seldom two together; a placement that leaves them out, beside the chunk's
+    copy, doubles them; but new code written beside a near copy of it does repeat them: a placement that
+    covers the context anchors need not cover the runs, when none can)."""
     said = [n for n, key in enumerate(chunk_keys) if counts(key)]
     edges = [
         a
@@ -191,7 +315,7 @@ def _required(anchors: list[_Anchor], chunk_keys: list[str], chunk: _Chunk) -> l
     if not all(_in_order(a, b) for a in edges for b in edges):
         edges = []
     long = [a for a in anchors if sum(map(counts, chunk_keys[a.chunk : a.chunk + a.size])) >= 2]
-    return edges + [a for a in long if all(_in_order(a, e) for e in edges)]
+    return edges, [a for a in long if all(_in_order(a, e) for e in edges)]
 
 
 def _in_order(a: _Anchor, b: _Anchor) -> bool:
@@ -201,13 +325,24 @@ def _in_order(a: _Anchor, b: _Anchor) -> bool:
 
 def _keeping_unchanged(old: list[str], new: list[str]) -> list[str]:
     """`new`, with the original's own text for the lines it repeats: a sketch writes blank lines without
-    their spaces, and a merge changes no line it did not mean to (a line indented anew is changed)."""
+    their spaces, and a merge changes no line it did not mean to (a line indented anew is changed). But a
+    line that the sketch gives without the original's trailing spaces, right beside a line it changes, is
+    the sketch's: an edit trims the lines it touches (` * ` in a doc comment it rewrites)."""
     matcher = difflib.SequenceMatcher(
         None, [line.rstrip() for line in old], [line.rstrip() for line in new], autojunk=False
     )
+    opcodes = matcher.get_opcodes()
     merged: list[str] = []
-    for tag, old_start, old_stop, new_start, new_stop in matcher.get_opcodes():
-        merged += old[old_start:old_stop] if tag == "equal" else new[new_start:new_stop]
+    for number, (tag, old_start, old_stop, new_start, new_stop) in enumerate(opcodes):
+        if tag != "equal":
+            merged += new[new_start:new_stop]
+            continue
+        kept = old[old_start:old_stop]
+        if number > 0 and kept[0].strip():  # the line after a change
+            kept[0] = new[new_start]
+        if number < len(opcodes) - 1 and kept[-1].strip():  # the line before one
+            kept[-1] = new[new_stop - 1]
+        merged += kept
     return merged
 
 
@@ -253,10 +388,14 @@ def _place_on(
 def _anchors(keys: list[str], cursor: int, chunk_keys: list[str]) -> list[_Anchor]:
     """The chunk's anchors: its lines that say something and occur once in the original after `cursor`,
     grown into runs of equal lines, in the chunk's order."""
+    wanted = {key for key in chunk_keys if counts(key)}
     places: dict[str, list[int]] = {}
     for index in range(cursor, len(keys)):
-        if counts(keys[index]):
+        if keys[index] in wanted:
             places.setdefault(keys[index], []).append(index)
+    # A line the chunk has twice (`done();` closing the new test and the old one after it) says nothing of
+    # which of its places the original's line is: a run does not grow over it.
+    twice = {key for key, number in Counter(chunk_keys).items() if number > 1 and counts(key)}
     anchors: list[_Anchor] = []
     for position, key in enumerate(chunk_keys):
         found = places.get(key, [])
@@ -265,7 +404,7 @@ def _anchors(keys: list[str], cursor: int, chunk_keys: list[str]) -> list[_Ancho
         a, b = position, found[0]
         if anchors and anchors[-1].original - anchors[-1].chunk == b - a and a < anchors[-1].chunk + anchors[-1].size:
             continue  # inside the run before
-        while a > 0 and b > cursor and chunk_keys[a - 1] == keys[b - 1]:
+        while a > 0 and b > cursor and chunk_keys[a - 1] == keys[b - 1] and chunk_keys[a - 1] not in twice:
             a, b = a - 1, b - 1
         end = position + 1
         while end < len(chunk_keys) and b + end - a < len(keys) and chunk_keys[end] == keys[b + end - a]:
@@ -314,8 +453,9 @@ def _edge(edge: list[str], raw: list[str], low: int, start: int) -> tuple[int, l
     that are new, to go in right before `start`.
 
     The edge may begin with lines of the original (context the chunk repeats: a closing `}` and a blank
-    line before a new function): the place before `start` where the original has the most of them, the
-    nearest of those, if the chunk's lines after them fit where the original has its lines up to `start`.
+    line before a new function): of the places before `start` where the chunk's lines after them fit where
+    the original has its lines up to `start`, the one where the most of them are, less the lines it loses
+    (lines that say something, that the chunk lacks), then the most of them, then the nearest.
     Else its last lines may be changes of the original's lines just before `start` (alike). Lines compared
     with their indentation. Used backwards for the chunk's end.
     """
@@ -327,10 +467,12 @@ def _edge(edge: list[str], raw: list[str], low: int, start: int) -> tuple[int, l
             size = 1
             while size < len(edge) and place + size < start and raw[place + size] == edge[size]:
                 size += 1
-            if _fits([line.strip() for line in edge[size:]], [line.strip() for line in raw[place + size : start]]):
-                places.append((size, place))
-        if places:  # the most repeated lines, then the nearest
-            return max(places, key=lambda found: found[0])[1], []
+            rest, skipped = [line.strip() for line in edge[size:]], [line.strip() for line in raw[place + size : start]]
+            if _fits(rest, skipped):
+                lost = sum(counts(line) and line not in rest for line in skipped)
+                places.append((size - lost, size, place))
+        if places:  # the most repeated less lost, then the most repeated, then the nearest
+            return max(places, key=lambda found: found[:2])[2], []
     # Changed lines: alike pairs from `start` back, over equal lines between them (blank lines, `}`).
     unplaced, placed_start = len(edge), start
     walked, at = unplaced, start

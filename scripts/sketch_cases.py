@@ -80,7 +80,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--language", help="only cases in this language")
     parser.add_argument("--context", type=int, default=2)
-    parser.add_argument("--max-chars", type=int, default=8000)
+    parser.add_argument("--min-chars", type=int, default=0, help="only originals of at least this many characters")
+    parser.add_argument("--max-chars", type=int, default=8000, help="only originals shorter than this")
     parser.add_argument("--limit", type=int, default=20)
     parser.add_argument("--styles", choices=("existing", "mixed"), default="existing")
     parser.add_argument("--skip", type=int, default=0, help="leave out the first N cases that qualify")
@@ -91,7 +92,7 @@ def main() -> int:
             case = json.loads(line)
             if args.language and case["language"].lower() != args.language.lower():
                 continue
-            if len(case["before"]) >= args.max_chars:
+            if not args.min_chars <= len(case["before"]) < args.max_chars:
                 continue
             style = written % len(STYLES) if args.styles == "mixed" else 0
             sketch = sketch_of(case["before"], case["after"], case["language"], args.context, style)

@@ -165,6 +165,30 @@ def test_a_sketch_set_reports_each_answers_merges(tmp_path: Path, memorising_mod
     assert not echo["merge"]["resolved_by_lines"] and "elision markers" in echo["merge"]["specedit"]["check"]
 
 
+def test_merges_only_needs_no_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`bench --merges-only`: the lines' verdict per sketch case and the counts, with a model that cannot
+    load (it is never touched); a set without sketches is a usage error."""
+    cases = tmp_path / "sketches.jsonl"
+    wrong = {"id": "wrong", "language": "python", "before": LINES_SKETCH[0], "sketch": LINES_SKETCH[1]}
+    records = [
+        {**wrong, "id": "lines", "after": LINES_SKETCH[2]},
+        {**wrong, "after": LINES_SKETCH[2] + "# not what the lines give\n"},
+        {"id": "echo", "language": "python", "before": ECHOED_SKETCH[0], "sketch": ECHOED_SKETCH[1], "after": "x\n"},
+    ]
+    cases.write_text("".join(json.dumps(record) + "\n" for record in records))
+    out = tmp_path / "merges.json"
+    arguments = ["bench", "--cases", str(cases), "--model", str(tmp_path / "no-such-model"), "--merges-only"]
+    assert main([*arguments, "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "lines " in printed and " exact" in printed and "left to the model: " in printed
+    merges = json.loads(out.read_text())["summary"]["merges"]
+    assert merges["cases"] == 3 and merges["resolved_by_lines"] == 2
+    assert merges["lines"] == {**merges["lines"], "answered": 2, "exact": 1, "let_through": 1}
+    instructions = tmp_path / "instructions.jsonl"
+    instructions.write_text(json.dumps({"id": "i", "language": "python", "instruction": "x", "before": "y"}) + "\n")
+    assert main(["bench", "--cases", str(instructions), "--merges-only"]) != 0
+
+
 def test_summary_pairs_cases_not_totals() -> None:
     def run(wall: float) -> dict[str, object]:
         return {

@@ -131,6 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=32,
         help="transformers' prompt_lookup_num_tokens (default 32, its best here)",
     )
+    bench.add_argument(
+        "--merges-only",
+        action="store_true",
+        help="sketch cases only: how their lines merge them (exact, whitespace only, left to the model, wrong), "
+        "without loading a model",
+    )
     bench.add_argument("--json", type=Path, help="write every figure as JSON")
     add_model_arguments(bench)
 
@@ -420,6 +426,8 @@ def bench_command(args: argparse.Namespace) -> int:
     if not args.cases.is_file():
         raise InputError(f"{args.cases}: no such file")
     cases = load_cases(args.cases, limit=args.limit, max_chars=args.max_chars)
+    if args.merges_only:
+        return merges_only(cases, args.json)
     # Every method prefills its own prompt: a cache kept from the method before would be a head start.
     session = local_session(dataclasses.replace(engine_options(args), prefix_cache_mb=0))
     engine = session.load()
@@ -514,6 +522,30 @@ def bench_command(args: argparse.Namespace) -> int:
     print(f"load average after: {load}; llama.cpp: {settings['llama_cpp']}; llama-server: {settings['llama_server']}")
     if args.json:
         write_atomically(args.json, json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def merges_only(cases: list[Any], json_path: Path | None) -> int:
+    """`bench --merges-only`: each sketch case merged by its lines, no model: the verdict, per case."""
+    from specedit.engine.ops.bench import merge_record, summarise_merges
+
+    sketches = [case for case in cases if case.sketch is not None and case.after is not None]
+    if not sketches:
+        raise InputError("--merges-only: no sketch cases (id, language, sketch, before, after) in --cases")
+    records = []
+    for case in sketches:
+        merge = merge_record(case, {})
+        lines = merge.get("lines")
+        if lines is None:
+            said = "left to the model: " + "; ".join(merge["unresolved"])
+        else:
+            said = "exact" if lines["exact"] else "whitespace only" if lines["whitespace_only"] else "wrong"
+        print(f"{case.id[:48]:<48} {said[:160]}", flush=True)
+        records.append({"id": case.id, "language": case.language, "methods": {}, "merge": merge})
+    merges = summarise_merges(records)
+    print_merges(merges)
+    if json_path:
+        write_atomically(json_path, json.dumps({"summary": {"merges": merges}, "cases": records}, indent=2) + "\n")
     return 0
 
 
