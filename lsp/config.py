@@ -18,12 +18,11 @@ from typing import Any
 
 from specedit.engine.options import EngineOptions, setting_names
 from specedit.engine.requests import DRAFT_METHODS, DraftMethod
+from specedit.engine.serving.config import INPROCESS
 from specedit.engine.session import LocalSession, Session, remote_session
 from specedit.lsp.protocol import DELIVERIES, Delivery
 
 log = logging.getLogger(__name__)
-
-INPROCESS = "inprocess"
 
 # The editors' names of the engine's settings (`draftLayers`) -> the `EngineOptions` fields (`draft_layers`).
 ENGINE_KEYS = setting_names()

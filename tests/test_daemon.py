@@ -772,3 +772,35 @@ def test_an_editor_with_documents_open_keeps_the_daemon(short_dir: Path, random_
     editor.keep_alive(False)
     assert finished.wait(TIMEOUT)
     thread.join(TIMEOUT)
+
+
+def test_the_command_line_uses_a_running_shared_daemon_with_its_engine_flags(
+    short_dir: Path, memorising_engine: Engine, memorising_model_dir: Path, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """`specedit rewrite` without --engine: the shared daemon when one runs with the same engine flags (its
+    model is loaded: no start-up), else in process (other flags, or `--engine inprocess`); the same answer
+    either way, and `--stats` says which engine and when the first text came."""
+    from specedit.cli.main import main
+    from specedit.engine.serving.client import running_daemon
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(short_dir))
+    options = EngineOptions(model=str(memorising_model_dir), threads=1)
+    config = DaemonConfig(options=options)
+    source, out, stats = tmp_path / "add.py", tmp_path / "out.py", tmp_path / "stats.json"
+    source.write_text(ADD)
+    flags = ["--model", str(memorising_model_dir), "--threads", "1"]
+    command = ["rewrite", str(source), "-i", ADD_INSTRUCTION, *flags, "--no-progress", "-o", str(out), "--stats"]
+    assert running_daemon(options) is None  # none runs
+    with daemon_thread(config, memorising_engine) as daemon:
+        assert running_daemon(options) == config.address
+        assert running_daemon(dataclasses.replace(options, p_min=0.25)) is None  # another engine
+        assert main([*command, str(stats)]) == 0
+        assert out.read_text() == ADD_ANSWER and len(daemon.status_info()["recent"]) == 1
+        through_daemon = json.loads(stats.read_text())
+        assert through_daemon["engine"] == f"daemon at {config.address}"
+        assert through_daemon["first_text_from_start_seconds"] > 0
+        out.unlink()
+        assert main([*command, str(stats), "--engine", "inprocess"]) == 0
+        assert out.read_text() == ADD_ANSWER and len(daemon.status_info()["recent"]) == 1
+        assert json.loads(stats.read_text())["engine"] == "inprocess"
+    assert running_daemon(options) is None  # stopped: its info file is gone

@@ -13,7 +13,8 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,12 +36,14 @@ from specedit.engine.errors import FileChangedError, IncompleteOutputError, Inpu
 from specedit.engine.merge_checks import check_merge
 from specedit.engine.options import EngineOptions, add_engine_arguments
 from specedit.engine.requests import DRAFT_METHODS, MERGE_METHODS
+from specedit.engine.serving.config import INPROCESS
 from specedit.lsp.command import add_lsp_parser, lsp_command
 
 if TYPE_CHECKING:
     from specedit.engine.session import LocalSession
 
 log = logging.getLogger("specedit")
+STARTED = time.monotonic()  # the command's start, for the time to its first text (`--stats`)
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -95,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     rewrite.add_argument(
         "--engine",
         metavar="ADDR",
-        help="use the engine at ADDR: a daemon's (socket path or tcp://HOST:PORT) or a cluster's (http(s)://HOST:PORT)",
+        help="use the engine at ADDR: a daemon's (socket path or tcp://HOST:PORT) or a cluster's "
+        "(http(s)://HOST:PORT); 'inprocess': load the model here. Default: the shared daemon if one runs with "
+        "these engine flags (an editor's, `specedit serve`'s), else in process",
     )
     rewrite.add_argument("--engine-token-file", metavar="FILE", help="the token file of a TCP daemon or a cluster")
     rewrite.add_argument("--no-progress", action="store_true", help="no live status line on stderr")
@@ -225,6 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def rewrite_command(args: argparse.Namespace) -> int:
     from specedit.engine.prompts import language_for_path
     from specedit.engine.requests import RewriteRequest, SamplingConfig
+    from specedit.engine.serving.client import running_daemon
     from specedit.engine.session import Session, remote_session
 
     if args.output and len(args.paths) > 1:
@@ -251,7 +257,11 @@ def rewrite_command(args: argparse.Namespace) -> int:
         jobs.append((source, region))
 
     session: Session
-    if args.engine:
+    running = None if args.engine else running_daemon(options)
+    if running is not None:  # the model is loaded already: no start-up to wait for
+        log.info("using the engine daemon at %s (--engine inprocess: load the model here instead)", running)
+        session = remote_session(running, client_name="specedit rewrite")
+    elif args.engine and args.engine != INPROCESS:
         cluster = args.engine.startswith(("http://", "https://"))  # its --model chooses among its models
         if (dataclasses.replace(options, model=None) if cluster else options) != EngineOptions():
             flags = "--draft-model, ..." if cluster else "--model, --draft-model, ..."
@@ -288,16 +298,16 @@ def rewrite_command(args: argparse.Namespace) -> int:
         log.info("rewriting %s (%d characters)", source.name, len(region.region))
         # Text streamed to a terminal is its own progress: a status line would be drawn over it.
         quiet = args.no_progress or (stream_to_stdout and sys.stdout.isatty())
+        on_text = FirstText(write_stdout if stream_to_stdout else None)
         with RewriteProgress(source.name, enabled=False if quiet else None) as progress:
-            result = session.run(
-                request,
-                on_text=write_stdout if stream_to_stdout else None,
-                on_step=progress.step,
-                on_phase=progress.phase,
-            )
+            result = session.run(request, on_text=on_text, on_step=progress.step, on_phase=progress.phase)
         if stream_to_stdout:
             write_stdout(region.after)
-        all_stats.append({"path": source.name, "finish_reason": result.finish_reason, **result.stats})
+        timing = {"first_text_from_start_seconds": round(on_text.at - STARTED, 3)} if on_text.at else {}
+        engine = {"engine": f"daemon at {running}" if running else args.engine or INPROCESS}
+        all_stats.append(
+            {"path": source.name, "finish_reason": result.finish_reason, **result.stats, **timing, **engine}
+        )
         try:
             if not result.complete:
                 raise IncompleteOutputError(
@@ -375,6 +385,20 @@ def local_session(options: EngineOptions, *, load: bool = True) -> LocalSession:
     with LoadingLine("specedit"):
         session.load()
     return session
+
+
+class FirstText:
+    """A text callback that notes when the first text comes (`at`, monotonic), and passes each on."""
+
+    def __init__(self, then: Callable[[str], None] | None) -> None:
+        self.then = then
+        self.at: float | None = None
+
+    def __call__(self, text: str) -> None:
+        if self.at is None:
+            self.at = time.monotonic()
+        if self.then is not None:
+            self.then(text)
 
 
 def write_stdout(text: str) -> None:

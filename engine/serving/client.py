@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from specedit.engine.errors import EngineUnavailableError, SpeceditError
+from specedit.engine.options import EngineOptions
 from specedit.engine.requests import Phase, RewriteOutcome, RewriteRequest, StepInfo, WarmRequest
 from specedit.engine.serving.config import DaemonConfig, check_own_socket, peer_uid, prepare_state_dir, read_token
 from specedit.engine.serving.protocol import (
@@ -370,6 +371,23 @@ def _answers(address: EngineAddress) -> bool:
 
 
 # ------------------------------------------------------------------------------------- ensure_daemon
+
+
+def running_daemon(options: EngineOptions) -> str | None:
+    """The address of the shared daemon if one runs and answers, serving the engine `options` describe (as
+    its info file says: the same model and settings, so the same answers); else None. Nothing is started."""
+    config = DaemonConfig(options=options)
+    try:
+        served = json.loads(config.info_path.read_text(encoding="utf-8")).get("options")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if served is None or EngineOptions.from_dict(served) != EngineOptions.from_dict(config.to_dict()["options"]):
+        return None
+    try:
+        EngineClient.connect(EngineAddress.of(config), client_name="specedit (is a daemon there?)").close()
+    except EngineUnavailableError:
+        return None  # a stale info file, or a daemon on its way out
+    return config.address
 
 
 def ensure_daemon(

@@ -219,6 +219,8 @@ def _absolute_paths(options: EngineOptions) -> EngineOptions:
     return dataclasses.replace(options, model=absolute(options.model), draft_model=absolute(options.draft_model))
 
 
+INPROCESS = "inprocess"  # the engine address that means: no daemon, the model in this process
+
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 
 

@@ -244,6 +244,7 @@ def _write_info(path: Path, daemon: Daemon) -> None:
                 "pid": os.getpid(),
                 "address": daemon.address,
                 "model": daemon.config.options.model,
+                "options": daemon.config.to_dict()["options"],  # what `client.running_daemon` compares
                 "protocol": PROTOCOL_VERSION,
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             },
