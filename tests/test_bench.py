@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import statistics
 import sys
@@ -53,12 +54,15 @@ def test_bench_runs_every_method_on_every_case(
             "plain,plain-stock,prompt-lookup,specedit,llama-cpp,llama-server",
             "--prompt-lookup-tokens",
             "8",
+            "--background-load",
+            "1",
         ]
     )
     assert code == 0
     report = json.loads(out.read_text())
     table = capsys.readouterr().out
     assert "load average before" in table and "speed-up over plain" in table
+    assert report["settings"]["background_load"] == 1 and "busy processes beside it: 1" in table
 
     summary = report["summary"]
     for key in (
@@ -187,6 +191,28 @@ def test_merges_only_needs_no_model(tmp_path: Path, capsys: pytest.CaptureFixtur
     instructions = tmp_path / "instructions.jsonl"
     instructions.write_text(json.dumps({"id": "i", "language": "python", "instruction": "x", "before": "y"}) + "\n")
     assert main(["bench", "--cases", str(instructions), "--merges-only"]) != 0
+
+
+def test_background_load_spins_beside_the_bench_and_stops() -> None:
+    """`--background-load N`: N processes of this machine's Python, each busy, while inside; none after."""
+    from specedit.engine.ops.bench import busy_processes
+
+    def spinning() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                status = (entry / "status").read_text()
+                command = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            parent = next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:"))
+            if int(parent) == os.getpid() and b"while True: pass" in command:
+                found.append(int(entry.name))
+        return found
+
+    with busy_processes(2):
+        assert len(spinning()) == 2
+    assert spinning() == []
 
 
 def test_summary_pairs_cases_not_totals() -> None:

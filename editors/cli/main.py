@@ -137,6 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="transformers' prompt_lookup_num_tokens (default 32, its best here)",
     )
     bench.add_argument(
+        "--background-load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N busy processes (one core each) beside the bench, for every method alike: a busy machine",
+    )
+    bench.add_argument(
         "--merges-only",
         action="store_true",
         help="sketch cases only: how their lines merge them (exact, whitespace only, left to the model, wrong), "
@@ -452,6 +459,8 @@ def bench_command(args: argparse.Namespace) -> int:
     cases = load_cases(args.cases, limit=args.limit, max_chars=args.max_chars)
     if args.merges_only:
         return merges_only(cases, args.json)
+    if args.background_load < 0:
+        raise UsageError("--background-load takes a number of processes, 0 or more")
     # Every method prefills its own prompt: a cache kept from the method before would be a head start.
     session = local_session(dataclasses.replace(engine_options(args), prefix_cache_mb=0))
     engine = session.load()
@@ -487,6 +496,7 @@ def bench_command(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         lookup_tokens=args.prompt_lookup_tokens,
         llama_server=args.llama_server,
+        background_load=args.background_load,
         on_case=on_case,
     )
     summary = report["summary"]
@@ -543,7 +553,10 @@ def bench_command(args: argparse.Namespace) -> int:
         print_merges(summary["merges"])
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     settings = report["settings"]
-    print(f"load average after: {load}; llama.cpp: {settings['llama_cpp']}; llama-server: {settings['llama_server']}")
+    print(
+        f"load average after: {load}; busy processes beside it: {settings['background_load']}; "
+        f"llama.cpp: {settings['llama_cpp']}; llama-server: {settings['llama_server']}"
+    )
     if args.json:
         write_atomically(args.json, json.dumps(report, indent=2) + "\n")
     return 0

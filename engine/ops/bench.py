@@ -21,7 +21,9 @@ Our methods run the product's own rewrite path (`loop.rewrite`: the request prep
 the method's drafters); the peers get the same prepared prompt and budget, and their answers go through the
 same rules (closing fence, line endings, final newline). Every method stops at the closing code fence.
 Times are measured in one process, case by case, method after method, so that the ratios are pair by
-pair and the machine's load hits all methods alike.
+pair and the machine's load hits all methods alike. `background_load` runs that many busy processes
+beside them all (each spins on one core, as a compiler or a browser would): a busy machine, for every
+method alike.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import logging
 import math
 import os
 import statistics
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -365,10 +369,11 @@ def run_bench(
     max_new_tokens: int | None = None,
     lookup_tokens: int = 32,
     llama_server: str | None = None,
+    background_load: int = 0,
     on_case: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Every method on every case (`llama_server`: the binary of that method, else where
-    `llama_server.find_binary` looks)."""
+    `llama_server.find_binary` looks), with `background_load` busy processes beside them."""
     engine = session.load()
     unknown = set(methods) - set(METHODS)
     if unknown:
@@ -385,6 +390,7 @@ def run_bench(
         if llama is None:
             ordered.remove("llama-cpp")
     with ExitStack() as servers:
+        servers.enter_context(busy_processes(background_load))
         server = _start_llama_server(engine, llama_server) if "llama-server" in ordered else None
         if server is not None:
             servers.enter_context(server)
@@ -403,6 +409,7 @@ def run_bench(
             "max_new_tokens": max_new_tokens,
             "prompt_lookup_num_tokens": lookup_tokens,
             "threads": torch.get_num_threads(),
+            "background_load": background_load,
             "dtype": engine.loaded.dtype_name,
             "exactness": engine.loaded.exactness.to_dict() if engine.loaded.exactness is not None else None,
             "device": str(engine.device),
@@ -414,6 +421,18 @@ def run_bench(
             ),
         },
     }
+
+
+@contextmanager
+def busy_processes(count: int) -> Iterator[None]:
+    """`count` processes spinning (one core each) while inside: a machine busy with something else."""
+    spinning = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for process in spinning:
+            process.kill()
+            process.wait()
 
 
 def _start_llama_server(engine: Engine, given: str | None) -> LlamaServerRunner | None:
