@@ -105,6 +105,7 @@ def test_a_verdict_is_remembered_until_the_machine_changes(tmp_path: Path, monke
         wide_model(512, torch.float32, settle=False), tmp_path
     )  # same shapes, same machine: no probe
     assert (again.bitwise, again.linear, again.step_rows) == (first.bitwise, first.linear, first.step_rows)
+    assert again.fewer_threads == first.fewer_threads
 
     saved.write_text("{not json")
     with pytest.raises(AssertionError, match="the probe ran"):
@@ -120,6 +121,23 @@ def test_a_verdict_is_remembered_until_the_machine_changes(tmp_path: Path, monke
     try:
         with pytest.raises(AssertionError, match="the probe ran"):
             exactness.settle(wide_model(512, torch.float32, settle=False), tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_fewer_threads_are_offered_only_where_the_logits_stay_the_same() -> None:
+    """`fewer_threads`: the counts below torch's on which the probe's logits are bitwise the same; a kernel
+    whose result moves with the thread count offers none."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(2, threads))
+    try:
+        loaded = wide_model(512, torch.float32)
+        assert loaded.exactness is not None
+        assert set(loaded.exactness.fewer_threads) <= {torch.get_num_threads() - 1, 1}
+        assert all(exactness.same_on_threads(loaded, count) for count in loaded.exactness.fewer_threads)
+        _perturb_final_norm(loaded, lambda rows: 1e-3 if torch.get_num_threads() == 1 else 0.0)
+        verdict = exactness.settle(loaded)
+        assert verdict.bitwise and verdict.fewer_threads == ()
     finally:
         torch.set_num_threads(threads)
 

@@ -18,6 +18,7 @@ from typing import Any
 from specedit.engine.errors import ContextLengthError
 from specedit.engine.loop.drafting import generate_drafted
 from specedit.engine.loop.generate import Engine, Generation
+from specedit.engine.loop.threads import on_free_cores
 from specedit.engine.merge import SketchMerge, merge_sketch
 from specedit.engine.prompts import AnswerStream, RewritePrompt, build_prompt, file_prefix
 from specedit.engine.requests import (
@@ -125,18 +126,22 @@ def run_rewrite(
         if text and on_text is not None:
             on_text(text.replace("\n", "\r\n") if crlf else text)
 
-    generation = generate_drafted(
-        engine,
-        prepared.prompt_ids,
-        method=draft or prepared.request.draft,
-        source_ids=prepared.source_ids,
-        max_new_tokens=prepared.max_new_tokens,
-        sampling=prepared.request.sampling,
-        stop=answer.feed,
-        on_text=emit,
-        cancel=cancel,
-        on_step=on_step,
-    )
+    # Fewer threads while other programs keep cores busy, where the self-check found the same answer there.
+    exactness, on_cpu = engine.loaded.exactness, engine.device.type == "cpu"
+    with on_free_cores(exactness.fewer_threads if exactness is not None and on_cpu else ()) as threads:
+        generation = generate_drafted(
+            engine,
+            prepared.prompt_ids,
+            method=draft or prepared.request.draft,
+            source_ids=prepared.source_ids,
+            max_new_tokens=prepared.max_new_tokens,
+            sampling=prepared.request.sampling,
+            stop=answer.feed,
+            on_text=emit,
+            cancel=cancel,
+            on_step=on_step,
+        )
+    generation.stats.threads = threads if on_cpu else None
     emit("")
     generation.stats.first_text_seconds = first_text
     code = trailing.finish(answer.code)

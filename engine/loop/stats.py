@@ -61,6 +61,7 @@ class Stats:
     joules: float | None = None  # the GPU's energy counter (NVML), on CUDA only
     drafters: dict[str, DrafterStats] = field(default_factory=dict)  # by drafter name: copy, fallback
     cost_probes: int = 0  # plain steps the cost governor took to measure plain decoding
+    threads: int | None = None  # the CPU threads it ran on (fewer than configured while cores were busy)
     exactness: dict[str, Any] | None = None  # the target's self-check verdict (`Exactness.to_dict()`)
 
     @property
@@ -104,6 +105,7 @@ class Stats:
             "joules": round(self.joules, 3) if self.joules is not None else None,
             "drafters": {name: drafter.to_dict() for name, drafter in sorted(self.drafters.items())},
             "cost_probes": self.cost_probes,
+            "threads": self.threads,
             "exactness": self.exactness,
         }
 

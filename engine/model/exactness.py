@@ -16,7 +16,12 @@ Where none holds (or on CUDA, where the row-invariant attention does not apply),
 fastest path and the verdict says the output is identical to plain decoding "up to near-ties": a position
 whose two best tokens are within rounding of each other may come out differently.
 
-The probe costs about 2 s for the 0.5B model in float32 on 2 AVX2 cores (12 forwards), so the command
+The verdict also says on which fewer threads the probe's logits come out the same (`fewer_threads`: one
+thread fewer, and one): where they do, a rewrite may run on fewer threads while other programs keep cores
+busy (`loop.threads`), and its answer is the same.
+
+The probe costs about 2 s for the 0.5B model in float32 on 2 AVX2 cores (12 forwards; 3.4 s more for
+the thread counts), so the command
 line and the daemon remember a verdict in the cache (`verdicts`), keyed by everything that chooses the
 kernels: the model's shapes, dtype, device, thread count, the CPU's model and flags, the steering
 variables, the versions of torch and transformers, and the source of this module and of
@@ -67,6 +72,9 @@ class Exactness:
     kernels: str  # what torch dispatches to (its CPU capability), and any steering in the environment
     threads: int
     probe_seconds: float
+    # Thread counts below `threads` whose logits the probe found equal to those at `threads`, bitwise: a
+    # rewrite may run on them when cores are busy (`loop.threads`) and still give the same answer.
+    fewer_threads: tuple[int, ...] = ()
 
     @property
     def claim(self) -> str:
@@ -126,6 +134,10 @@ def settle(loaded: Any, verdicts: Path | None = None) -> Exactness:
             bitwise, (linear, rows) = False, fastest
     _use_linear(model, linear)
     loaded.step_rows = rows
+    if known is not None:
+        fewer = _read_fewer_threads(remembered)
+    else:
+        fewer = tuple(threads for threads in _fewer_threads() if bitwise and same_on_threads(loaded, threads))
     verdict = Exactness(
         bitwise=bitwise,
         linear=linear,
@@ -137,6 +149,7 @@ def settle(loaded: Any, verdicts: Path | None = None) -> Exactness:
         kernels=kernel_description() if on_cpu else f"torch {torch.__version__}",
         threads=torch.get_num_threads(),
         probe_seconds=time.perf_counter() - start,
+        fewer_threads=fewer,
     )
     log.info("%s; self-check took %.2f s", verdict.describe(), verdict.probe_seconds)
     if remembered is not None and known is None:
@@ -168,6 +181,40 @@ def fingerprint(loaded: Any) -> str:
         "sources": [hashlib.sha256(source).hexdigest() for source in sources],
     }
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _fewer_threads() -> list[int]:
+    """The thread counts below torch's that the probe tries: one core busy (one fewer), and one thread."""
+    threads = torch.get_num_threads()
+    return sorted({count for count in (threads - 1, 1) if 1 <= count < threads})
+
+
+def same_on_threads(loaded: Any, threads: int) -> bool:
+    """Whether the probe's reference (plain decoding) and its one-forward split give the same logits on
+    `threads` threads as on torch's own count, bitwise (a kernel may split a sum across threads)."""
+    ids = probe_ids(int(loaded.model.config.vocab_size), PROBE_CONTEXT + sum(PROBE_SPLITS[0]))
+    own = torch.get_num_threads()
+
+    def logits() -> list[torch.Tensor]:
+        with torch.inference_mode():
+            cache = _prefilled(loaded, ids, (PROBE_CONTEXT,))
+            return [_split_logits(loaded, ids, split, cache) for split in PROBE_SPLITS[:2]]
+
+    reference = logits()
+    torch.set_num_threads(threads)
+    try:
+        fewer = logits()
+    finally:
+        torch.set_num_threads(own)
+    return all(torch.equal(a, b) for a, b in zip(reference, fewer, strict=True))
+
+
+def _read_fewer_threads(path: Path | None) -> tuple[int, ...]:
+    try:
+        counts = json.loads(path.read_text(encoding="utf-8"))["fewer_threads"] if path is not None else []
+    except (OSError, ValueError, KeyError, TypeError):
+        return ()
+    return tuple(count for count in counts if isinstance(count, int) and count in _fewer_threads())
 
 
 def _read_verdict(path: Path) -> tuple[bool, tuple[Linear, int]] | None:

@@ -1,0 +1,68 @@
+"""Decoding on the cores other programs leave free (`loop.threads`): fewer threads while cores are busy,
+only on counts the self-check found to give the same logits, and the same answer."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from specedit.engine.loop import threads
+from specedit.engine.ops.bench import busy_processes
+from specedit.engine.options import EngineOptions
+from specedit.engine.requests import RewriteRequest
+from specedit.engine.session import LocalSession
+
+from conftest import MEMORISED_REWRITES
+
+CORES = len(os.sched_getaffinity(0))
+
+
+def running(count: int) -> int:
+    """`busy_elsewhere()` once it counts `count` (started processes run within a moment), or after 5 s."""
+    deadline, seen = time.monotonic() + 5, 0
+    while seen < count and time.monotonic() < deadline:
+        seen = max(seen, threads.busy_elsewhere())
+        time.sleep(0.02)
+    return seen
+
+
+def test_the_count_follows_the_free_cores_among_the_allowed_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert threads.threads_for(8, (7, 1), busy=0) == 8  # idle
+    assert threads.threads_for(8, (7, 1), busy=1) == 7  # one core busy
+    assert threads.threads_for(8, (7, 1), busy=3) == 1  # 5 free, but 5 was not checked
+    assert threads.threads_for(8, (7, 1), busy=9) == 1  # every core busy: the fewest
+    assert threads.threads_for(8, (), busy=5) == 8  # none checked: as configured
+    assert threads.threads_for(4, (3, 1), busy=4) == 4  # 4 threads of 8 cores: 4 free are enough
+    assert threads.threads_for(4, (3, 1), busy=5) == 3
+
+
+def test_busy_processes_are_counted() -> None:
+    idle = threads.busy_elsewhere()
+    assert idle >= 0
+    with busy_processes(2):
+        assert running(2) >= 2
+
+
+@pytest.mark.skipif(CORES < 2, reason="one core: there is no fewer count to fall back on")
+def test_a_rewrite_on_a_busy_machine_runs_on_fewer_threads_with_the_same_answer(
+    memorising_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original, instruction, answer = MEMORISED_REWRITES[0]
+    request = RewriteRequest(original, instruction=instruction, language="python")
+    session = LocalSession(EngineOptions(model=str(memorising_model_dir), threads=2))
+    engine = session.load()
+    assert engine.loaded.exactness is not None and 1 in engine.loaded.exactness.fewer_threads
+    idle = session.run(request)
+    with busy_processes(CORES):
+        assert running(CORES) >= CORES
+        busy = session.run(request)
+        monkeypatch.setenv("SPECEDIT_ADAPT_THREADS", "0")
+        kept = session.run(request)
+    assert idle.text == busy.text == kept.text == answer
+    assert busy.stats["threads"] == 1 and kept.stats["threads"] == 2
+    assert torch.get_num_threads() == 2  # restored after the rewrite
