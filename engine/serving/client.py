@@ -377,11 +377,11 @@ def running_daemon(options: EngineOptions) -> str | None:
     """The address of the shared daemon if one runs and answers, serving the engine `options` describe (as
     its info file says: the same model and settings, so the same answers); else None. Nothing is started."""
     config = DaemonConfig(options=options)
-    try:
-        served = json.loads(config.info_path.read_text(encoding="utf-8")).get("options")
-    except (OSError, ValueError, AttributeError):
+    try:  # (an older daemon's file has no options; a newer one's may have options this one does not know)
+        served = EngineOptions.from_dict(json.loads(config.info_path.read_text(encoding="utf-8"))["options"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    if served is None or EngineOptions.from_dict(served) != EngineOptions.from_dict(config.to_dict()["options"]):
+    if served != EngineOptions.from_dict(config.to_dict()["options"]):
         return None
     try:
         EngineClient.connect(EngineAddress.of(config), client_name="specedit (is a daemon there?)").close()
