@@ -4,6 +4,7 @@ only on counts the self-check found to give the same logits, and the same answer
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -46,6 +47,25 @@ def test_busy_processes_are_counted() -> None:
     assert idle >= 0
     with busy_processes(2):
         assert running(2) >= 2
+
+
+def test_this_process_own_running_threads_are_not_counted_as_busy_elsewhere() -> None:
+    """A worker thread of ours still computing (as one spinning after a forward) is ours, not another
+    program's: it is counted among our running threads, which `busy_elsewhere` takes off."""
+    stop = threading.Event()
+
+    def work() -> None:
+        a = torch.ones(256, 256)
+        while not stop.is_set():
+            a @ a  # releases the GIL: runs beside the thread that reads /proc
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    try:
+        assert max(threads._own_running() for _ in range(50)) >= 2
+    finally:
+        stop.set()
+        worker.join(5)
 
 
 @pytest.mark.skipif(CORES < 2, reason="one core: there is no fewer count to fall back on")

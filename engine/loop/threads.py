@@ -24,8 +24,9 @@ SAMPLE_GAP = 0.004  # still be spinning from the last forward, or another progra
 
 
 def busy_elsewhere() -> int:
-    """How many threads of other programs are running or ready to run now (`procs_running` of
-    /proc/stat, less the thread asking); 0 where it cannot be read."""
+    """How many threads of other programs are running or ready to run now: `procs_running` of /proc/stat
+    less this process's own running threads (the one asking, a worker still spinning after the last
+    forward); 0 where it cannot be read."""
     readings = []
     for sample in range(SAMPLES):
         if sample:
@@ -35,8 +36,25 @@ def busy_elsewhere() -> int:
                 running = next(int(line.split()[1]) for line in stat if line.startswith("procs_running"))
         except (OSError, StopIteration, ValueError, IndexError):
             return 0
-        readings.append(running - 1)
+        readings.append(running - _own_running())
     return max(0, min(readings))
+
+
+def _own_running() -> int:
+    """This process's threads in the running state (`R` in /proc/self/task/*/stat); at least the caller."""
+    count = 0
+    try:
+        tasks = list(os.scandir("/proc/self/task"))
+    except OSError:
+        return 1
+    for task in tasks:
+        try:
+            with open(f"{task.path}/stat", encoding="ascii", errors="replace") as stat:
+                state = stat.read().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            continue  # a thread that just ended
+        count += state == "R"
+    return max(1, count)
 
 
 def threads_for(configured: int, allowed: Sequence[int], busy: int) -> int:
