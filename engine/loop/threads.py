@@ -19,8 +19,8 @@ from contextlib import contextmanager
 
 import torch
 
-SAMPLES = 3  # readings of the run queue, SAMPLE_GAP apart: the fewest is taken (a thread of ours may
-SAMPLE_GAP = 0.004  # still be spinning from the last forward, or another program's be between two bursts)
+SAMPLES = 3  # readings of the run queue, SAMPLE_GAP apart: the fewest is taken (another program's thread
+SAMPLE_GAP = 0.004  # may be between two bursts of a short task)
 
 
 def busy_elsewhere() -> int:
