@@ -43,6 +43,28 @@ def test_the_count_follows_the_free_cores_among_the_allowed_ones(monkeypatch: py
     assert threads.threads_for(4, (3, 1), busy=5) == 3
 
 
+def test_the_count_is_decided_again_between_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program that starts (or ends) during a rewrite: the next decision, `RECHECK` seconds later, follows
+    it; torch gets the configured count back at the end; `mostly` is the count most steps ran on."""
+    configured = torch.get_num_threads()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(threads, "RECHECK", 0.0)
+    readings = iter([0, 1, 1, 1, 0])  # idle as it starts, then one core busy for three steps, then idle
+    monkeypatch.setattr(threads, "busy_elsewhere", lambda: next(readings))
+    torch.set_num_threads(8)
+    try:
+        cores = threads.FreeCores((7, 1))
+        seen = [cores.current]
+        for _ in range(4):
+            cores.between_steps()
+            seen.append(torch.get_num_threads())
+        assert seen == [8, 7, 7, 7, 8] and cores.mostly == 7
+        cores.restore()
+        assert torch.get_num_threads() == 8
+    finally:
+        torch.set_num_threads(configured)
+
+
 def test_busy_processes_are_counted() -> None:
     idle = threads.busy_elsewhere()
     assert idle >= 0

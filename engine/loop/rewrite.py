@@ -18,7 +18,7 @@ from typing import Any
 from specedit.engine.errors import ContextLengthError
 from specedit.engine.loop.drafting import generate_drafted
 from specedit.engine.loop.generate import Engine, Generation
-from specedit.engine.loop.threads import on_free_cores
+from specedit.engine.loop.threads import FreeCores
 from specedit.engine.merge import SketchMerge, merge_sketch
 from specedit.engine.prompts import AnswerStream, RewritePrompt, build_prompt, file_prefix
 from specedit.engine.requests import (
@@ -128,7 +128,14 @@ def run_rewrite(
 
     # Fewer threads while other programs keep cores busy, where the self-check found the same answer there.
     exactness, on_cpu = engine.loaded.exactness, engine.device.type == "cpu"
-    with on_free_cores(exactness.fewer_threads if exactness is not None and on_cpu else ()) as threads:
+    cores = FreeCores(exactness.fewer_threads if exactness is not None and on_cpu else ())
+
+    def stepped(info: StepInfo) -> None:
+        cores.between_steps()
+        if on_step is not None:
+            on_step(info)
+
+    try:
         generation = generate_drafted(
             engine,
             prepared.prompt_ids,
@@ -139,9 +146,11 @@ def run_rewrite(
             stop=answer.feed,
             on_text=emit,
             cancel=cancel,
-            on_step=on_step,
+            on_step=stepped,
         )
-    generation.stats.threads = threads if on_cpu else None
+    finally:
+        cores.restore()
+    generation.stats.threads = cores.mostly if on_cpu else None
     emit("")
     generation.stats.first_text_seconds = first_text
     code = trailing.finish(answer.code)

@@ -3,22 +3,25 @@
 A forward's threads meet at a barrier after every operator, so one thread sharing its core with another
 program holds back all the others: with one of 2 cores busy (another process spinning), a rewrite on 2
 threads took 2.6-3.0x its idle time, and on 1 thread 1.6-2.0x (AVX2, 0.5B, float32; see the README,
-"A busy machine"). So a rewrite counts the cores busy elsewhere as it starts, and runs on fewer threads
-while they are: only on a count the self-check found to give the same logits, bit for bit, as the
-configured one (`Exactness.fewer_threads`), so that the answer never depends on the machine's load.
+"A busy machine"). So a rewrite counts the cores busy elsewhere as it starts, and again every second
+between its steps, and runs on fewer threads while they are busy: only on a count the self-check found
+to give the same logits, bit for bit, as the configured one (`Exactness.fewer_threads`), so that the
+answer never depends on the machine's load.
 
 `SPECEDIT_ADAPT_THREADS=0` keeps the configured count (to measure what adapting saves).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections import Counter
+from collections.abc import Sequence
 
 import torch
 
+RECHECK = 1.0  # seconds between two decisions during a rewrite (a decision reads /proc for ~8 ms)
 SAMPLES = 3  # readings of the run queue, SAMPLE_GAP apart: the fewest is taken (another program's thread
 SAMPLE_GAP = 0.004  # may be between two bursts of a short task)
 
@@ -67,17 +70,35 @@ def threads_for(configured: int, allowed: Sequence[int], busy: int) -> int:
     return max((count for count in allowed if count <= free), default=min(allowed))
 
 
-@contextmanager
-def on_free_cores(allowed: Sequence[int]) -> Iterator[int]:
-    """Run inside on the threads `threads_for` chooses (torch's count is this thread's: restored on exit);
-    yields the count."""
-    configured = torch.get_num_threads()
-    adapt = os.environ.get("SPECEDIT_ADAPT_THREADS", "1") != "0" and allowed
-    chosen = threads_for(configured, allowed, busy_elsewhere()) if adapt else configured
-    if chosen != configured:
-        torch.set_num_threads(chosen)
-    try:
-        yield chosen
-    finally:
-        if chosen != configured:
-            torch.set_num_threads(configured)
+class FreeCores:
+    """The threads a rewrite decodes on: chosen by `threads_for` as it starts, and again between its steps
+    every `RECHECK` seconds (a compiler started or ended meanwhile); `restore` gives torch back the
+    configured count (torch's count is this thread's). `mostly`: the count most steps ran on."""
+
+    def __init__(self, allowed: Sequence[int]) -> None:
+        self.configured = self.current = torch.get_num_threads()
+        self.allowed = tuple(allowed) if os.environ.get("SPECEDIT_ADAPT_THREADS", "1") != "0" else ()
+        self.steps: Counter[int] = Counter()
+        self._checked = -math.inf
+        self.between_steps(counted=False)
+
+    def between_steps(self, *, counted: bool = True) -> None:
+        if counted:
+            self.steps[self.current] += 1
+        now = time.monotonic()
+        if not self.allowed or now - self._checked < RECHECK:
+            return
+        self._checked = now
+        chosen = threads_for(self.configured, self.allowed, busy_elsewhere())
+        if chosen != self.current:
+            torch.set_num_threads(chosen)
+            self.current = chosen
+
+    @property
+    def mostly(self) -> int:
+        return self.steps.most_common(1)[0][0] if self.steps else self.current
+
+    def restore(self) -> None:
+        if self.current != self.configured:
+            torch.set_num_threads(self.configured)
+            self.current = self.configured
