@@ -224,11 +224,7 @@ def _places(lines: list[str], keys: list[str], raw: list[str], cursor: int, chun
     placed = _place(lines, keys, raw, cursor, chunk)
     if not isinstance(placed, str):
         return [placed]
-    chunk_keys = {line.strip() for line in chunk.lines if counts(line)}
-    found: dict[str, list[int]] = {}
-    for index in range(cursor, len(keys)):
-        if keys[index] in chunk_keys:
-            found.setdefault(keys[index], []).append(index)
+    found = _where(keys, cursor, {line.strip() for line in chunk.lines if counts(line)})
     repeats = min(found.values(), key=len, default=[])
     if not 1 < len(repeats) <= MAX_REPEATS:  # it has anchors (and did not fit on them), or too many places
         return placed
@@ -285,12 +281,17 @@ def _by_context(lines: list[str], raw: list[str], cursor: int, chunk: _Chunk) ->
     new_raw = [line.rstrip() for line in chunk.lines]
     if chunk.at_start == chunk.at_end:
         return []
+    # Only where the first line (the last, backwards) is the same: the original is not copied for every line.
     if chunk.at_end:
-        return [(place, len(lines), chunk.lines) for place in range(cursor, len(lines)) if _says(new_raw, raw[place:])]
+        return [
+            (place, len(lines), chunk.lines)
+            for place in range(cursor, len(lines))
+            if raw[place] == new_raw[0] and _says(new_raw, raw[place:])
+        ]
     return [
         (cursor, place, chunk.lines)
         for place in range(cursor + 1, len(lines) + 1)
-        if _says(new_raw[::-1], raw[place - 1 :: -1])
+        if raw[place - 1] == new_raw[-1] and _says(new_raw[::-1], raw[place - 1 :: -1])
     ]
 
 
@@ -385,14 +386,19 @@ def _place_on(
     return start, stop, new_lines
 
 
-def _anchors(keys: list[str], cursor: int, chunk_keys: list[str]) -> list[_Anchor]:
-    """The chunk's anchors: its lines that say something and occur once in the original after `cursor`,
-    grown into runs of equal lines, in the chunk's order."""
-    wanted = {key for key in chunk_keys if counts(key)}
+def _where(keys: list[str], cursor: int, wanted: set[str]) -> dict[str, list[int]]:
+    """Where each of the `wanted` lines is in the original after `cursor` (line indices, in order)."""
     places: dict[str, list[int]] = {}
     for index in range(cursor, len(keys)):
         if keys[index] in wanted:
             places.setdefault(keys[index], []).append(index)
+    return places
+
+
+def _anchors(keys: list[str], cursor: int, chunk_keys: list[str]) -> list[_Anchor]:
+    """The chunk's anchors: its lines that say something and occur once in the original after `cursor`,
+    grown into runs of equal lines, in the chunk's order."""
+    places = _where(keys, cursor, {key for key in chunk_keys if counts(key)})
     # A line the chunk has twice (`done();` closing the new test and the old one after it) says nothing of
     # which of its places the original's line is: a run does not grow over it.
     twice = {key for key, number in Counter(chunk_keys).items() if number > 1 and counts(key)}
