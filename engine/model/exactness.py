@@ -121,7 +121,7 @@ def settle(loaded: Any, verdicts: Path | None = None) -> Exactness:
     remembered = verdicts / f"{fingerprint(loaded)}.json" if verdicts is not None else None
     known = _read_verdict(remembered) if remembered is not None else None
     if known is not None and known[1] in (*candidates, fastest):
-        bitwise, (linear, rows) = known
+        bitwise, (linear, rows), fewer = known
     else:
         known = None
         for linear, rows in candidates:
@@ -134,9 +134,7 @@ def settle(loaded: Any, verdicts: Path | None = None) -> Exactness:
             bitwise, (linear, rows) = False, fastest
     _use_linear(model, linear)
     loaded.step_rows = rows
-    if known is not None:
-        fewer = _read_fewer_threads(remembered)
-    else:
+    if known is None:
         fewer = tuple(threads for threads in _fewer_threads() if bitwise and same_on_threads(loaded, threads))
     verdict = Exactness(
         bitwise=bitwise,
@@ -209,23 +207,18 @@ def same_on_threads(loaded: Any, threads: int) -> bool:
     return all(torch.equal(a, b) for a, b in zip(reference, fewer, strict=True))
 
 
-def _read_fewer_threads(path: Path | None) -> tuple[int, ...]:
-    try:
-        counts = json.loads(path.read_text(encoding="utf-8"))["fewer_threads"] if path is not None else []
-    except (OSError, ValueError, KeyError, TypeError):
-        return ()
-    return tuple(count for count in counts if isinstance(count, int) and count in _fewer_threads())
-
-
-def _read_verdict(path: Path) -> tuple[bool, tuple[Linear, int]] | None:
+def _read_verdict(path: Path) -> tuple[bool, tuple[Linear, int], tuple[int, ...]] | None:
+    """A remembered verdict: (bitwise, (linear, step rows), fewer threads), or None."""
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
         bitwise, linear, rows = record["bitwise"], record["linear"], record["step_rows"]
+        counts = record.get("fewer_threads")
     except (OSError, ValueError, KeyError, TypeError):
         return None  # none yet, or unreadable: the probe decides
     if not isinstance(bitwise, bool) or linear not in ("onednn-packed", "aten") or rows not in (1, 2):
         return None
-    return bitwise, (linear, rows)
+    listed = counts if isinstance(counts, list) else []
+    return bitwise, (linear, rows), tuple(n for n in listed if isinstance(n, int) and n in _fewer_threads())
 
 
 def _write_verdict(path: Path, verdict: Exactness) -> None:
