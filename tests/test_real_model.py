@@ -20,6 +20,7 @@ import torch
 from specedit.cli.main import main
 from specedit.engine.loop.generate import Engine
 from specedit.engine.loop.rewrite import rewrite
+from specedit.engine.model import kernels
 from specedit.engine.model.loading import load_model
 from specedit.engine.ops.model_store import ensure_model
 from specedit.engine.requests import RewriteRequest
@@ -90,7 +91,8 @@ def test_a_positions_logits_do_not_depend_on_the_forward_size(engine: Engine) ->
 
 def test_the_command_is_exact_with_kernels_steered_to_avx2(tmp_path: Path) -> None:
     """The class most users have, wherever the tests run: `specedit rewrite` with oneDNN, ATen and MKL
-    steered to AVX2 (float32, as `auto` picks there) writes plain decoding's answer, and says so."""
+    steered to AVX2 (float32 and int8 weights, as `auto` picks there) writes plain decoding's answer, and
+    says so."""
     from test_exactness import STEERING
 
     source = tmp_path / "config.py"
@@ -111,6 +113,8 @@ def test_the_command_is_exact_with_kernels_steered_to_avx2(tmp_path: Path) -> No
     verdict = stats["auto"]["exactness"]
     assert verdict["claim"] == "bitwise" and verdict["dtype"] == "float32"
     assert "ONEDNN_MAX_CPU_ISA=AVX2" in verdict["kernels"]
+    if kernels.available() is None:  # int8 weights, as `--weights auto` picks there
+        assert verdict["linear"] == "int8", verdict
 
 
 def test_layer_skip_where_the_copy_runs_out_keeps_the_answer(engine: Engine) -> None:

@@ -11,6 +11,8 @@ compares the logits bitwise, and takes the first path that holds, cheapest first
 1. oneDNN's prepacked linear (where it has a kernel for the dtype), a one-token step as one row;
 2. the same, a one-token step as two rows (the token twice, the second row dropped);
 3. and 4. the same two with ATen's linear kernels.
+A model loaded with int8 weights (`model.quantized`) tries its own kernel first, and goes back to the
+float paths on its dequantized weights only where that fails.
 
 Where none holds (or on CUDA, where the row-invariant attention does not apply), the model keeps the
 fastest path and the verdict says the output is identical to plain decoding "up to near-ties": a position
@@ -43,11 +45,12 @@ from typing import Any, Literal
 
 import torch
 
-from specedit.engine.model import invariant, kv_cache
+from specedit.engine.model import invariant, kernels, kv_cache, quantized
 
 log = logging.getLogger(__name__)
 
-Linear = Literal["onednn-packed", "aten"]
+Linear = Literal["int8", "onednn-packed", "aten"]
+LINEARS = ("int8", "onednn-packed", "aten")
 
 # Environment variables that steer the CPU kernels (read once, when the libraries start).
 KERNEL_ENV = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR")
@@ -111,13 +114,16 @@ def settle(loaded: Any, verdicts: Path | None = None) -> Exactness:
     if attention:
         invariant.install_rotary_table(model)
     packable = on_cpu and invariant.can_pack(loaded.dtype)
+    int8 = quantized.is_quantized(model)
     candidates: list[tuple[Linear, int]] = [
+        *((("int8", 1),) if int8 else ()),
         *((("onednn-packed", rows) for rows in (1, 2)) if packable else ()),
         *(("aten", rows) for rows in (1, 2)),
     ]
     if not attention:
         candidates = []  # without the invariant attention, one kernel that varies is enough to break it
-    fastest: tuple[Linear, int] = ("onednn-packed" if packable else "aten", 1)
+    float_fastest: tuple[Linear, int] = ("onednn-packed" if packable else "aten", 1)
+    fastest: tuple[Linear, int] = ("int8", 1) if int8 else float_fastest
     remembered = verdicts / f"{fingerprint(loaded)}.json" if verdicts is not None else None
     known = _read_verdict(remembered) if remembered is not None else None
     if known is not None and known[1] in (*candidates, fastest):
@@ -130,8 +136,9 @@ def settle(loaded: Any, verdicts: Path | None = None) -> Exactness:
             if probe_holds(loaded):
                 bitwise = True
                 break
-        else:  # the fastest path, with the weaker claim
-            bitwise, (linear, rows) = False, fastest
+        else:  # the fastest path left (a float path tried gave up the int8 weights), with the weaker claim
+            bitwise = False
+            linear, rows = fastest if quantized.is_quantized(model) else float_fastest
     _use_linear(model, linear)
     loaded.step_rows = rows
     if known is None:
@@ -165,11 +172,13 @@ def fingerprint(loaded: Any) -> str:
     """A digest of everything that chooses the kernels a forward of `loaded` runs (module docstring)."""
     import transformers
 
-    sources = [Path(path).read_bytes() for path in (invariant.__file__, __file__) if path]
+    modules = (invariant.__file__, kernels.__file__, kernels.SOURCE, quantized.__file__, __file__)
+    sources = [Path(path).read_bytes() for path in modules if path]
     config = {key: value for key, value in loaded.model.config.to_dict().items() if key != "_name_or_path"}
     described = {
         "config": config,  # the shapes; not the name: the same shapes on the same machine take the same kernels
         "dtype": str(loaded.dtype),
+        "weights": "int8" if quantized.is_quantized(loaded.model) else str(loaded.dtype),
         "device": str(loaded.device),
         "threads": torch.get_num_threads(),
         "cpu": _cpu_model() + " " + " ".join(sorted(_cpu_flags())),
@@ -215,7 +224,7 @@ def _read_verdict(path: Path) -> tuple[bool, tuple[Linear, int], tuple[int, ...]
         counts = record.get("fewer_threads")
     except (OSError, ValueError, KeyError, TypeError):
         return None  # none yet, or unreadable: the probe decides
-    if not isinstance(bitwise, bool) or linear not in ("onednn-packed", "aten") or rows not in (1, 2):
+    if not isinstance(bitwise, bool) or linear not in LINEARS or rows not in (1, 2):
         return None
     listed = counts if isinstance(counts, list) else []
     return bitwise, (linear, rows), tuple(n for n in listed if isinstance(n, int) and n in _fewer_threads())
@@ -269,6 +278,9 @@ def _split_logits(loaded: Any, ids: Sequence[int], split: Sequence[int], cache: 
 
 
 def _use_linear(model: Any, linear: Linear) -> None:
+    if linear == "int8":
+        return  # loaded so: int8 weights cannot come back from the float ones
+    quantized.dequantize_linears(model)
     if linear == "onednn-packed":
         invariant.pack_linears(model)
     else:

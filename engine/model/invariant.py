@@ -27,9 +27,15 @@ What varies depends on the CPU class (measured with torch 2.13, 1 and 2 threads,
 
 `invariant_attention` therefore computes every query at position p against the keys of positions
 0 .. `_kv_length(p)` - 1, a length that depends on p alone (p + 1 rounded up to `KV_BUCKET`; the keys past
-the cache are zeros, masked), in calls of 4 to 32 query rows (a short call repeats its last row). The
-prefill goes the same way, so a prompt's cache computed in pieces (a prefix kept from an earlier request,
-then the rest) is bit for bit the cache computed at once (`model.prefix_cache`); it costs the same as
+the cache are zeros, masked), in calls of 4 to 32 query rows (a short call repeats its last row). That
+held where it was measured (AMD EPYC AVX2, AVX512-BF16), not everywhere: on an Intel Xeon steered to AVX2,
+on 1 thread, a row came out differently in calls of 30 and of 32 rows (2026-12). So in float32, where
+specedit's own kernels build (`model.kernels`, each output one chain of fused multiply-adds), the
+attention's two products run on them, row-invariant by construction, one call per key-length bucket, at
+the flash kernel's cost (1% slower for a 500-token prefill, AVX-512); the flash kernel in calls of 4 to 32
+rows stays for bf16 and where they do not build. The prefill goes the same way, so a prompt's cache
+computed in pieces (a prefix kept from an earlier request, then the rest) is bit for bit the cache
+computed at once (`model.prefix_cache`); the flash kernel's way costs the same as
 transformers' attention for 500 tokens, 1% more for 2,000 and 18% more for 6,000 (AVX2, float32,
 2026-11). Which linear kernel, and whether a one-token step must run as two rows, is not assumed: the
 self-check at load (`model.exactness`) asks the machine. On CUDA none of this holds as such (cuBLAS
@@ -47,6 +53,8 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from specedit.engine.model import kernels
 
 ATTENTION_NAME = "specedit_row_invariant"
 
@@ -67,6 +75,7 @@ def install_attention(model: Any) -> bool:
     """
     if model.device.type != "cpu" or not model._can_set_attn_implementation():
         return False
+    kernels.available()  # specedit's own products, where they build: row-invariant on every CPU
     AttentionInterface.register(ATTENTION_NAME, invariant_attention)
     AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)  # the prefill's mask, as for "sdpa"
     model.set_attn_implementation(ATTENTION_NAME)
@@ -188,13 +197,15 @@ def stock_kernels(model: Any) -> Iterator[None]:
     """transformers' own attention and ATen's linear kernels while inside: the model as a user of
     transformers runs it, for a peer's baseline (`specedit bench`). Its weights are materialised in the
     plain layout for the while (for the 0.5B model in float32: about 2 GB more, for a few milliseconds
-    of reordering)."""
+    of reordering; int8 weights dequantized, as the int8 kernel computes them)."""
+    from specedit.engine.model.quantized import QuantizedLinear
+
     attention = model.config._attn_implementation
     packed = {
         (parent, name): child
         for parent in model.modules()
         for name, child in parent.named_children()
-        if isinstance(child, PackedLinear)
+        if isinstance(child, (PackedLinear, QuantizedLinear))
     }
     for (parent, name), child in packed.items():
         setattr(parent, name, child.unpacked())
@@ -232,6 +243,8 @@ def invariant_attention(
     first = kv_length - q_length  # position of the first query
     head_dim = query.shape[-1]
     scale = scaling if scaling is not None else head_dim**-0.5
+    if query.dtype == torch.float32 and kernels.loaded():
+        return _attention_on_own_kernels(query, key, value, first, scale), None
     if head_dim < MIN_HEAD_DIM:  # zeros change no dot product; the extra output columns are dropped below
         query, key, value = (F.pad(states, (0, MIN_HEAD_DIM - head_dim)) for states in (query, key, value))
     outputs = []
@@ -250,6 +263,31 @@ def invariant_attention(
         )
         outputs.append(output[:, :, : stop - start, :head_dim])
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _attention_on_own_kernels(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, first: int, scale: float
+) -> torch.Tensor:
+    """The same attention with specedit's own products (`model.kernels`), row-invariant by construction:
+    the scores and the weighted values of a query do not depend on the queries beside it, so one call per
+    key-length bucket, of any number of rows. (1, H, q, D) queries -> (1, q, H, D)."""
+    q_length, head_dim = query.shape[2], query.shape[3]
+    width = -(-head_dim // kernels.PANEL) * kernels.PANEL  # the products' outputs come in panels of 16
+    if width != head_dim:
+        query, key, value = (F.pad(states, (0, width - head_dim)) for states in (query, key, value))
+    outputs = []
+    start, end = first, first + q_length
+    while start < end:
+        stop = min(end, _kv_length(start))  # the end of this key-length bucket
+        keys = _kv_length(start)
+        positions = torch.arange(start, stop, device=query.device)
+        mask = torch.arange(keys, device=query.device) <= positions[:, None]  # (rows, keys)
+        key_states, value_states = _fit(key, keys)[0], _fit(value, keys)[0]  # (H_kv, keys, D)
+        scores = kernels.bmm(query[0, :, start - first : stop - first], key_states) * scale  # (H, rows, keys)
+        weights = torch.softmax(scores.masked_fill_(~mask, float("-inf")), dim=-1)
+        outputs.append(kernels.bmm(weights, value_states.transpose(1, 2))[..., :head_dim])
+        start = stop
+    return torch.cat(outputs, dim=1).transpose(0, 1).unsqueeze(0).contiguous()  # (1, q, H, D)
 
 
 def _kv_length(position: int) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from specedit.engine.errors import ModelLoadError
-from specedit.engine.model import exactness, invariant, kv_cache
+from specedit.engine.model import exactness, invariant, kernels, kv_cache, quantized
 from specedit.engine.options import DTYPE_CHOICES
 
 log = logging.getLogger(__name__)
@@ -129,20 +129,48 @@ class LoadedModel:
         return logits
 
 
+# What ATen dispatches to (its CPU capability, which follows ATEN_CPU_CAPABILITY) where `weights="auto"`
+# takes int8 (see `int8_weights`): measured faster end to end on both (README, "int8 weights").
+AUTO_INT8_CAPABILITIES = ("AVX2", "AVX512")
+
+
+def int8_weights(weights: str, device: torch.device, dtype: torch.dtype, kernel_folder: Path | None = None) -> bool:
+    """Whether the linear layers take int8 weights (`model.quantized`): asked for (`weights="int8"`; a
+    `ModelLoadError` where the kernel cannot run), or `auto` on a CPU running float32 on AVX2 or AVX-512
+    kernels (where bf16 is native, `auto` runs bf16 and keeps it: not measured against int8)."""
+    if weights == "float" or (weights == "auto" and not (device.type == "cpu" and dtype == torch.float32)):
+        return False
+    if weights == "auto" and torch.backends.cpu.get_cpu_capability() not in AUTO_INT8_CAPABILITIES:
+        return False
+    unavailable = "int8 weights run on the CPU only" if device.type != "cpu" else None
+    unavailable = unavailable or ("the int8 kernel computes in float32" if dtype != torch.float32 else None)
+    unavailable = unavailable or kernels.available(kernel_folder)
+    if unavailable is None:
+        return True
+    if weights == "int8":
+        raise ModelLoadError(f"--weights int8: {unavailable}")
+    log.info("float32 weights: %s", unavailable)
+    return False
+
+
 def load_model(
     name_or_path: str,
     *,
     dtype: str = "auto",
+    weights: str = "auto",
     device: str | None = None,
     target: bool = True,
     verdicts: Path | None = None,
+    kernel_folder: Path | None = None,
 ) -> LoadedModel:
     """Load a model for inference. Any failure is a `ModelLoadError` that says what was tried.
 
     A `target`'s logits decide the output, so its kernels are chosen by the self-check
     (`model.exactness`), which also says whether speculation keeps plain decoding's answer bit for bit.
     A draft model's logits never decide the output: it simply gets the fastest kernels. `verdicts`: a
-    folder where the self-check's verdicts are remembered (see `exactness.settle`).
+    folder where the self-check's verdicts are remembered (see `exactness.settle`). `weights`: see
+    `int8_weights`; `kernel_folder`: where specedit's kernels are compiled (`model.kernels`; default: a
+    temporary folder).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -152,12 +180,19 @@ def load_model(
     # Linear layers packed for oneDNN (the CPU's fastest kernels, see `model.invariant`) are upcast as
     # they are packed, so the rest loads in the dtype it was stored in: 2-4 s instead of 6-9 s for the
     # 0.5B model in float32 on 2 AVX2 cores (the time is spent first-touching new memory).
+    # int8 weights are quantized from the stored ones the same way, a block of rows at a time.
+    if torch_device.type == "cpu":
+        kernels.available(kernel_folder)  # compiled once; the attention and int8 weights use them
+    int8 = int8_weights(weights, torch_device, torch_dtype, kernel_folder)
     pack = torch_device.type == "cpu" and invariant.can_pack(torch_dtype)
+    stored = "auto" if pack or int8 else torch_dtype
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model: Any = AutoModelForCausalLM.from_pretrained(source, dtype="auto" if pack else torch_dtype, **kwargs)
+        model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=stored, **kwargs)
     except Exception as error:  # transformers raises many kinds; all mean "did not load"
         raise ModelLoadError(f"could not load model {name_or_path!r}: {error}") from error
+    if int8:
+        quantized.quantize_linears(model)
     if pack:
         invariant.pack_linears(model, torch_dtype)
     model.to(device=torch_device, dtype=torch_dtype).eval()

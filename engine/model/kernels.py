@@ -1,0 +1,117 @@
+"""specedit's own CPU kernels (`kernels.cpp`): products whose rows never depend on the rows beside them.
+
+The engine's exactness rests on a row's logits not depending on the forward that computes it (see
+`model.invariant`). torch's kernels do so on some CPUs and not on others, as measured; these do by
+construction: every output is one chain of fused multiply-adds in the order of its inputs, whatever the
+number of rows, the thread count or the CPU. Two ops:
+
+- `specedit::q8_linear`: a linear layer on int8 weights (`model.quantized`);
+- `specedit::f32_bmm`: a batch of float32 products on weights packed the same way, for attention's
+  scores and weighted values (`bmm`), where the CPU's flash kernel is not row-invariant everywhere
+  (Intel Xeon steered to AVX2, 1 thread: a prefill of 61 rows at once and in two pieces differ; 2026-12).
+
+They are compiled on first use with the machine's C++ compiler against the installed torch (about 10 s),
+into a folder keyed by the source, torch's version and the flags, and need an x86 CPU with AVX2 and FMA;
+where that fails, `available` says why and the model keeps torch's kernels. Where torch's own kernels are
+AVX-512's, so are these (`variant`): each output is computed the same way on either, bit for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+PANEL = 16  # outputs per packed panel
+SOURCE = Path(__file__).with_name("kernels.cpp")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c++20")
+AVX512_FLAGS = ("-mavx512f",)  # the same kernels on 16-float vectors: the same bits, twice the width
+
+
+def available(folder: Path | None = None) -> str | None:
+    """None when the kernels are loaded (compiled into `folder` first if needed; default: a temporary
+    folder), else why they are not."""
+    return _load(str(folder) if folder is not None else None)
+
+
+def loaded() -> bool:
+    """Whether the kernels are loaded in this process (`available` loads them)."""
+    return _registered()
+
+
+def pack(weights: torch.Tensor) -> torch.Tensor:
+    """(..., N, K) float32 weights -> the kernels' panels (..., N/16, K, 16); N must be a multiple of 16."""
+    *batch, outputs, inputs = weights.shape
+    panels = weights.reshape(*batch, outputs // PANEL, PANEL, inputs)
+    return panels.transpose(-1, -2).contiguous()
+
+
+def bmm(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """x @ weights^T, a product per batch: (B, M, K) by (B / G, N, K) -> (B, M, N), row-invariantly; G
+    products in a row share weights (grouped-query attention's heads); N: a multiple of 16."""
+    output: torch.Tensor = torch.ops.specedit.f32_bmm(x, pack(weights))
+    return output
+
+
+def variant() -> str:
+    """`avx512` where torch dispatches to AVX-512 (and the CPU has it), else `avx2`: steering torch with
+    ATEN_CPU_CAPABILITY=avx2 steers these too."""
+    from specedit.engine.model.exactness import cpu_class
+
+    wide = torch.backends.cpu.get_cpu_capability() == "AVX512" and cpu_class() in ("AVX512", "AVX512-BF16", "AMX")
+    return "avx512" if wide else "avx2"
+
+
+def _registered() -> bool:
+    return hasattr(torch.ops.specedit, "f32_bmm")
+
+
+@cache
+def _load(folder: str | None) -> str | None:
+    if _registered():
+        return None
+    from specedit.engine.model.exactness import cpu_class
+
+    if cpu_class() == "baseline":
+        return "specedit's kernels need an x86 CPU with AVX2 and FMA"
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        return "specedit's kernels need a C++ compiler (g++) to build them once"
+    torch_dir = Path(torch.__file__).parent
+    flags = (*FLAGS, *(AVX512_FLAGS if variant() == "avx512" else ()))
+    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    key = hashlib.sha256(
+        b"\0".join([SOURCE.read_bytes(), torch.__version__.encode(), " ".join((*flags, abi)).encode()])
+    ).hexdigest()[:16]
+    base = Path(folder) if folder is not None else Path(tempfile.gettempdir()) / f"specedit-kernels-{os.getuid()}"
+    library = base / f"kernels-{variant()}-{key}.so"
+    if not library.is_file():
+        base.mkdir(parents=True, exist_ok=True)
+        building = library.with_name(f"{library.name}.tmp-{os.getpid()}")
+        command = [
+            compiler, *flags, abi, f"-I{torch_dir / 'include'}", str(SOURCE), "-o", str(building),
+            f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}",
+        ]  # fmt: skip
+        log.info("compiling specedit's kernels into %s (once, about 10 s)", library)
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return f"specedit's kernels did not compile: {error}"
+        if done.returncode != 0:
+            building.unlink(missing_ok=True)
+            return f"specedit's kernels did not compile ({compiler}): {done.stderr.strip()[-500:]}"
+        building.replace(library)  # atomic: a process loading it meanwhile sees all of it or nothing
+    try:
+        torch.ops.load_library(str(library))  # type: ignore[no-untyped-call]
+    except (OSError, RuntimeError) as error:
+        return f"specedit's kernels did not load: {error}"
+    return None

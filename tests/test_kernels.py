@@ -1,0 +1,217 @@
+"""specedit's own kernels (engine.model.kernels): int8 weights (engine.model.quantized) compute what their
+dequantized weights say, the attention's products what torch's do, a row's result never depends on the
+forward around it, and a model on them keeps plain decoding's answer."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from test_engine_exactness import NoisyOracleDrafter
+from test_invariant import wide_model
+
+from specedit.engine.errors import ModelLoadError
+from specedit.engine.loop.generate import Engine
+from specedit.engine.model import exactness, invariant, kernels, loading, quantized
+from specedit.engine.options import EngineOptions
+
+unavailable = kernels.available()
+needs_kernel = pytest.mark.skipif(unavailable is not None, reason=f"no kernels of our own here: {unavailable}")
+
+
+def _layer(out_features: int, in_features: int, *, bias: bool = True, seed: int = 0) -> quantized.QuantizedLinear:
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, in_features, generator=generator) * 0.05
+    weight[:, :32] *= 20  # groups of very different ranges: each has its own scale
+    return quantized.QuantizedLinear(weight, torch.randn(out_features, generator=generator) if bias else None)
+
+
+def test_quantization_keeps_each_weight_within_a_510th_of_its_groups_range() -> None:
+    weight = torch.randn(40, 96, generator=torch.Generator().manual_seed(1))
+    weight[3, 32:64] = 0.25  # a constant group: its range is 0, its weights exact
+    q, scales, offsets = quantized.quantize(weight)
+    assert q.shape == (3, 96, 16) and scales.shape == offsets.shape == (3, 3, 16)  # 40 outputs: 3 panels
+    restored = quantized.dequantize(q, scales, offsets)
+    assert torch.equal(restored[40:], torch.zeros(8, 96))  # the padding
+    groups = weight.reshape(40, 3, 32)
+    error = (restored[:40].reshape(40, 3, 32) - groups).abs().amax(-1)
+    assert (error <= (groups.amax(-1) - groups.amin(-1)) / 510 + 1e-6).all()
+    assert torch.equal(restored[3, 32:64], weight[3, 32:64])
+
+
+@needs_kernel
+@pytest.mark.parametrize(("out_features", "in_features"), [(48, 64), (40, 96), (7, 32), (130, 160)])
+def test_the_kernel_computes_its_dequantized_weights(out_features: int, in_features: int) -> None:
+    layer = _layer(out_features, in_features)
+    x = torch.randn(2, 9, in_features, generator=torch.Generator().manual_seed(2))  # (batch, rows, in)
+    output = layer(x)
+    assert output.shape == (2, 9, out_features)
+    reference = x.double() @ layer.dequantized().double().T + layer.bias[:out_features].double()  # type: ignore[index]
+    assert torch.allclose(output.double(), reference, atol=1e-4, rtol=1e-5)
+    unpacked = layer.unpacked()  # what transformers' kernels get
+    assert torch.allclose(unpacked(x), output, atol=1e-4)
+    assert torch.equal(_layer(out_features, in_features, bias=False)(x) + layer.bias[:out_features], output)  # type: ignore[index]
+
+
+@needs_kernel
+@pytest.mark.parametrize("in_features", [64, 896])
+def test_a_rows_result_does_not_depend_on_the_forward_around_it(in_features: int) -> None:
+    """Forwards of 1 to 70 rows (the kernel's paths: up to 4 rows dequantized in registers, more through a
+    buffer), any rows beside, on 1 or 2 threads: the same bits for the same row."""
+    layer = _layer(112, in_features)
+    x = torch.randn(70, in_features, generator=torch.Generator().manual_seed(3))
+    whole = layer(x)
+    for rows in (1, 2, 3, 4, 5, 6, 7, 13, 33, 64):
+        assert torch.equal(layer(x[:rows]), whole[:rows]), rows
+        assert torch.equal(layer(x[70 - rows :]), whole[70 - rows :]), rows
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert torch.equal(layer(x), whole)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_kernel
+def test_a_model_on_int8_weights_keeps_plain_decodings_answer() -> None:
+    loaded = wide_model(512, torch.float32, settle=False)
+    reference = loaded.model(torch.tensor([list(range(20, 60))])).logits
+    assert quantized.quantize_linears(loaded.model) == 2 * 7 + 1  # 7 linears a layer, and the output layer
+    loaded.exactness = exactness.settle(loaded)
+    assert loaded.exactness.bitwise and loaded.exactness.linear == "int8" and loaded.step_rows == 1
+    assert "int8 linear" in loaded.exactness.describe()
+    logits = loaded.forward(list(range(20, 60)), loading.kv_cache.new_cache())
+    assert (logits - reference[0]).abs().max() < 0.05 * reference.abs().max()  # the same model, quantized
+    engine = Engine(loaded)
+    engine.eos_token_ids = frozenset()
+    prompt = list(range(100, 180))
+    plain = engine.generate(prompt, max_new_tokens=60)
+    speculative = engine.generate(prompt, max_new_tokens=60, drafter=NoisyOracleDrafter(plain.tokens, 80, 512, 0))
+    assert speculative.tokens == plain.tokens
+    assert speculative.stats.exactness is not None and speculative.stats.exactness["linear"] == "int8"
+    with invariant.stock_kernels(loaded.model):  # transformers' kernels on the dequantized weights
+        assert not quantized.is_quantized(loaded.model)
+        stock = loaded.model(torch.tensor([list(range(20, 60))])).logits
+    assert quantized.is_quantized(loaded.model)
+    assert torch.allclose(stock[0], logits, atol=1e-3)
+
+
+@needs_kernel
+def test_int8_weights_are_loaded_where_asked_and_float_ones_otherwise(tiny_model_dir: Any) -> None:
+    asked = loading.load_model(str(tiny_model_dir), dtype="float32", weights="int8", device="cpu")
+    assert quantized.is_quantized(asked.model) and asked.exactness is not None and asked.exactness.linear == "int8"
+    refused = loading.load_model(str(tiny_model_dir), dtype="float32", weights="float", device="cpu")
+    assert not quantized.is_quantized(refused.model) and refused.exactness is not None
+    assert refused.exactness.linear != "int8"
+    prompt = asked.tokenizer("def f(x):\n    return x")["input_ids"]
+    both = [Engine(loaded).generate(prompt, max_new_tokens=8).tokens for loaded in (asked, refused)]
+    assert all(len(tokens) == 8 for tokens in both)
+
+
+def test_auto_takes_int8_on_avx2_and_avx512_kernels_in_float32_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels, "available", lambda folder=None: None)
+    cpu = torch.device("cpu")
+    for capability in ("AVX2", "AVX512"):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda capability=capability: capability)
+        assert loading.int8_weights("auto", cpu, torch.float32)
+        assert not loading.int8_weights("auto", cpu, torch.bfloat16)  # native bf16 keeps bf16
+        assert not loading.int8_weights("float", cpu, torch.float32)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")  # steered to SSE4.1
+    assert not loading.int8_weights("auto", cpu, torch.float32)
+    assert loading.int8_weights("int8", cpu, torch.float32)
+    assert not loading.int8_weights("auto", torch.device("cuda"), torch.float32)
+
+
+def test_int8_weights_that_cannot_run_are_a_clear_error_or_float(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels, "available", lambda folder=None: "specedit's kernels need a C++ compiler (g++)")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    cpu = torch.device("cpu")
+    with pytest.raises(ModelLoadError, match="--weights int8: specedit's kernels need a C\\+\\+ compiler"):
+        loading.int8_weights("int8", cpu, torch.float32)
+    with pytest.raises(ModelLoadError, match="computes in float32"):
+        loading.int8_weights("int8", cpu, torch.bfloat16)
+    assert not loading.int8_weights("auto", cpu, torch.float32)  # auto: float32, said in the log
+
+
+def test_a_missing_compiler_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    monkeypatch.setattr(kernels, "_registered", lambda: False)
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    kernels._load.cache_clear()
+    try:
+        reason = kernels.available(tmp_path / "kernels")
+    finally:
+        kernels._load.cache_clear()
+    if exactness.cpu_class() == "baseline":
+        assert reason is not None and "AVX2" in reason
+    else:
+        assert reason is not None and "did not compile" in reason and "no-such-compiler" in reason
+    assert not list((tmp_path / "kernels").glob("*.so"))
+
+
+@needs_kernel
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(4, 2, 64), (4, 4, 8), (6, 2, 24)])
+def test_the_attention_on_own_kernels_is_torchs_and_row_invariant(heads: int, kv_heads: int, head_dim: int) -> None:
+    """Grouped-query heads and head sizes that are not a multiple of 16 (padded), against torch's attention
+    with the same causal mask, and each query row the same whatever the forward's size."""
+    generator = torch.Generator().manual_seed(5)
+    length = 150  # three key buckets
+    query = torch.randn(1, heads, length, head_dim, generator=generator)
+    key, value = (torch.randn(1, kv_heads, length, head_dim, generator=generator) for _ in range(2))
+    module = torch.nn.Module()
+    whole, _ = invariant.invariant_attention(module, query, key, value, None)  # (1, q, H, D)
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=causal, enable_gqa=kv_heads != heads
+    ).transpose(1, 2)
+    assert whole.shape == (1, length, heads, head_dim)
+    assert torch.allclose(whole, expected, atol=1e-5)
+    for first in (0, 37, 63, 64, 100, 149):  # the last queries, after a cache of `first` positions
+        part, _ = invariant.invariant_attention(module, query[:, :, first:], key, value, None)
+        assert torch.equal(part, whole[:, first:]), first
+
+
+VARIANT_CHECK = textwrap.dedent(
+    """
+    import sys, torch
+    sys.path.insert(0, sys.argv[1])
+    from test_kernels import _layer
+    from specedit.engine.model import kernels
+    assert kernels.available() is None
+    x = torch.randn(70, 96, generator=torch.Generator().manual_seed(7))
+    layer = _layer(40, 96)
+    keys = torch.randn(3, 48, 96, generator=torch.Generator().manual_seed(8))
+    torch.save({"variant": kernels.variant(), "linear": layer(x), "bmm": kernels.bmm(x.expand(6, 70, 96), keys)},
+               sys.argv[2])
+    """
+)
+
+
+@needs_kernel
+def test_the_avx512_kernels_give_the_avx2_ones_bits(tmp_path: Path) -> None:
+    """Each output is one lane, computed the same way on 8-float and 16-float vectors: a CPU whose torch
+    runs AVX-512 gets the same bits as one steered to AVX2 (every row count, both paths)."""
+    if kernels.variant() != "avx512":
+        pytest.skip(f"torch runs {torch.backends.cpu.get_cpu_capability()} here: the AVX2 kernels only")
+    results = {}
+    for capability in ("avx512", "avx2"):
+        environment = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
+        out = tmp_path / f"{capability}.pt"
+        command = [sys.executable, "-c", VARIANT_CHECK, str(Path(__file__).parent), str(out)]
+        completed = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=600)
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        results[capability] = torch.load(out)
+    assert (results["avx512"]["variant"], results["avx2"]["variant"]) == ("avx512", "avx2")
+    assert torch.equal(results["avx512"]["linear"], results["avx2"]["linear"])
+    assert torch.equal(results["avx512"]["bmm"], results["avx2"]["bmm"])
+
+
+def test_the_weights_option_is_checked() -> None:
+    assert EngineOptions().weights == "auto"
+    with pytest.raises(ValueError, match="weights must be one of auto, int8, float"):
+        EngineOptions(weights="int4")
