@@ -80,8 +80,10 @@ def open_engine(options: EngineOptions, *, progress: Any = None) -> Engine:
     target = load_model(
         resolve_model(options.model, progress=progress),
         dtype=options.dtype,
+        weights=options.weights,
         device=options.device,
         verdicts=cache_dir() / "exactness",
+        kernel_folder=cache_dir() / "kernels",
     )
     draft_model = resolve_model(options.draft_model, progress=progress) if options.draft_model else None
     fallback = load_fallback(

@@ -3,7 +3,7 @@
 (engine.exactness) and on the model as transformers runs it, side by side in one process (interleaved,
 median of the repeats).
 
-    .venv/bin/python scripts/forward_cost.py [--model NAME] [--dtype auto] [--threads 2] [--repeats 5]
+    .venv/bin/python scripts/forward_cost.py [--model NAME] [--dtype auto] [--weights auto] [--threads 2] [--repeats 5]
 
 For each context length and forward size (1 token: plain decoding; more: verification) it prints the
 median seconds of both and their ratio, and whether the logits of the forward's last row are the same.
@@ -41,13 +41,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--weights", default="auto", choices=("auto", "int8", "float"))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sizes", default="1,2,4,8,16,32,64")
     parser.add_argument("--contexts", default="500,1500")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    loaded = load_model(resolve_model(args.model), dtype=args.dtype)
+    loaded = load_model(resolve_model(args.model), dtype=args.dtype, weights=args.weights)
     engine = Engine(loaded)
     assert loaded.exactness is not None
     source = Path(__file__).resolve().parent.parent / "engine" / "loop" / "generate.py"

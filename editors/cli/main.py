@@ -664,7 +664,13 @@ def doctor_command(args: argparse.Namespace) -> int:
     if options.threads:
         torch.set_num_threads(options.threads)
     with fetch_progress() as progress:
-        loaded = load_model(resolve_model(options.model, progress=progress), dtype=options.dtype, device=options.device)
+        loaded = load_model(
+            resolve_model(options.model, progress=progress),
+            dtype=options.dtype,
+            weights=options.weights,
+            device=options.device,
+            kernel_folder=cache_dir() / "kernels",
+        )
     assert loaded.exactness is not None
     exactness.remember(loaded, cache_dir() / "exactness")
     costs = forward_costs(loaded, sizes=(1, 8, 32))
@@ -674,7 +680,7 @@ def doctor_command(args: argparse.Namespace) -> int:
         return 0
     print(f"cpu: {exactness.cpu_description()}")
     print(f"torch {torch.__version__}; kernels {verdict.kernels}; {verdict.threads} threads")
-    print(f"model: {loaded.name} ({verdict.dtype} on {verdict.device})")
+    print(f"model: {loaded.name} ({verdict.dtype}, {verdict.linear} linear, on {verdict.device})")
     print(f"speculation: {verdict.describe()}; self-check {verdict.probe_seconds:.1f} s")
     print("one forward after 100 tokens: " + ", ".join(f"{k} tokens {s * 1000:.0f} ms" for k, s in costs.items()))
     return 0

@@ -14,7 +14,7 @@ M.defaults = {
   ---   "preview" the new lines show as virtual lines; :SpeceditAccept writes them, :SpeceditReject drops them;
   ---   "final"   one edit at the end.
   delivery = "live",
-  --- Server settings (the `specedit` section: engine, model, dtype, device, draft, draftModel, draftLayers,
+  --- Server settings (the `specedit` section: engine, model, dtype, weights, device, draft, draftModel, draftLayers,
   --- pMin, prefixCacheMb, presets, maxNewTokens, warm),
   --- sent as `initializationOptions` and answered to `workspace/configuration`. Flags in `cmd` win.
   settings = {},
