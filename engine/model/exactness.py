@@ -39,13 +39,13 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
 from specedit.engine.model import invariant, kernels, kv_cache, quantized
+from specedit.engine.model.cpu import cpu_class, cpu_flags, cpu_model
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +181,7 @@ def fingerprint(loaded: Any) -> str:
         "weights": "int8" if quantized.is_quantized(loaded.model) else str(loaded.dtype),
         "device": str(loaded.device),
         "threads": torch.get_num_threads(),
-        "cpu": _cpu_model() + " " + " ".join(sorted(_cpu_flags())),
+        "cpu": cpu_model() + " " + " ".join(sorted(cpu_flags())),
         "kernels": kernel_description(),
         "steering": {name: os.environ.get(name) for name in KERNEL_ENV},
         "versions": [torch.__version__, transformers.__version__],
@@ -287,21 +287,11 @@ def _use_linear(model: Any, linear: Linear) -> None:
         invariant.unpack_linears(model)
 
 
-@cache
-def cpu_class() -> str:
-    """The CPU's class as its flags say (`lscpu`): AMX, AVX512-BF16, AVX512, AVX2 or baseline."""
-    flags = set(_cpu_flags())  # x86 names; on other CPUs: baseline
-    for flag, name in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"), ("avx512f", "AVX512"), ("avx2", "AVX2")):
-        if flag in flags:
-            return name
-    return "baseline"
-
-
 def cpu_description() -> str:
     """The CPU's model, class and the flags that choose kernels, as `lscpu` shows them."""
     wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_bf16", "avx_ne_convert")
-    flags = [flag for flag in wanted if flag in set(_cpu_flags())]
-    model = _cpu_model() or "unknown"
+    flags = [flag for flag in wanted if flag in set(cpu_flags())]
+    model = cpu_model() or "unknown"
     return f"{model} ({cpu_class()}: {' '.join(flags) or 'no vector flags'}), {os.cpu_count()} cores"
 
 
@@ -317,25 +307,3 @@ def native_bf16() -> bool:
     if steered and steered not in ("ALL", "DEFAULT") and "BF16" not in steered and "AMX" not in steered:
         return False
     return cpu_class() in ("AMX", "AVX512-BF16")
-
-
-def _cpu_flags() -> list[str]:
-    return _cpuinfo_field("flags").split()
-
-
-def _cpu_model() -> str:
-    return _cpuinfo_field("model name")
-
-
-@cache
-def _cpuinfo_field(name: str) -> str:
-    """The first processor's `name` line in /proc/cpuinfo ('' where there is none: not Linux)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == name:
-            return value.strip()
-    return ""

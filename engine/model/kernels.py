@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from specedit.engine.model.cpu import cpu_class
+
 log = logging.getLogger(__name__)
 
 PANEL = 16  # outputs per packed panel
@@ -65,8 +67,6 @@ def bmm(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 def variant() -> str:
     """`avx512` where torch dispatches to AVX-512 (and the CPU has it), else `avx2`: steering torch with
     ATEN_CPU_CAPABILITY=avx2 steers these too."""
-    from specedit.engine.model.exactness import cpu_class
-
     wide = torch.backends.cpu.get_cpu_capability() == "AVX512" and cpu_class() in ("AVX512", "AVX512-BF16", "AMX")
     return "avx512" if wide else "avx2"
 
@@ -79,8 +79,6 @@ def _registered() -> bool:
 def _load(folder: str | None) -> str | None:
     if _registered():
         return None
-    from specedit.engine.model.exactness import cpu_class
-
     if cpu_class() == "baseline":
         return "specedit's kernels need an x86 CPU with AVX2 and FMA"
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")

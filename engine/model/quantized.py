@@ -90,8 +90,8 @@ def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 
 
 def dequantize(q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """The packed weights back as (P*16, in) float32, as the kernel computes them (one fused multiply-add
-    each: float32 keeps q * scale + offset within one rounding)."""
+    """The packed weights back as (P*16, in) float32: q * scale + offset, within a rounding of what the
+    kernel computes with (one fused multiply-add each)."""
     panels, in_features, _ = q.shape
     levels = q.to(torch.float32).reshape(panels, in_features // GROUP, GROUP, PANEL)
     weights = torch.addcmul(offsets[:, :, None, :], levels, scales[:, :, None, :])
@@ -99,28 +99,21 @@ def dequantize(q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> 
 
 
 def quantize_linears(model: Any) -> int:
-    """Replace every linear layer of `model` whose input size is a multiple of 32 (`nn.Linear`, a packed
-    one, GPT-2's `Conv1D`) by a `QuantizedLinear`; returns how many. The kernels must be loaded
-    (`kernels.available`)."""
-    from specedit.engine.model.invariant import PackedLinear
-
+    """Replace every linear layer of `model` whose input size is a multiple of 32 (`nn.Linear`, GPT-2's
+    `Conv1D`) by a `QuantizedLinear`, before any is packed for oneDNN; returns how many. The kernels must be
+    loaded (`kernels.available`)."""
     quantized = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            weight: torch.Tensor
-            bias: torch.Tensor | None
             if isinstance(child, torch.nn.Linear):
-                weight, bias = child.weight, child.bias
-            elif isinstance(child, PackedLinear):
-                weight, bias = child.packed.to_dense(), child.bias
+                weight = child.weight
             elif type(child).__name__ == "Conv1D":  # y = x @ W + b, W: (in, out)
-                weight, bias = child.weight.t(), child.bias
+                weight = child.weight.t()
             else:
                 continue
-            if weight.shape[1] % GROUP:
-                continue
-            setattr(parent, name, QuantizedLinear(weight, bias))
-            quantized += 1
+            if weight.shape[1] % GROUP == 0:
+                setattr(parent, name, QuantizedLinear(weight, child.bias))
+                quantized += 1
     return quantized
 
 
