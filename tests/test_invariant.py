@@ -13,7 +13,7 @@ import torch
 from test_engine_exactness import NoisyOracleDrafter
 
 from specedit.engine.loop.generate import Engine
-from specedit.engine.model import exactness, invariant, kv_cache
+from specedit.engine.model import exactness, invariant, kv_cache, loading, quantized
 from specedit.engine.model.loading import LoadedModel, load_model, resolve_dtype
 
 from conftest import ARCHITECTURES, CharTokenizer, build_model, tiny_engine
@@ -157,12 +157,15 @@ def test_a_one_token_forward_leaves_one_position_in_the_cache() -> None:
 
 
 def test_load_model_settles_a_target_and_packs_a_draft(tiny_model_dir: Any) -> None:
-    target = load_model(str(tiny_model_dir), dtype="float32", device="cpu")
-    draft = load_model(str(tiny_model_dir), dtype="float32", device="cpu", target=False)
+    target = load_model(str(tiny_model_dir), dtype="float32", weights="float", device="cpu")
+    draft = load_model(str(tiny_model_dir), dtype="float32", weights="float", device="cpu", target=False)
     assert target.exactness is not None and target.model.config._attn_implementation == invariant.ATTENTION_NAME
     assert draft.exactness is None and draft.model.config._attn_implementation == "sdpa"
     if invariant.can_pack(torch.float32):  # a draft's kernels are simply the fastest
         assert any(isinstance(module, invariant.PackedLinear) for module in draft.model.modules())
+    int8 = load_model(str(tiny_model_dir), dtype="float32", weights="auto", device="cpu", target=False)
+    if loading.int8_weights("auto", torch.device("cpu"), torch.float32):  # int8 weights for a draft too
+        assert quantized.is_quantized(int8.model)
 
 
 def test_packing_keeps_the_weights_bit_for_bit() -> None:
@@ -180,7 +183,7 @@ def test_packing_keeps_the_weights_bit_for_bit() -> None:
 
 
 def test_the_peer_baseline_runs_on_stock_kernels_and_gives_them_back(tiny_model_dir: Any) -> None:
-    target = load_model(str(tiny_model_dir), dtype="float32", device="cpu")
+    target = load_model(str(tiny_model_dir), dtype="float32", weights="float", device="cpu")
     packed_before = [m for m in target.model.modules() if isinstance(m, invariant.PackedLinear)]
     with invariant.stock_kernels(target.model):
         assert target.model.config._attn_implementation == "sdpa"
