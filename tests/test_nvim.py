@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from specedit.engine.ops.model_store import cache_dir
 from specedit.lsp.protocol import NAMES
 
 from conftest import ECHOED_SKETCH, LINES_SKETCH, MEMORISED_REWRITES
@@ -67,9 +68,13 @@ pytestmark = pytest.mark.skipif(
 
 
 def server_command(model_dir: Path) -> list[str]:
+    # float32 weights: on int8 ones the tiny random model's endless answer writes a control character
+    # (\x0b) early, after which Neovim's echo of a live edit no longer matches what the server sent, and a
+    # cancelled rewrite's provisional line stays in the buffer (cancel_spec.lua; seen on float32 too, now and
+    # then, on an Intel Xeon: an open bug of the echo matching, not of the kernels).
     return [
         sys.executable, "-m", "specedit.lsp", "--engine", "inprocess", "--model", str(model_dir),
-        "--dtype", "float32", "--device", "cpu", "--threads", "1",
+        "--dtype", "float32", "--weights", "float", "--device", "cpu", "--threads", "1",
     ]  # fmt: skip
 
 
@@ -82,6 +87,8 @@ def nvim_env(tmp_path: Path, settings: dict[str, Any]) -> dict[str, str]:
     settings_file = tmp_path / "settings.json"
     settings_file.write_text(json.dumps(settings), encoding="utf-8")
     env.update(
+        # Neovim's folders are the test's own; the server keeps the session's cache (its compiled kernels).
+        SPECEDIT_CACHE_DIR=str(cache_dir()),
         SPECEDIT_NVIM_TEST=str(settings_file),
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
