@@ -200,8 +200,9 @@ void panels_direct(const float* x, int64_t M, const Weights& w, int64_t first, i
   }
 }
 
+// x @ W^T + bias for `w`'s weights (the bias, if any, taken into `w`), in chunks of panels per thread.
 at::Tensor linear(const at::Tensor& input, Weights w, int64_t panels, const c10::optional<at::Tensor>& bias,
-               const char* name) {
+                  const char* name) {
   const int64_t K = w.K, N = panels * kPanel;
   TORCH_CHECK(input.scalar_type() == at::kFloat, name, ": float32 activations");
   TORCH_CHECK(input.size(-1) == K, name, ": the input has ", input.size(-1), " features, the weights ", K);
