@@ -27,6 +27,7 @@ from specedit.engine.requests import Phase, RewriteOutcome, RewriteRequest, Step
 
 if TYPE_CHECKING:
     from specedit.engine.loop.generate import Engine
+    from specedit.engine.model.loading import LoadedModel
     from specedit.engine.serving.client import EngineClient
 
 log = logging.getLogger(__name__)
@@ -72,19 +73,10 @@ def open_engine(options: EngineOptions, *, progress: Any = None) -> Engine:
     from specedit.drafters.model_drafter import ModelDraftConfig
     from specedit.engine.loop.generate import Engine
     from specedit.engine.model.fallback import load_fallback
-    from specedit.engine.model.loading import load_model
     from specedit.engine.model.prefix_cache import PrefixCache
-    from specedit.engine.ops.model_store import cache_dir, resolve_model
+    from specedit.engine.ops.model_store import resolve_model
 
-    _apply_threads(options)
-    target = load_model(
-        resolve_model(options.model, progress=progress),
-        dtype=options.dtype,
-        weights=options.weights,
-        device=options.device,
-        verdicts=cache_dir() / "exactness",
-        kernel_folder=cache_dir() / "kernels",
-    )
+    target = load_target(options, progress=progress)
     draft_model = resolve_model(options.draft_model, progress=progress) if options.draft_model else None
     fallback = load_fallback(
         target, draft_model=draft_model, layers=options.draft_layers, config=ModelDraftConfig(p_min=options.p_min)
@@ -93,6 +85,24 @@ def open_engine(options: EngineOptions, *, progress: Any = None) -> Engine:
         log.info("fallback drafter: %s", fallback.describe())
     kept = PrefixCache(options.prefix_cache_mb * 2**20) if options.prefix_cache_mb else None
     return Engine(target, fallback, kept)
+
+
+def load_target(options: EngineOptions, *, progress: Any = None, remembered: bool = True) -> LoadedModel:
+    """The target `options` describe, on their threads: provisioned if it is a known model, its kernels
+    chosen by the self-check, whose verdict is taken from the cache if it is there (`remembered`; else the
+    self-check runs afresh), its own kernels compiled into the cache once."""
+    from specedit.engine.model.loading import load_model
+    from specedit.engine.ops.model_store import cache_dir, resolve_model
+
+    _apply_threads(options)
+    return load_model(
+        resolve_model(options.model, progress=progress),
+        dtype=options.dtype,
+        weights=options.weights,
+        device=options.device,
+        verdicts=cache_dir() / "exactness" if remembered else None,
+        kernel_folder=cache_dir() / "kernels",
+    )
 
 
 def merged_by_lines(request: RewriteRequest, on_text: TextCallback | None) -> RewriteOutcome | None:

@@ -657,20 +657,12 @@ def doctor_command(args: argparse.Namespace) -> int:
     import torch
 
     from specedit.engine.model import exactness
-    from specedit.engine.model.loading import forward_costs, load_model
-    from specedit.engine.ops.model_store import cache_dir, resolve_model
+    from specedit.engine.model.loading import forward_costs
+    from specedit.engine.ops.model_store import cache_dir
+    from specedit.engine.session import load_target
 
-    options = engine_options(args)
-    if options.threads:
-        torch.set_num_threads(options.threads)
     with fetch_progress() as progress:
-        loaded = load_model(
-            resolve_model(options.model, progress=progress),
-            dtype=options.dtype,
-            weights=options.weights,
-            device=options.device,
-            kernel_folder=cache_dir() / "kernels",
-        )
+        loaded = load_target(engine_options(args), progress=progress, remembered=False)
     assert loaded.exactness is not None
     exactness.remember(loaded, cache_dir() / "exactness")
     costs = forward_costs(loaded, sizes=(1, 8, 32))
