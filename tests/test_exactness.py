@@ -21,7 +21,7 @@ from test_engine_exactness import NoisyOracleDrafter
 from test_invariant import auto_dtype, chunked_logits, wide_model
 
 from specedit.cli.main import main
-from specedit.engine.loop.generate import Engine
+from specedit.engine.loop.generate import Engine, Generation
 from specedit.engine.model import exactness, invariant
 from specedit.engine.model.loading import LoadedModel, resolve_dtype
 
@@ -64,12 +64,18 @@ def test_a_kernel_that_differs_for_one_row_runs_one_token_as_two_rows() -> None:
     _perturb_final_norm(loaded, lambda rows: 1e-3 if rows == 1 else 0.0)
     loaded.exactness = exactness.settle(loaded)
     assert loaded.exactness.bitwise and loaded.step_rows == loaded.exactness.step_rows == 2
+    speculative, plain = speculative_and_plain(loaded)
+    assert speculative.tokens == plain.tokens
+
+
+def speculative_and_plain(loaded: LoadedModel) -> tuple[Generation, Generation]:
+    """60 tokens of a wide model (vocabulary 512, no EOS) after a fixed prompt: speculated on a noisy oracle
+    of plain decoding's answer, and plain decoding's."""
     engine = Engine(loaded)
     engine.eos_token_ids = frozenset()
     prompt = list(range(100, 180))
     plain = engine.generate(prompt, max_new_tokens=60)
-    speculative = engine.generate(prompt, max_new_tokens=60, drafter=NoisyOracleDrafter(plain.tokens, 80, 512, 0))
-    assert speculative.tokens == plain.tokens
+    return engine.generate(prompt, max_new_tokens=60, drafter=NoisyOracleDrafter(plain.tokens, 80, 512, 0)), plain
 
 
 def test_where_nothing_holds_the_verdict_promises_no_bits() -> None:

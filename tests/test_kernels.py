@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_engine_exactness import NoisyOracleDrafter
+from test_exactness import speculative_and_plain
 from test_invariant import wide_model
 
 from specedit.engine.errors import ModelLoadError
@@ -88,11 +88,7 @@ def test_a_model_on_int8_weights_keeps_plain_decodings_answer() -> None:
     assert "int8 linear" in loaded.exactness.describe()
     logits = loaded.forward(list(range(20, 60)), loading.kv_cache.new_cache())
     assert (logits - reference[0]).abs().max() < 0.05 * reference.abs().max()  # the same model, quantized
-    engine = Engine(loaded)
-    engine.eos_token_ids = frozenset()
-    prompt = list(range(100, 180))
-    plain = engine.generate(prompt, max_new_tokens=60)
-    speculative = engine.generate(prompt, max_new_tokens=60, drafter=NoisyOracleDrafter(plain.tokens, 80, 512, 0))
+    speculative, plain = speculative_and_plain(loaded)
     assert speculative.tokens == plain.tokens
     assert speculative.stats.exactness is not None and speculative.stats.exactness["linear"] == "int8"
     with invariant.stock_kernels(loaded.model):  # transformers' kernels on the dequantized weights
