@@ -17,12 +17,14 @@ import functools
 import inspect
 import logging
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO, TypeVar
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
+from pygls.protocol import LanguageServerProtocol
+from pygls.protocol.language_server import lsp_method
 
 from specedit.engine.errors import SpeceditError
 from specedit.engine.session import Session
@@ -43,9 +45,38 @@ log = logging.getLogger("specedit.lsp")
 VERSION = "0.1.0"
 
 
+class OwnDocumentsProtocol(LanguageServerProtocol):
+    """pygls' protocol without pygls' copies of the text documents: the server keeps its own (`documents`).
+
+    pygls' copy splits lines at every break `str.splitlines` knows ("\\x0b", "\\x0c", "\\u2028", ...), and its
+    `didChange` clamps a position past such a "line" *in the params*, before the server's handler sees them:
+    one form feed in a file moved every change after it on its line, and an edit's echo no longer matched."""
+
+    def _only_ours(self, method: str, params: Any) -> Iterator[Any]:
+        if (handler := self.fm.features.get(method)) is not None:
+            yield handler, (params,), None
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_OPEN)
+    def lsp_text_document__did_open(self, params: types.DidOpenTextDocumentParams) -> Iterator[Any]:
+        yield from self._only_ours(types.TEXT_DOCUMENT_DID_OPEN, params)
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_CHANGE)
+    def lsp_text_document__did_change(self, params: types.DidChangeTextDocumentParams) -> Iterator[Any]:
+        yield from self._only_ours(types.TEXT_DOCUMENT_DID_CHANGE, params)
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_CLOSE)
+    def lsp_text_document__did_close(self, params: types.DidCloseTextDocumentParams) -> Iterator[Any]:
+        yield from self._only_ours(types.TEXT_DOCUMENT_DID_CLOSE, params)
+
+
 class SpeceditServer(LanguageServer):
     def __init__(self, overrides: Mapping[str, Any] | None = None) -> None:
-        super().__init__("specedit", VERSION, text_document_sync_kind=types.TextDocumentSyncKind.Incremental)
+        super().__init__(
+            "specedit",
+            VERSION,
+            protocol_cls=OwnDocumentsProtocol,
+            text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
+        )
         self.overrides: Mapping[str, Any] = overrides or {}  # the command line: applied last
         self.initialization_settings: Mapping[str, Any] = {}
         self.workspace_settings: Mapping[str, Any] = {}

@@ -513,6 +513,29 @@ async def test_typing_elsewhere_during_a_live_rewrite_is_kept(client: EditorClie
 
 
 @pytest.mark.parametrize("delivery", ["live", "final"])
+async def test_line_breaks_only_python_knows_are_not_lines(client: EditorClient, expected: Any, delivery: str) -> None:
+    """A form feed (or "\\x0b", U+2028, ...) is a character of its line for an editor (LSP lines end at "\\n",
+    "\\r\\n", "\\r") and a line end for `str.splitlines`. pygls' own copy of the document split lines there and
+    clamped the positions of later changes to those lines, in the params the server then read: the rewrite
+    below, as the editor echoed it (Neovim: its smallest change), came back misplaced or as an error."""
+    original, instruction = ADD
+    uri = new_uri()
+    prefix = "x = 1  # \x0c\n"  # for pygls, two lines: "x = 1  # \x0c" and "\n"; "def add" was in the second
+    text = prefix + original
+    client.open(uri, text)
+    params = {
+        "textDocument": {"uri": uri, "version": client.documents[uri].version},
+        "range": region_range(text, prefix, original, client.encoding),
+        "instruction": instruction,
+        "delivery": delivery,
+    }
+    result = await send_rewrite(client, params)
+    assert result["status"] == "complete", result
+    assert (await settle(client, uri)) == prefix + expected(original, instruction)
+    client.close(uri)
+
+
+@pytest.mark.parametrize("delivery", ["live", "final"])
 async def test_a_stale_edit_is_rebased_and_sent_again(client: EditorClient, expected: Any, delivery: str) -> None:
     """The user types above the region just before the edit reaches the editor: VS Code refuses it,
     Neovim skips it (and says it applied it); either way the server notices and sends it again."""
