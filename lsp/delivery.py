@@ -70,8 +70,11 @@ class Job:
         config: SettleConfig | None = None,
         *,
         label: str = "specedit",
+        newline: str | None = None,
     ) -> Job:
-        return cls(job_id, delivery, RegionTracker(original, start), HunkTracker(original, config), label=label)
+        """`newline`: the document's line end (default: the original's)."""
+        tracker = HunkTracker(original, config, newline=newline)
+        return cls(job_id, delivery, RegionTracker(original, start), tracker, label=label)
 
     @property
     def writes_live(self) -> bool:

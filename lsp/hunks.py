@@ -29,6 +29,47 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 _LINE_BREAKS = re.compile("\r\n|\r|\n|\u2028|\u2029|\x85")  # all that editors take for line ends
+_EDIT_LINE_BREAKS = re.compile("\r\n|\r|\n")  # what editors convert in a text they insert
+
+
+def line_end(text: str) -> str:
+    """A document's line end: its first one ("\\n" if it has none).
+
+    >>> line_end("a\\r\\nb\\n"), line_end("a")
+    ('\\r\\n', '\\n')
+    """
+    found = _EDIT_LINE_BREAKS.search(text)
+    return found.group() if found else "\n"
+
+
+class LineEnds:
+    """Output text with the document's line ends, as it streams.
+
+    An editor turns every "\\r\\n", "\\r" and "\\n" of a text it inserts into the document's own line end
+    (Neovim's `apply_text_edits`, VS Code's text model): the server writes them so first, or the editor's copy
+    would differ from the server's, and its echo of the edit would look like the user's typing. A "\\r" at
+    the end of a piece waits for the next one, which may begin with "\\n".
+
+    >>> ends = LineEnds("\\n")
+    >>> ends.feed("a\\rb\\r"), ends.feed("\\nc\\r"), ends.flush()
+    ('a\\nb', '\\nc', '\\n')
+    """
+
+    def __init__(self, newline: str) -> None:
+        self.newline = newline
+        self._held = ""
+
+    def feed(self, text: str) -> str:
+        text = self._held + text
+        self._held = "\r" if text.endswith("\r") else ""
+        return self.whole(text[: len(text) - len(self._held)])
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return self.whole(held)
+
+    def whole(self, text: str) -> str:
+        return _EDIT_LINE_BREAKS.sub(self.newline, text)
 
 
 @dataclass(frozen=True)
@@ -124,9 +165,12 @@ class HunkTracker:
     [(33, 50, 'print(plus(1, 2))\\n')]
     """
 
-    def __init__(self, original: str, config: SettleConfig | None = None) -> None:
+    def __init__(self, original: str, config: SettleConfig | None = None, *, newline: str | None = None) -> None:
+        """`newline`: the document's line end, which the output's are turned into (default: the original's)."""
         self.original = original
         self.config = config or SettleConfig()
+        self.newline = newline or line_end(original)
+        self._ends = LineEnds(self.newline)
         self.hunks: list[Hunk] = []
         self.finished = False
         self._old = split_lines(original)
@@ -174,11 +218,9 @@ class HunkTracker:
         written = self._new[self._j :]
         if not written and self._i < len(self._old) and self._old[self._i].startswith(self._partial):
             return ""
-        newline = "\r\n" if self._old and self._old[0].endswith("\r\n") else "\n"
         text = "".join(written) + (self._partial + "\n" if self._partial else "")
-        # Shown only: its line ends are the document's (an editor would convert others, and the edit that
-        # writes it would no longer be recognised in the editor's echo).
-        return _LINE_BREAKS.sub(newline, text)
+        # Shown only: the unusual line breaks too become the document's (some editors take them for one).
+        return _LINE_BREAKS.sub(self.newline, text)
 
     @property
     def lines_done(self) -> int:
@@ -189,9 +231,10 @@ class HunkTracker:
         return len(self._old)
 
     def feed(self, text: str) -> list[Hunk]:
-        """Add output text; returns the hunks that settled because of it."""
+        """Add output text (its line ends become the document's); returns the hunks that settled because of it."""
         if self.finished:
             raise RuntimeError("feed() after finish()")
+        text = self._ends.feed(text)
         if not text:
             return []
         self._parts.append(text)
@@ -199,21 +242,24 @@ class HunkTracker:
         return self._settle()
 
     def finish(self, final_text: str | None = None) -> list[Hunk]:
-        """The output is complete (`final_text`, when given, must continue what was fed): settle the rest.
+        """The output is complete (`final_text`, when given, must continue what was fed, line ends aside):
+        settle the rest.
 
         Do not call this for an incomplete output (cancelled, out of budget): its unsettled part is not
         the whole remainder, and a diff would delete the lines the model never reached.
         """
         if self.finished:
             return []
-        if final_text is not None:
-            produced = self.output
+        if final_text is None:
+            rest = self._ends.flush()
+        else:
+            final_text, produced = self._ends.whole(final_text), self.output
             if not final_text.startswith(produced):
                 raise ValueError("the final text does not continue the streamed text")
             rest = final_text[len(produced) :]
-            if rest:
-                self._parts.append(rest)
-                self._add_text(rest)
+        if rest:
+            self._parts.append(rest)
+            self._add_text(rest)
         settled = self._settle()
         if self._partial:
             self._new.append(self._partial)

@@ -31,7 +31,7 @@ from specedit.lsp.config import Settings
 from specedit.lsp.delivery import DocumentState, Intent, Job, Outcome, Rebase
 from specedit.lsp.documents import TextIndex
 from specedit.lsp.errors import InvalidRequestError, StaleVersionError, error_payload
-from specedit.lsp.hunks import HunkState
+from specedit.lsp.hunks import HunkState, line_end
 from specedit.lsp.params import JobSelector, RewriteCall
 from specedit.lsp.waiting import Waiting
 from specedit.lsp.writer import EditWriter
@@ -170,7 +170,7 @@ class Rewrites:
         job_id = f"r{next(self._numbers)}"
         delivery = call.delivery or self._settings().delivery
         label = f"specedit: {call.instruction or 'sketch'}"[:80]
-        core = Job.start(job_id, delivery, request.original, now_start, label=label)
+        core = Job.start(job_id, delivery, request.original, now_start, label=label, newline=line_end(doc.text))
         doc.jobs.append(core)
         job = RewriteJob(
             job_id,

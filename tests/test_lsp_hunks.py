@@ -18,7 +18,17 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from specedit.lsp.delivery import DocumentState, Edit, Intent, Job, Outcome, PlannedEdit, Rebase
-from specedit.lsp.hunks import Hunk, HunkState, HunkTracker, RegionTracker, apply_edits, apply_hunks, split_lines
+from specedit.lsp.hunks import (
+    Hunk,
+    HunkState,
+    HunkTracker,
+    LineEnds,
+    RegionTracker,
+    apply_edits,
+    apply_hunks,
+    line_end,
+    split_lines,
+)
 
 LINES = [
     "def add(a, b):",
@@ -38,9 +48,9 @@ line_endings = st.sampled_from(["\n", "\r\n"])
 
 
 @st.composite
-def documents(draw: st.DrawFn, *, min_lines: int = 0) -> str:
+def documents(draw: st.DrawFn, *, min_lines: int = 0, eol: str | None = None) -> str:
     """Lines of code-ish text, one line ending for the whole text, maybe without a final line end."""
-    eol = draw(line_endings)
+    eol = eol or draw(line_endings)
     lines = draw(st.lists(st.sampled_from(LINES), min_size=min_lines, max_size=12))
     text = "".join(line + eol for line in lines)
     if text and draw(st.booleans()):
@@ -102,17 +112,18 @@ def test_a_lone_brace_does_not_settle_a_hunk() -> None:
 @given(data=st.data())
 def test_settled_hunks_rebuild_the_output(data: st.DataObject) -> None:
     original = data.draw(documents())
-    output = data.draw(rewrites(original))
+    raw = data.draw(rewrites(original))
     tracker = HunkTracker(original)
+    output = LineEnds(tracker.newline).whole(raw)  # what the hunks write: the line ends the original's
     hunks: list[Hunk] = []
-    for chunk in chunked(data.draw, output):
+    for chunk in chunked(data.draw, raw):
         new = tracker.feed(chunk)
         # A settled hunk lies before the frontier; the frontier only moves forward.
         assert all(hunk.end <= tracker.frontier for hunk in new)
         hunks += new
         # What is settled so far already agrees with the output.
         assert output.startswith(apply_hunks(original[: tracker.frontier], hunks))
-    hunks += tracker.finish(output)
+    hunks += tracker.finish(raw)
     assert apply_hunks(original, hunks) == output
     assert all(hunk.old_text != hunk.new_text for hunk in hunks)
     assert all(a.end < b.start or (a.end == b.start and a.start < a.end) for a, b in itertools.pairwise(hunks))
@@ -163,6 +174,10 @@ class FakeEditor:
     text: str
     version: int = 1
     unsent: list[Edit] = field(default_factory=list)
+    eol: str = ""  # the document's line end, which both editors give every line break of a text they insert
+
+    def __post_init__(self) -> None:
+        self.eol = self.eol or line_end(self.text)
 
     def change(self, edit: Edit, outbox: deque[Any]) -> None:
         start, end, new_text = edit
@@ -179,14 +194,14 @@ class FakeEditor:
             return
         for start, end, _ in planned.edits:
             assert "§" not in self.text[start:end], "the server clobbered the user's typing"
+        edits = [(start, end, LineEnds(self.eol).whole(new_text)) for start, end, new_text in planned.edits]
         if self.kind == "vscode":
             # One change per edit, last first, so that each is valid after the one before.
-            changes = list(reversed(planned.edits))
-            self.text = apply_edits(self.text, planned.edits)
+            changes = list(reversed(edits))
+            self.text = apply_edits(self.text, edits)
             self.version += 1
             outbox.append(("change", self.version, changes))
         else:
-            edits = planned.edits
             if split and len(edits) > 1 and not self.unsent:
                 # Neovim applies the parts bottom up; after a quiet while, the first goes out at once, alone.
                 partial = apply_edits(self.text, edits[-1:])
@@ -231,7 +246,7 @@ class Simulation:
         self.typing_inside = typing_inside
         self.editor = FakeEditor(kind, prefix + original + suffix)
         self.doc = DocumentState("file:///t.py", prefix + original + suffix, 1)
-        self.job = Job.start("r1", mode, original, len(prefix))
+        self.job = Job.start("r1", mode, original, len(prefix), newline=line_end(prefix + original + suffix))
         self.doc.jobs.append(self.job)
         self.to_client: deque[PlannedEdit] = deque()
         self.to_server: deque[Any] = deque()
@@ -334,9 +349,8 @@ class Simulation:
     mode=st.sampled_from(["live", "preview", "final"]),
 )
 def test_user_edits_plus_hunks_and_reject_restores(data: st.DataObject, kind: Any, mode: Any) -> None:
-    prefix = data.draw(documents())
-    original = data.draw(documents())
-    suffix = data.draw(documents())
+    eol = data.draw(line_endings)
+    prefix, original, suffix = (data.draw(documents(eol=eol)) for _ in range(3))
     output = data.draw(rewrites(original))
     sim = Simulation(data, kind, prefix, original, suffix, mode)
     sim.run(chunked(data.draw, output))
@@ -348,7 +362,7 @@ def test_user_edits_plus_hunks_and_reject_restores(data: st.DataObject, kind: An
         doc.queue(Intent(job, "apply"))  # the end of `final`, or `specedit.accept` after a preview
     sim.run([])
     assert not job.region.conflict
-    assert sim.editor.text == sim.prefix + output + sim.suffix
+    assert sim.editor.text == sim.prefix + LineEnds(sim.editor.eol).whole(output) + sim.suffix
     # Reject: the region exactly as it was, the user's typing kept.
     doc.queue(Intent(job, "revert"))
     sim.run([])
@@ -360,7 +374,9 @@ def test_user_edits_plus_hunks_and_reject_restores(data: st.DataObject, kind: An
 def test_typing_anywhere_is_never_clobbered(data: st.DataObject, kind: Any, mode: Any) -> None:
     """The user types anywhere, the region included: what they type survives (FakeEditor checks every
     edit), the copies agree, and the pieces still describe the region."""
-    prefix, original, suffix = data.draw(documents()), data.draw(documents(min_lines=1)), data.draw(documents())
+    eol = data.draw(line_endings)
+    prefix, suffix = data.draw(documents(eol=eol)), data.draw(documents(eol=eol))
+    original = data.draw(documents(min_lines=1, eol=eol))
     output = data.draw(rewrites(original))
     sim = Simulation(data, kind, prefix, original, suffix, mode, typing_inside=True)
     sim.run(chunked(data.draw, output))
@@ -590,6 +606,38 @@ def test_a_closed_document_gets_nothing_more_to_write() -> None:
     doc.finish(planned)
     doc.settled(job, job.feed("    return width * height\n"))
     assert not doc.intents and doc.plan() is None
+
+
+def test_a_live_edit_has_the_line_ends_the_editor_gives_it() -> None:
+    """A model that writes a lone "\\r" (or "\\r\\n") in a "\\n" document: Neovim and VS Code insert it as
+    "\\n"; were the server to send "\\r", the echo would differ from its edit and look like the user's
+    typing, and a cancelled rewrite would leave its provisional text in the buffer."""
+    doc, job = _live()
+    editor = FakeEditor("nvim", doc.text)
+
+    def write_all() -> None:
+        while (planned := doc.plan()) is not None:
+            outbox: deque[Any] = deque()
+            editor.apply(planned, outbox)
+            editor.flush(outbox)
+            for message in reversed(outbox):  # the echo, then the answer
+                if message[0] == "change":
+                    doc.did_change(message[1], message[2])
+                else:
+                    doc.on_response(message[1], message[2])
+            assert planned.echo, "the echo was taken for the user's typing"
+            doc.finish(planned)
+        assert doc.text == editor.text
+
+    doc.settled(job, job.feed("def area(w, h):\r\n    return w * h  # the\rarea\n\n\ndef perimeter(w, h):\n"))
+    doc.settled(job, job.feed("    return 3\r"))  # the "\\r" waits: the next piece may begin with "\\n"
+    write_all()
+    written = "def area(w, h):\n    return w * h  # the\narea\n\n\ndef perimeter(w, h):\n    return 3\n"
+    assert doc.text == HEAD + written + "    return 2 * (w + h)\n# tail\n"
+    job.stopped = True  # cancelled: the provisional line goes, the settled hunk stays
+    doc.settled(job, [])
+    write_all()
+    assert doc.text == HEAD + written.removesuffix("    return 3\n") + "    return 2 * (w + h)\n# tail\n"
 
 
 def test_provisional_text_has_the_documents_line_ends() -> None:
