@@ -55,6 +55,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from specedit.engine.model import kernels
+from specedit.engine.model.linears import children, linear_weight, replace_modules
 
 ATTENTION_NAME = "specedit_row_invariant"
 
@@ -164,32 +165,22 @@ def pack_linears(model: Any, dtype: torch.dtype | None = None) -> int:
     A weight shared with another module (an output layer tied to the embeddings) stays where it is, so
     that the embedding keeps it; any other original weight is freed. Returns how many were packed.
     """
-    packed = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, torch.nn.Linear):
-                weight = child.weight  # (out, in)
-            elif type(child).__name__ == "Conv1D":  # transformers' GPT-2 layer: y = x @ W + b, W: (in, out)
-                weight = child.weight.t().contiguous()
-            else:
-                continue
-            bias = child.bias
-            if dtype is not None and bias is not None:
-                bias = torch.nn.Parameter(bias.detach().to(dtype), requires_grad=False)
-            setattr(parent, name, PackedLinear(weight.to(dtype) if dtype is not None else weight, bias))
-            packed += 1
-    return packed
+
+    def packed(module: torch.nn.Module) -> PackedLinear | None:
+        weight = linear_weight(module)
+        if weight is None:
+            return None
+        bias = module.bias
+        if dtype is not None and bias is not None:
+            bias = torch.nn.Parameter(bias.detach().to(dtype), requires_grad=False)
+        return PackedLinear((weight if dtype is None else weight.to(dtype)).contiguous(), bias)
+
+    return replace_modules(model, packed)
 
 
 def unpack_linears(model: Any) -> int:
     """Undo `pack_linears` (a GPT-2 `Conv1D` comes back as the `nn.Linear` it is equal to)."""
-    unpacked = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, PackedLinear):
-                setattr(parent, name, child.unpacked())
-                unpacked += 1
-    return unpacked
+    return replace_modules(model, lambda module: module.unpacked() if isinstance(module, PackedLinear) else None)
 
 
 @contextmanager
@@ -201,12 +192,8 @@ def stock_kernels(model: Any) -> Iterator[None]:
     from specedit.engine.model.quantized import QuantizedLinear
 
     attention = model.config._attn_implementation
-    packed = {
-        (parent, name): child
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if isinstance(child, (PackedLinear, QuantizedLinear))
-    }
+    kinds = (PackedLinear, QuantizedLinear)
+    packed = {(parent, name): child for parent, name, child in children(model) if isinstance(child, kinds)}
     for (parent, name), child in packed.items():
         setattr(parent, name, child.unpacked())
     if attention == ATTENTION_NAME:

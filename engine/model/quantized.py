@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from specedit.engine.model.kernels import PANEL
+from specedit.engine.model.linears import linear_weight, replace_modules
 
 GROUP = 32  # inputs per scale and offset
 
@@ -102,30 +103,19 @@ def quantize_linears(model: Any) -> int:
     """Replace every linear layer of `model` whose input size is a multiple of 32 (`nn.Linear`, GPT-2's
     `Conv1D`) by a `QuantizedLinear`, before any is packed for oneDNN; returns how many. The kernels must be
     loaded (`kernels.available`)."""
-    quantized = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, torch.nn.Linear):
-                weight = child.weight
-            elif type(child).__name__ == "Conv1D":  # y = x @ W + b, W: (in, out)
-                weight = child.weight.t()
-            else:
-                continue
-            if weight.shape[1] % GROUP == 0:
-                setattr(parent, name, QuantizedLinear(weight, child.bias))
-                quantized += 1
-    return quantized
+
+    def quantized(module: torch.nn.Module) -> QuantizedLinear | None:
+        weight = linear_weight(module)
+        if weight is None or weight.shape[1] % GROUP:
+            return None
+        return QuantizedLinear(weight, module.bias)
+
+    return replace_modules(model, quantized)
 
 
 def dequantize_linears(model: Any) -> int:
     """Every `QuantizedLinear` back to an `nn.Linear` on its dequantized weights; returns how many."""
-    restored = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, QuantizedLinear):
-                setattr(parent, name, child.unpacked())
-                restored += 1
-    return restored
+    return replace_modules(model, lambda module: module.unpacked() if isinstance(module, QuantizedLinear) else None)
 
 
 def is_quantized(model: Any) -> bool:
