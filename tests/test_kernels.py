@@ -32,6 +32,31 @@ def _layer(out_features: int, in_features: int, *, bias: bool = True, seed: int 
     return quantized.QuantizedLinear(weight, torch.randn(out_features, generator=generator) if bias else None)
 
 
+def _quantized_by_torch(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`quantized.quantize` written in torch's ops (the engine's own until the kernel did it in one pass)."""
+    out_features, in_features = weight.shape
+    panels = -(-out_features // 16)
+    rows = torch.cat([weight.to(torch.float32), torch.zeros(panels * 16 - out_features, in_features)])
+    groups = rows.reshape(-1, in_features // 32, 32)
+    low, high = groups.amin(-1), groups.amax(-1)
+    scale = ((high - low) / 255).clamp(min=torch.finfo(torch.float32).tiny)
+    offset = low + 128 * scale
+    levels = torch.round((groups - offset[..., None]) / scale[..., None]).clamp_(-128, 127)
+    q = levels.to(torch.int8).reshape(panels, 16, in_features).transpose(1, 2).contiguous()
+    return q, *(t.reshape(panels, 16, -1).transpose(1, 2).contiguous() for t in (scale, offset))
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_kernels_quantization_is_torchs_bit_for_bit(dtype: torch.dtype) -> None:
+    weight = (torch.randn(130, 96, generator=torch.Generator().manual_seed(3)) * 0.1).to(dtype)
+    weight[5, :32] = 0.5  # a constant group
+    weight[7, 32:64] *= 1000  # a wide one
+    for ours, theirs in zip(quantized.quantize(weight), _quantized_by_torch(weight), strict=True):
+        assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
+
+
+@needs_kernel
 def test_quantization_keeps_each_weight_within_a_510th_of_its_groups_range() -> None:
     weight = torch.randn(40, 96, generator=torch.Generator().manual_seed(1))
     weight[3, 32:64] = 0.25  # a constant group: its range is 0, its weights exact

@@ -2,7 +2,8 @@
 // rows beside them.
 // - specedit::q8_linear(x, q, scales, offsets, bias) = x @ W^T + bias on int8 weights with a scale and an
 //   offset per group of 32 inputs, W[n, k] = scales[n, k / 32] * q[n, k] + offsets[n, k / 32], packed in
-//   panels of 16 outputs (model/quantized.py packs them: q (N/16, K, 16), scales and offsets (N/16, K/32, 16));
+//   panels of 16 outputs (q (N/16, K, 16), scales and offsets (N/16, K/32, 16));
+// - specedit::q8_quantize(w): those (q, scales, offsets) from (N, K) weights (model/quantized.py);
 // - specedit::f32_bmm(x, w), a batch of such products on float32 weights, without bias: (B, M, K) by
 //   (B / G, N/16, K, 16) packed as the int8 ones (attention's products, a head each, G heads sharing
 //   keys and values: model/invariant.py).
@@ -25,6 +26,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -274,14 +278,64 @@ at::Tensor f32_bmm(const at::Tensor& input, const at::Tensor& weights) {
   return out;
 }
 
+// One panel's weights quantized (see q8_quantize): rows [panel * 16, +16) of w (N, K), rows past N zeros.
+template <typename T>
+void quantize_panel(const T* w, int64_t N, int64_t K, int64_t panel, int8_t* q, float* scales, float* offsets) {
+  float row[kGroup];
+  for (int r = 0; r < kPanel; ++r) {
+    const int64_t n = panel * kPanel + r;
+    for (int64_t g = 0; g < K / kGroup; ++g) {
+      float low = 0.0f, high = 0.0f;
+      for (int i = 0; i < kGroup; ++i) {
+        row[i] = n < N ? static_cast<float>(w[n * K + g * kGroup + i]) : 0.0f;
+        low = i == 0 ? row[i] : std::min(low, row[i]);
+        high = i == 0 ? row[i] : std::max(high, row[i]);
+      }
+      // Each operation rounded on its own, as torch's would be (-ffp-contract=off: no fused multiply-add).
+      const float scale = std::max((high - low) / 255.0f, std::numeric_limits<float>::min());
+      const float offset = low + 128.0f * scale;
+      const int64_t at = (panel * (K / kGroup) + g) * kPanel + r;
+      scales[at] = scale;
+      offsets[at] = offset;
+      for (int i = 0; i < kGroup; ++i) {
+        const float level = std::nearbyint((row[i] - offset) / scale);  // to even, as torch.round
+        q[(panel * K + g * kGroup + i) * kPanel + r] = static_cast<int8_t>(std::clamp(level, -128.0f, 127.0f));
+      }
+    }
+  }
+}
+
+// (N, K) weights -> q8_linear's (q, scales, offsets): per group of 32 inputs, 256 levels from the group's
+// lowest weight to its highest, scale = (high - low) / 255, offset = low + 128 * scale, q = round((w -
+// offset) / scale); N padded with zero rows to a multiple of 16. One pass over the weights, a panel per
+// task (the same arithmetic in torch's ops took 3 s for the 0.5B model's weights, most of its load).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> q8_quantize(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.size(1) % kGroup == 0, "q8_quantize: (N, K) weights, K a multiple of 32");
+  const at::Tensor w = weight.contiguous();
+  const int64_t N = w.size(0), K = w.size(1), panels = (N + kPanel - 1) / kPanel;
+  at::Tensor q = at::empty({panels, K, kPanel}, w.options().dtype(at::kChar));
+  at::Tensor scales = at::empty({panels, K / kGroup, kPanel}, w.options().dtype(at::kFloat));
+  at::Tensor offsets = at::empty_like(scales);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, w.scalar_type(), "q8_quantize", [&] {
+    const scalar_t* wp = w.data_ptr<scalar_t>();
+    at::parallel_for(0, panels, 1, [&](int64_t first, int64_t last) {
+      for (int64_t panel = first; panel < last; ++panel)
+        quantize_panel(wp, N, K, panel, q.data_ptr<int8_t>(), scales.data_ptr<float>(), offsets.data_ptr<float>());
+    });
+  });
+  return {q, scales, offsets};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(specedit, m) {
   m.def("q8_linear(Tensor input, Tensor q, Tensor scales, Tensor offsets, Tensor? bias) -> Tensor");
+  m.def("q8_quantize(Tensor weight) -> (Tensor, Tensor, Tensor)");
   m.def("f32_bmm(Tensor input, Tensor weights) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specedit, CPU, m) {
   m.impl("q8_linear", q8_linear);
+  m.impl("q8_quantize", q8_quantize);
   m.impl("f32_bmm", f32_bmm);
 }

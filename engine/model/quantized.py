@@ -68,25 +68,9 @@ class QuantizedLinear(torch.nn.Module):
 
 def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, in) weights -> the kernel's packing: int8 (P, in, 16), scales and offsets (P, in/32, 16) float32,
-    P = out / 16 rounded up (the padding rows are zeros). Quantized row block by row block: the float32
-    copy of one block at a time, not of the whole matrix."""
-    out_features, in_features = weight.shape
-    panels = -(-out_features // PANEL)
-    q = torch.empty(panels, in_features, PANEL, dtype=torch.int8)
-    scales = torch.empty(panels, in_features // GROUP, PANEL)
-    offsets = torch.empty(panels, in_features // GROUP, PANEL)
-    step = 1024  # panels per block: 16k rows
-    for first in range(0, panels, step):
-        last = min(panels, first + step)
-        rows = _padded(weight[first * PANEL : last * PANEL].detach().to(torch.float32), (last - first) * PANEL)
-        groups = rows.reshape(-1, in_features // GROUP, GROUP)  # (rows, G, 32)
-        low, high = groups.amin(-1), groups.amax(-1)
-        scale = ((high - low) / 255).clamp(min=torch.finfo(torch.float32).tiny)
-        offset = low + 128 * scale
-        levels = torch.round((groups - offset[..., None]) / scale[..., None]).clamp_(-128, 127)
-        q[first:last] = levels.to(torch.int8).reshape(last - first, PANEL, in_features).transpose(1, 2)
-        scales[first:last] = scale.reshape(last - first, PANEL, -1).transpose(1, 2)
-        offsets[first:last] = offset.reshape(last - first, PANEL, -1).transpose(1, 2)
+    P = out / 16 rounded up (the padding rows are zeros): `specedit::q8_quantize`, one pass over the weights
+    in their own dtype (float32, bf16, float16)."""
+    q, scales, offsets = torch.ops.specedit.q8_quantize(weight.detach())
     return q, scales, offsets
 
 
