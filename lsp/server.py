@@ -49,8 +49,9 @@ class OwnDocumentsProtocol(LanguageServerProtocol):
     """pygls' protocol without pygls' copies of the text documents: the server keeps its own (`documents`).
 
     pygls' copy splits lines at every break `str.splitlines` knows ("\\x0b", "\\x0c", "\\u2028", ...), and its
-    `didChange` clamps a position past such a "line" *in the params*, before the server's handler sees them:
-    one form feed in a file moved every change after it on its line, and an edit's echo no longer matched."""
+    `didChange` clamps each position to the length of the "line" of that number in its copy, *in the params*,
+    before the server's handler sees them: after one form feed in a file, changes on its line and below it
+    could come out misplaced, and the echo of the server's own edit taken for the user's typing."""
 
     def _only_ours(self, method: str, params: Any) -> Iterator[Any]:
         if (handler := self.fm.features.get(method)) is not None:
