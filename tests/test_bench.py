@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -338,3 +339,22 @@ def test_bench_runs_llama_server_per_speculation_type_and_reports_the_best(
     for port in ports:
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", int(port)), timeout=1).close()
+
+
+BUILD_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "build_llama_server.sh"
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_the_llama_server_build_script_knows_what_it_built(tmp_path: Path, isa: str) -> None:
+    """Built already (its version recorded): the script only says so; an unknown instruction set is refused
+    before anything is downloaded."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "llama-server").write_text("#!/bin/sh\n")
+    (tmp_path / "bin" / "llama-server").chmod(0o755)
+    (tmp_path / "VERSION").write_text("11434.0.0\n")
+    env = {**os.environ, "SPECEDIT_LLAMA_SERVER_DIR": str(tmp_path), "SPECEDIT_LLAMA_ISA": isa}
+    built = subprocess.run(["bash", str(BUILD_SCRIPT)], env=env, capture_output=True, text=True, timeout=30)
+    assert built.returncode == 0 and "is built" in built.stderr, built.stderr
+    env["SPECEDIT_LLAMA_ISA"] = "avx9000"
+    refused = subprocess.run(["bash", str(BUILD_SCRIPT)], env=env, capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 1 and "native or avx2" in refused.stderr, refused.stderr
