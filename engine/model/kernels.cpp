@@ -94,10 +94,10 @@ inline Vec weights_at(const Weights& w, int64_t panel, int64_t k, int part) {
 
 inline void finish(float* out, Vec acc, const float* bias) { store(out, bias ? add(acc, load(bias)) : acc); }
 
-// R rows (<= 4) by P panels, the weights dequantized as they stream by.
-template <int R, int P>
-void direct(const float* x, const Weights& w, int64_t panel, float* out, int64_t N) {
-  const int64_t K = w.K;
+// R rows by P panels, register-blocked: `weight(p, k, h)` is vector h of the p-th panel's weights at input
+// k; `out` and `bias` start at the first panel's outputs. The one chain of multiply-adds per output.
+template <int R, int P, typename Weight>
+void block(const float* x, int64_t K, Weight weight, float* out, int64_t N, const float* bias) {
   Vec acc[R][P][kVectors];
   UNROLL for (int r = 0; r < R; ++r)
     UNROLL for (int p = 0; p < P; ++p)
@@ -105,7 +105,7 @@ void direct(const float* x, const Weights& w, int64_t panel, float* out, int64_t
   for (int64_t k = 0; k < K; ++k) {
     Vec v[P][kVectors];
     UNROLL for (int p = 0; p < P; ++p)
-      UNROLL for (int h = 0; h < kVectors; ++h) v[p][h] = weights_at(w, panel + p, k, h);
+      UNROLL for (int h = 0; h < kVectors; ++h) v[p][h] = weight(p, k, h);
     UNROLL for (int r = 0; r < R; ++r) {
       const Vec a = broadcast(x + r * K + k);
       UNROLL for (int p = 0; p < P; ++p)
@@ -115,34 +115,24 @@ void direct(const float* x, const Weights& w, int64_t panel, float* out, int64_t
   UNROLL for (int r = 0; r < R; ++r)
     UNROLL for (int p = 0; p < P; ++p)
       UNROLL for (int h = 0; h < kVectors; ++h) {
-        const int64_t n = (panel + p) * kPanel + h * kLanes;
-        finish(out + r * N + n, acc[r][p][h], w.bias ? w.bias + n : nullptr);
+        const int64_t n = p * kPanel + h * kLanes;
+        finish(out + r * N + n, acc[r][p][h], bias ? bias + n : nullptr);
       }
+}
+
+// R rows (<= 4) by P panels from `panel` on, the weights dequantized as they stream by.
+template <int R, int P>
+void direct(const float* x, const Weights& w, int64_t panel, float* out, int64_t N) {
+  const auto weight = [&](int p, int64_t k, int h) { return weights_at(w, panel + p, k, h); };
+  const int64_t n = panel * kPanel;
+  block<R, P>(x, w.K, weight, out + n, N, w.bias ? w.bias + n : nullptr);
 }
 
 // R rows (<= kBlockRows) by P panels whose weights `v` (P x K x 16 floats) are read as they are.
 template <int R, int P>
 void buffered(const float* x, const float* v, int64_t K, float* out, int64_t N, const float* bias) {
-  Vec acc[R][P][kVectors];
-  UNROLL for (int r = 0; r < R; ++r)
-    UNROLL for (int p = 0; p < P; ++p)
-      UNROLL for (int h = 0; h < kVectors; ++h) acc[r][p][h] = zero();
-  for (int64_t k = 0; k < K; ++k) {
-    Vec vk[P][kVectors];
-    UNROLL for (int p = 0; p < P; ++p)
-      UNROLL for (int h = 0; h < kVectors; ++h) vk[p][h] = load(v + (p * K + k) * kPanel + h * kLanes);
-    UNROLL for (int r = 0; r < R; ++r) {
-      const Vec a = broadcast(x + r * K + k);
-      UNROLL for (int p = 0; p < P; ++p)
-        UNROLL for (int h = 0; h < kVectors; ++h) acc[r][p][h] = madd(a, vk[p][h], acc[r][p][h]);
-    }
-  }
-  UNROLL for (int r = 0; r < R; ++r)
-    UNROLL for (int p = 0; p < P; ++p)
-      UNROLL for (int h = 0; h < kVectors; ++h) {
-        const int64_t n = p * kPanel + h * kLanes;
-        finish(out + r * N + n, acc[r][p][h], bias ? bias + n : nullptr);
-      }
+  const auto weight = [&](int p, int64_t k, int h) { return load(v + (p * K + k) * kPanel + h * kLanes); };
+  block<R, P>(x, K, weight, out, N, bias);
 }
 
 template <int P, int R = kBlockRows>
