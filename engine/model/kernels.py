@@ -3,9 +3,10 @@
 The engine's exactness rests on a row's logits not depending on the forward that computes it (see
 `model.invariant`). torch's kernels do so on some CPUs and not on others, as measured; these do by
 construction: every output is one chain of fused multiply-adds in the order of its inputs, whatever the
-number of rows, the thread count or the CPU. Two ops:
+number of rows, the thread count or the CPU. Three ops:
 
 - `specedit::q8_linear`: a linear layer on int8 weights (`model.quantized`);
+- `specedit::q8_quantize`: those int8 weights, scales and offsets from a layer's weights, in one pass;
 - `specedit::f32_bmm`: a batch of float32 products on weights packed the same way, for attention's
   scores and weighted values (`bmm`), where the CPU's flash kernel is not row-invariant everywhere
   (Intel Xeon steered to AVX2, 1 thread: a prefill of 61 rows at once and in two pieces differ; 2026-12).

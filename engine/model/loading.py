@@ -180,7 +180,7 @@ def load_model(
     # Linear layers packed for oneDNN (the CPU's fastest kernels, see `model.invariant`) are upcast as
     # they are packed, so the rest loads in the dtype it was stored in: 2-4 s instead of 6-9 s for the
     # 0.5B model in float32 on 2 AVX2 cores (the time is spent first-touching new memory).
-    # int8 weights are quantized from the stored ones the same way, a block of rows at a time.
+    # int8 weights are quantized from the stored ones too, in their stored dtype (`quantized.quantize`).
     if torch_device.type == "cpu":
         kernels.available(kernel_folder)  # compiled once; the attention and int8 weights use them
     int8 = int8_weights(weights, torch_device, torch_dtype, kernel_folder)
