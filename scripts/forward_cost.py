@@ -25,6 +25,7 @@ from specedit.engine.model import kv_cache
 from specedit.engine.model.loading import LoadedModel, load_model
 from specedit.engine.ops.bench import as_transformers_runs_it
 from specedit.engine.ops.model_store import resolve_model
+from specedit.engine.options import WEIGHTS_CHOICES
 
 
 def timed_forward(loaded: LoadedModel, cache: DynamicCache, ids: list[int]) -> tuple[float, torch.Tensor]:
@@ -41,7 +42,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--weights", default="auto", choices=("auto", "int8", "float"))
+    parser.add_argument("--weights", default="auto", choices=WEIGHTS_CHOICES)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sizes", default="1,2,4,8,16,32,64")

@@ -265,8 +265,8 @@ def _attention_on_own_kernels(
     outputs = []
     start, end = first, first + q_length
     while start < end:
-        stop = min(end, _kv_length(start))  # the end of this key-length bucket
         keys = _kv_length(start)
+        stop = min(end, keys)  # the end of this key-length bucket
         positions = torch.arange(start, stop, device=query.device)
         mask = torch.arange(keys, device=query.device) <= positions[:, None]  # (rows, keys)
         key_states, value_states = _fit(key, keys)[0], _fit(value, keys)[0]  # (H_kv, keys, D)
