@@ -5,21 +5,25 @@ placed in order, each after the one before, each replacing a span of the origina
 
 1. *Anchors*: the chunk's lines that say something (`merge_checks.counts`: a few letters or digits) and
    occur once in the original after the chunk before, grown into runs of equal lines (compared stripped,
-   so a re-indented chunk still matches; not back over a line the chunk itself has twice, which may be
-   the copy that closes new code). `def total(items):` can anchor, `return this;` cannot.
+   so a re-indented chunk still matches; not over a line the chunk itself has twice, which may be the
+   copy that closes new code or the start of new code shaped like the context before it, unless the
+   run reaches the chunk's end). `def total(items):` can anchor, `return this;` cannot.
 2. *Which anchors*: those that fit together (in order in both, and what lies between two of them in the
    chunk can stand where the original has what lies between them: as many brackets opened and closed, not
    much more code replaced than shown), and, since new code may repeat a unique line of old code, each
-   anchor alone too; and a chunk that ends the file, at each place where the original has its first
-   lines (likewise one that starts it). Each choice gives a placement; of those that cover the anchors
-   holding the chunk's first and last lines (its context) and, if any can, its runs of two lines or more
-   (new code written beside a near copy of old code repeats them), the one that loses the fewest of the
-   original's lines (lines that say something and that the chunk lacks) is taken.
+   anchor alone too; the two holding the chunk's first and last lines (its context), whatever the
+   brackets between them (a template's `{{end}}}`); and a chunk that ends the file, at each place where
+   the original has its first lines, replacing not much more than it holds (likewise one that starts it).
+   Each choice gives a placement; of those that cover the anchors holding the chunk's first and last
+   lines (its context) and, if any can, its runs of two lines or more (new code written beside a near
+   copy of old code repeats them), the one that loses the fewest of the original's lines (lines that say
+   something and that the chunk lacks) is taken.
 3. *Edges*: the chunk's lines before its first anchor start where the original has the most of their
    first lines before the anchor (context it repeats: a `}` and a blank line before a new function), less
-   the lines skipping there loses, if the rest fits there; else its last lines may be changes of the lines
-   just before the anchor (alike, `EDGE_SCORE`); else they are new, and go in before the anchor if they
-   close what they open and do not land inside a deeper block. Likewise after the last anchor. A chunk
+   the lines skipping there loses (not one alike to a new line of the chunk: it is changed, as `if (x) {`
+   into `if (x) y;`), if the rest fits there; else its last lines may be changes of the lines just
+   before the anchor (alike, `EDGE_SCORE`); else they are new, and go in before the anchor if they close
+   what they open and do not land inside a deeper block. Likewise after the last anchor. A chunk
    with no marker before it starts the file, one with no marker after it ends it; one that is a changed
    line alone (a new signature) goes where the one line alike to it is.
 4. *Repeated blocks*: a chunk none of whose lines the original has once is placed in each stretch around
@@ -28,12 +32,15 @@ placed in order, each after the one before, each replacing a span of the origina
 5. Lines the chunk repeats keep the original's own text (a sketch drops trailing spaces), but for a line
    trimmed beside a line the chunk changes.
 
-A chunk that cannot be placed, or a merge that `merge_checks` refuses, leaves the merge *unresolved*
-(`SketchMerge.unresolved` says why): the model writes the answer then, with the partial merge as the copy
-drafter's draft. Measured on sketches of real edits (see the README, "Edit sketches"). Wrong merges seen
-while tuning: a chunk whose lines are, verbatim, another place of the file (a Go template holding the same
-imports) goes there; a new test whose lines (unique ones among them) repeat an old test's far above
-chains onto them and replaces what lies between (guzzle's XML visitor test).
+A chunk that cannot be placed, a merge that has a block twice in a row where neither the original nor
+the sketch has (a deletion the sketch shows like a change), or a merge that `merge_checks` refuses,
+leaves the merge *unresolved* (`SketchMerge.unresolved` says why): the model writes the answer then, with
+the partial merge as the copy drafter's draft. Measured on sketches of real edits (see the README, "Edit
+sketches"). Wrong merges seen while tuning: a chunk whose lines are, verbatim, another place of the file
+(a Go template holding the same imports) goes there; a new test whose lines (unique ones among them)
+repeat an old test's far above chains onto them and replaces what lies between (guzzle's XML visitor
+test); a deletion longer than the chunk shows (two `--no-x` options replaced by one `--x`) keeps the
+rest.
 
 >>> original = "def f():\\n    return 1\\n\\n\\ndef g():\\n    return 2\\n"
 >>> sketch = "# ... existing code ...\\ndef g():\\n    return 3\\n"
@@ -96,6 +103,7 @@ class _Anchor:
     original: int  # where the run starts in the original (a line index)
     chunk: int  # where it starts in the chunk
     size: int
+    said: int  # lines that say something in the run, grown over lines the chunk has twice too
 
 
 @dataclass(frozen=True)
@@ -143,6 +151,8 @@ def merge_sketch(original: str, sketch: str) -> SketchMerge:
     text = "".join(merged)
     if not original.endswith("\n"):
         text = text.removesuffix("\n")
+    if not unresolved and (doubled := _doubled_anew(merged, lines, _lines(sketch))):
+        unresolved.append(f"the merge has {doubled[0]!r} and the lines after it twice in a row")
     if not unresolved:
         check = check_merge(original, sketch, text)
         if not check.ok:
@@ -186,6 +196,31 @@ def _placed(chunks: list[_Chunk], lines: list[str], keys: list[str], raw: list[s
         why = f"{chunk.lines[0].strip()!r} could go in more than one place" if tie else ""
         outcomes[state] = best.after(chosen, why)
     return outcomes[(0, 0)]
+
+
+def _doubled_anew(merged: list[str], original: list[str], sketch: list[str]) -> tuple[str, ...]:
+    """A block the merge has twice in a row where neither the original nor the sketch has it so (a
+    placement that put a changed block beside the one it changes, or a deletion shown like a change);
+    empty if none."""
+    doubled = _doubled(merged)
+    if doubled:
+        doubled -= _doubled(original) | _doubled(sketch)
+    return min(doubled, default=())
+
+
+def _doubled(lines: list[str], longest: int = 24) -> set[tuple[str, ...]]:
+    """The blocks of two lines or more, saying something, that `lines` has twice in a row (compared
+    stripped), up to `longest` lines."""
+    keys = [line.strip() for line in lines]
+    found = set()
+    for size in range(2, longest + 1):
+        run = 0  # how many lines up to here equal the line `size` after them
+        for start in range(len(keys) - size):
+            run = run + 1 if keys[start] == keys[start + size] else 0
+            block = keys[start - size + 1 : start + 1]
+            if run >= size and sum(map(counts, block)) >= 2:
+                found.add(tuple(block))
+    return found
 
 
 def _lines(text: str) -> list[str]:
@@ -253,6 +288,7 @@ def _place(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk
     chunk_keys = [line.strip() for line in chunk.lines]
     anchors = _anchors(keys, cursor, chunk_keys)
     chains = [_best_chain(keys, chunk_keys, anchors), *([a] for a in anchors)] if anchors else [[]]
+    chains += _context_chain(keys, chunk_keys, anchors)
     placements = [_place_on(chain, lines, raw, cursor, chunk) for chain in chains] + _by_context(
         lines, raw, cursor, chunk
     )
@@ -283,16 +319,19 @@ def _by_context(lines: list[str], raw: list[str], cursor: int, chunk: _Chunk) ->
         return []
     # Only where the first line (the last, backwards) is the same: the original is not copied for every line.
     if chunk.at_end:
-        return [
+        placements = [
             (place, len(lines), chunk.lines)
             for place in range(cursor, len(lines))
             if raw[place] == new_raw[0] and _says(new_raw, raw[place:])
         ]
-    return [
-        (cursor, place, chunk.lines)
-        for place in range(cursor + 1, len(lines) + 1)
-        if raw[place - 1] == new_raw[-1] and _says(new_raw[::-1], raw[place - 1 :: -1])
-    ]
+    else:
+        placements = [
+            (cursor, place, chunk.lines)
+            for place in range(cursor + 1, len(lines) + 1)
+            if raw[place - 1] == new_raw[-1] and _says(new_raw[::-1], raw[place - 1 :: -1])
+        ]
+    # Not over much more code than the chunk holds (new code beside a near copy repeats its first lines).
+    return [placement for placement in placements if _replaces_little(raw[placement[0] : placement[1]], new_raw)]
 
 
 def _says(new: list[str], old: list[str]) -> bool:
@@ -315,7 +354,7 @@ def _required(anchors: list[_Anchor], chunk_keys: list[str], chunk: _Chunk) -> t
     ]
     if not all(_in_order(a, b) for a in edges for b in edges):
         edges = []
-    long = [a for a in anchors if sum(map(counts, chunk_keys[a.chunk : a.chunk + a.size])) >= 2]
+    long = [a for a in anchors if a.said >= 2]
     return edges, [a for a in long if all(_in_order(a, e) for e in edges)]
 
 
@@ -415,13 +454,16 @@ def _anchors(keys: list[str], cursor: int, chunk_keys: list[str]) -> list[_Ancho
         end = position + 1
         while end < len(chunk_keys) and b + end - a < len(keys) and chunk_keys[end] == keys[b + end - a]:
             end += 1
+        reach = end  # as far as the lines agree: a run of two lines or more, if they say something
+        if end < len(chunk_keys):  # nor on over one, short of the chunk's end (its context): new code may
+            end = next((k for k in range(position + 1, end) if chunk_keys[k] in twice), end)  # start there
         # A run ends in lines that say something: whether a `}` or a blank line next to it is the
         # original's or new code's is for the edges to find out (`_edge`).
         while not counts(chunk_keys[a]):
             a, b = a + 1, b + 1
         while not counts(chunk_keys[end - 1]):
             end -= 1
-        anchors.append(_Anchor(b, a, end - a))
+        anchors.append(_Anchor(b, a, end - a, sum(map(counts, chunk_keys[a:reach]))))
     return anchors
 
 
@@ -454,6 +496,21 @@ def _best_chain(keys: list[str], chunk_keys: list[str], anchors: list[_Anchor]) 
     return max(best, key=lambda option: option[0])[1]
 
 
+def _context_chain(keys: list[str], chunk_keys: list[str], anchors: list[_Anchor]) -> list[list[_Anchor]]:
+    """The anchors holding the chunk's first and last lines that say something (the context a sketch
+    repeats around a change), when they stand in order and what lies between them is not much more code
+    than the chunk shows: whatever its brackets (a template or a string may open more than it closes)."""
+    said = [n for n, key in enumerate(chunk_keys) if counts(key)]
+    if len(anchors) < 2 or anchors[0].chunk > said[0] or anchors[-1].chunk + anchors[-1].size <= said[-1]:
+        return []
+    first, last = anchors[0], anchors[-1]
+    if not first.original + first.size <= last.original:
+        return []
+    new = chunk_keys[first.chunk + first.size : last.chunk]
+    old = keys[first.original + first.size : last.original]
+    return [[first, last]] if _replaces_little(old, new) else []
+
+
 def _edge(edge: list[str], raw: list[str], low: int, start: int) -> tuple[int, list[str]]:
     """Where the chunk's lines before its first anchor (`edge`) begin in the original, and those of them
     that are new, to go in right before `start`.
@@ -475,7 +532,7 @@ def _edge(edge: list[str], raw: list[str], low: int, start: int) -> tuple[int, l
                 size += 1
             rest, skipped = [line.strip() for line in edge[size:]], [line.strip() for line in raw[place + size : start]]
             if _fits(rest, skipped):
-                lost = sum(counts(line) and line not in rest for line in skipped)
+                lost = _lost(skipped, rest)
                 places.append((size - lost, size, place))
         if places:  # the most repeated less lost, then the most repeated, then the nearest
             return max(places, key=lambda found: found[:2])[2], []
@@ -490,6 +547,23 @@ def _edge(edge: list[str], raw: list[str], low: int, start: int) -> tuple[int, l
         if _alike(new, old):
             unplaced, placed_start = walked, at
     return placed_start, edge[:unplaced]
+
+
+def _lost(old: list[str], new: list[str]) -> int:
+    """How many of the lines `old` that say something `new` replaces without keeping them: neither among
+    its lines nor changed into one (alike to one of its lines the original lacks there, each of those a
+    change of one line at most)."""
+    changes = [line for line in new if line not in old]
+    lost = 0
+    for line in old:
+        if not counts(line) or line in new:
+            continue
+        alike = next((number for number, change in enumerate(changes) if _alike(change, line)), None)
+        if alike is None:
+            lost += 1
+        else:
+            del changes[alike]
+    return lost
 
 
 def _insertable(new: list[str], raw: list[str], at: int, low: int, high: int) -> bool:
@@ -509,8 +583,13 @@ def _fits(new: list[str], old: list[str]) -> bool:
     """Whether the chunk's lines `new` can stand where the original has `old`: they open and close as many
     brackets, and do not replace much more code than they hold (a unique line of new code must not pull
     the chunk over a screenful of the original's)."""
+    return _balance(new) == _balance(old) and _replaces_little(old, new)
+
+
+def _replaces_little(old: list[str], new: list[str]) -> bool:
+    """Whether lines `new` in place of `old` replace not much more code than they hold (`REPLACED_PER_LINE`)."""
     said_new, said_old = sum(map(counts, new)), sum(map(counts, old))
-    return _balance(new) == _balance(old) and said_old <= REPLACED_PER_LINE * said_new + REPLACED_SLACK
+    return bool(said_old <= REPLACED_PER_LINE * said_new + REPLACED_SLACK)
 
 
 def _balance(lines: list[str]) -> int:

@@ -269,6 +269,93 @@ def test_a_chunks_context_outweighs_a_run_that_new_code_repeats() -> None:
     assert merged(original, sketch) == expected
 
 
+def test_a_chunks_context_places_it_whatever_its_brackets() -> None:
+    """A Go template rewritten between two lines the file has once (cobra's usage template): the new text
+    closes a brace more than it opens (`{{end}}}`, in a string), which a count of brackets cannot tell from
+    code that does not fit; the chunk's first and last lines, its context, say where it goes."""
+    original = (
+        "var usage = `Usage:\n\nExamples:\n{{ .Example }}\n{{end}}{{ if .HasSubCommands}}\n"
+        "Available Commands: {{range .Commands}}\n  {{rpad .Name .NamePadding }}{{end}}\n{{end}}\n"
+        'Use "{{.CommandPath}} --help" for more information.\n{{end}}`\n\nfunc run() {\n}\n'
+    )
+    new = (
+        "Examples:\n{{ .Example }}{{end}}{{ if .HasNonHelpSubCommands}}\n"
+        "Available Commands: {{range .Commands}}{{if .IsHelp}}\n  {{rpad .Name .NamePadding }}{{end}}}{{end}}\n"
+        'Use "{{.CommandPath}} --help" for more information.\n'
+    )
+    sketch = "...\n" + new + "...\n"
+    start = original.index("Examples:")
+    stop = original.index("{{end}}`")
+    assert merged(original, sketch) == original[:start] + new + original[stop:]
+
+
+def test_a_line_joined_from_several_replaces_them() -> None:
+    """`if (x) {` / `y;` / `}` written as `if (x) y;` (fmt's printf flags): the chunk's context before it
+    (`case ' ':`, once in the file) is where it goes, not one `break;` further (which would leave the
+    old lines and write `case ' ':` twice)."""
+    original = (
+        "  switch (c) {\n    case '0':\n      fill = '0';\n      break;\n    case ' ':\n"
+        "      if (sign != plus) {\n        sign = space;\n      }\n      break;\n    case '#':\n"
+        "      alt = true;\n      break;\n  }\n"
+    )
+    sketch = (
+        "...\n      break;\n    case ' ':\n      if (sign != plus) sign = space;\n      break;\n    case '#':\n...\n"
+    )
+    old = "      if (sign != plus) {\n        sign = space;\n      }\n"
+    assert merged(original, sketch) == original.replace(old, "      if (sign != plus) sign = space;\n")
+
+
+def test_new_code_that_ends_like_the_context_before_it() -> None:
+    """An argument added after another (aider's `--openai-organization-id`): the chunk's `)` and
+    `add_argument(` after the context it repeats are the start of the new argument as well as its end:
+    the new lines go right after the context, not over the next argument."""
+    argument = '    group.add_argument(\n        "--{name}",\n        help="Specify the {name}",\n    )\n'
+    original = "".join(argument.format(name=name) for name in ("deployment-id", "openrouter", "edit-format"))
+    added = argument.format(name="organization-id")
+    sketch = '...\n        help="Specify the deployment-id",\n    )\n' + added + "    group.add_argument(\n...\n"
+    first = argument.format(name="deployment-id")
+    assert merged(original, sketch) == original.replace(first, first + added)
+
+
+def test_a_merge_that_writes_a_block_twice_in_a_row_is_left_to_the_model() -> None:
+    """A sketch that shows a deletion like a change (express: `var router = Router();` and its assert
+    deleted before the `new Router()` pair): a merge that has the same lines twice in a row, where
+    neither the original nor the sketch has, is a doubt."""
+    original = (
+        "describe('Router', function(){\n  it('is a function', function() {\n    var router = Router();\n"
+        "    assert(typeof router == 'function');\n\n    var router = new Router();\n"
+        "    assert(typeof router == 'function');\n\n    assert(typeof router.get == 'function');\n"
+        "  });\n\n  it('has a stack', function() {\n    var router = new Router();\n"
+        "    assert(typeof router == 'function');\n    assert(router.stack.length == 0);\n  });\n})\n"
+    )
+    sketch = (
+        "// ... existing code ...\ndescribe('Router', function(){\n  it('is a function', function() {\n"
+        "    var router = new Router();\n    assert(typeof router == 'function');\n// ... existing code ...\n"
+    )
+    result = merge_sketch(original, sketch)
+    assert not result.resolved and "twice in a row" in result.unresolved[0], result.unresolved
+
+
+def test_a_chunk_ending_the_file_does_not_replace_far_more_than_it_holds() -> None:
+    """A function appended near the end, a near copy of the one before it (aider's `build_docker`): its
+    lines repeat that one's, and its first context line (`return res`) is also where a function far above
+    ends; replacing all from there would delete much more than the chunk holds. Left to the model, not
+    merged wrong."""
+    old_function = (
+        "def run_test(testdir):\n    command = [\n        'docker',\n        'run',\n    ]\n"
+        "    try:\n        result = subprocess.run(command, text=True)\n        res = result.stdout\n"
+        "    except subprocess.CalledProcessError as e:\n        res = e.output\n    return res\n\n\n"
+    )
+    between = "".join(f"def helper_{n}(x):\n    value = x * {n}\n    return value + {n}\n\n\n" for n in range(30))
+    last = "def summarize(results):\n    res = len(results)\n    return res\n\n\n"
+    original = last + between + old_function + "if __name__ == '__main__':\n    app()\n"
+    new = old_function.replace("run_test(testdir)", "build_docker()").replace("'run'", "'build'")
+    sketch = "# ... existing code ...\n    return res\n\n\n" + new + "if __name__ == '__main__':\n    app()\n"
+    result = merge_sketch(original, sketch)
+    assert not result.resolved, result.text
+    assert result.text == original or check_merge(original, sketch, result.text).ok
+
+
 @pytest.mark.parametrize(
     ("sketch", "why"),
     [
