@@ -90,7 +90,8 @@ def open_engine(options: EngineOptions, *, progress: Any = None) -> Engine:
 def load_target(options: EngineOptions, *, progress: Any = None, remembered: bool = True) -> LoadedModel:
     """The target `options` describe, on their threads: provisioned if it is a known model, its kernels
     chosen by the self-check, whose verdict is taken from the cache if it is there (`remembered`; else the
-    self-check runs afresh), its own kernels compiled into the cache once."""
+    self-check runs afresh), its own kernels compiled into the cache once, its tokenizer as built and its
+    int8 weights (if it takes them) kept in the cache once."""
     from specedit.engine.model.loading import load_model
     from specedit.engine.ops.model_store import cache_dir, resolve_model
 
@@ -102,6 +103,7 @@ def load_target(options: EngineOptions, *, progress: Any = None, remembered: boo
         device=options.device,
         verdicts=cache_dir() / "exactness" if remembered else None,
         kernel_folder=cache_dir() / "kernels",
+        kept_folder=cache_dir() / "loaded",
     )
 
 

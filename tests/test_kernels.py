@@ -5,6 +5,7 @@ forward around it, and a model on them keeps plain decoding's answer."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -133,6 +134,38 @@ def test_int8_weights_are_loaded_where_asked_and_float_ones_otherwise(tiny_model
     prompt = asked.tokenizer("def f(x):\n    return x")["input_ids"]
     both = [Engine(loaded).generate(prompt, max_new_tokens=8).tokens for loaded in (asked, refused)]
     assert all(len(tokens) == 8 for tokens in both)
+
+
+@needs_kernel
+def test_int8_weights_quantized_once_are_read_back_the_same(
+    tiny_model_dir: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first load quantizes and keeps the weights in a file; the next reads them without quantizing and
+    computes the same bits; a file that cannot be read, or a changed model, is quantized again."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model_dir)
+    kept_dir = tmp_path / "int8"
+
+    def load() -> loading.LoadedModel:
+        return loading.load_model(str(model_dir), dtype="float32", weights="int8", device="cpu", kept_folder=kept_dir)
+
+    prompt = list(range(20, 60))
+    with torch.inference_mode():
+        first = load().model(torch.tensor([prompt])).logits
+        [kept] = kept_dir.glob("int8-*")
+        with monkeypatch.context() as patched:
+            patched.setattr(quantized, "quantize", lambda weight: pytest.fail("quantized again"))
+            again = load()
+            assert quantized.is_quantized(again.model)
+            assert torch.equal(again.model(torch.tensor([prompt])).logits, first)
+        kept.write_bytes(b"not a safetensors file")
+        assert torch.equal(load().model(torch.tensor([prompt])).logits, first)
+        assert kept.stat().st_size > 100  # written again
+        weights = model_dir / "model.safetensors"
+        os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # "changed"
+        assert torch.equal(load().model(torch.tensor([prompt])).logits, first)
+    [replaced] = kept_dir.glob("int8-*")
+    assert replaced != kept  # one kept file per model: the stale one is gone
 
 
 def test_auto_takes_int8_on_avx2_and_avx512_kernels_in_float32_only(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,6 +21,7 @@ import time
 import zipfile
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -801,3 +802,41 @@ def test_model_verify_command(
     _flip_a_byte(ms.converted_path(spec) / "config.json", keep_time=True)
     assert main(["model", "verify", spec.name]) == 6
     assert "config.json changed since it was converted" in capsys.readouterr().err
+
+
+TEXTS = [
+    "def add(a, b):\n    return a + b\n",
+    "<|endoftext|> in the text, \u2028 and \x0b and \r\n line ends, e\u0301 \ufb01 \uff21\uff22, \t tabs",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n",
+]
+
+
+def test_a_tokenizer_as_built_is_kept_and_read_back_alike(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The first load builds the tokenizer (`AutoTokenizer`: Qwen2's class adds an NFC normalization that
+    the saved `tokenizer.json` lacks) and keeps it whole in one file; the next reads that file: the same
+    ids (a decomposed accent included), text, special tokens and chat template. A damaged file is built
+    again."""
+    from transformers import AutoTokenizer
+
+    from specedit.engine.model.loading import load_tokenizer
+
+    kept = tmp_path / "kept"
+    reference = AutoTokenizer.from_pretrained(tiny_model_dir)
+    built = load_tokenizer(str(tiny_model_dir), {}, kept)
+    assert type(built) is type(reference)
+    [pipeline] = kept.glob("tokenizer-*[0-9a-f].json")  # and its settings beside it
+    read = load_tokenizer(str(tiny_model_dir), {}, kept)
+    assert type(read) is not type(reference)  # read from the kept file, not built
+    assert_same_tokenizer(read, reference)
+    pipeline.write_text("{not json")
+    assert type(load_tokenizer(str(tiny_model_dir), {}, kept)) is type(reference)
+    assert_same_tokenizer(load_tokenizer(str(tiny_model_dir), {}, kept), reference)
+
+
+def assert_same_tokenizer(tokenizer: Any, reference: Any) -> None:
+    for text in TEXTS:
+        ids = reference.encode(text)
+        assert tokenizer.convert_ids_to_tokens(tokenizer.encode(text)) == reference.convert_ids_to_tokens(ids), text
+        assert tokenizer.decode(ids) == reference.decode(ids)
+    for attribute in ("eos_token_id", "pad_token_id", "all_special_ids", "chat_template", "model_max_length"):
+        assert getattr(tokenizer, attribute) == getattr(reference, attribute), attribute

@@ -25,7 +25,9 @@ default one: Q5_0, Q8_0, Q4_K and Q6_K groups of 32 and 16) has at most 32 or 25
 group: its int8 copy is its GGUF's weights within that error, not bit for bit.
 
 The kernel is one of specedit's own (`model.kernels`: compiled once, on first use); where it is not
-available, the model keeps float32.
+available, the model keeps float32. Quantizing the 0.5B model takes 0.8 s; a load keeps the result in a
+file (`loading.load_model`'s `kept_folder`: 617 MB for the 0.5B) that the next load maps into memory in
+milliseconds: the same bits.
 """
 
 from __future__ import annotations
@@ -38,15 +40,18 @@ from specedit.engine.model.kernels import PANEL
 from specedit.engine.model.linears import linear_weight, replace_modules
 
 GROUP = 32  # inputs per scale and offset
+PARTS = ("q", "scales", "offsets")  # a layer's tensors, as `quantize` returns them
 
 
 class QuantizedLinear(torch.nn.Module):
     """A linear layer on int8 weights (see the module docstring); float32 in, float32 out."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:  # weight: (out, in)
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, packed: tuple[torch.Tensor, ...] | None = None
+    ) -> None:  # weight: (out, in); packed: `quantize(weight)`, kept from an earlier start
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.q, self.scales, self.offsets = quantize(weight)
+        self.q, self.scales, self.offsets = packed or quantize(weight)
         self.bias = None if bias is None else _padded(bias.detach().to(torch.float32), self.q.shape[0] * PANEL)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
@@ -83,18 +88,39 @@ def dequantize(q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> 
     return weights.reshape(panels, in_features, PANEL).transpose(1, 2).reshape(panels * PANEL, in_features)
 
 
-def quantize_linears(model: Any) -> int:
+def quantize_linears(model: Any, kept: dict[str, torch.Tensor] | None = None) -> int:
     """Replace every linear layer of `model` whose input size is a multiple of 32 (`nn.Linear`, GPT-2's
-    `Conv1D`) by a `QuantizedLinear`, before any is packed for oneDNN; returns how many. The kernels must be
-    loaded (`kernels.available`)."""
+    `Conv1D`) by a `QuantizedLinear`, before any is packed for oneDNN; returns how many were quantized
+    here. The kernels must be loaded (`kernels.available`). `kept`: `packed_layers` of an earlier load of
+    the same model (a layer found there in the right shapes is taken as it is, not quantized again)."""
+    kept = kept or {}
+    names = {id(module): name for name, module in model.named_modules()}
+    quantized_here = 0
 
     def quantized(module: torch.nn.Module) -> QuantizedLinear | None:
+        nonlocal quantized_here
         weight = linear_weight(module)
         if weight is None or weight.shape[1] % GROUP:
             return None
-        return QuantizedLinear(weight, module.bias)
+        packed = tuple(kept.get(f"{names[id(module)]}.{part}") for part in PARTS)
+        if [None if t is None else (t.shape, t.dtype) for t in packed] != _packed_shapes(weight):
+            quantized_here += 1
+            return QuantizedLinear(weight, module.bias)
+        return QuantizedLinear(weight, module.bias, packed)  # type: ignore[arg-type]
 
-    return replace_modules(model, quantized)
+    replace_modules(model, quantized)
+    return quantized_here
+
+
+def packed_layers(model: Any) -> dict[str, torch.Tensor]:
+    """The int8 layers of `model` as they are kept (`quantize_linears`' `kept`): `NAME.q`, `NAME.scales`,
+    `NAME.offsets` per layer."""
+    return {
+        f"{name}.{part}": getattr(module, part)
+        for name, module in model.named_modules()
+        if isinstance(module, QuantizedLinear)
+        for part in PARTS
+    }
 
 
 def dequantize_linears(model: Any) -> int:
@@ -104,6 +130,14 @@ def dequantize_linears(model: Any) -> int:
 
 def is_quantized(model: Any) -> bool:
     return any(isinstance(module, QuantizedLinear) for module in model.modules())
+
+
+def _packed_shapes(weight: torch.Tensor) -> list[tuple[torch.Size, torch.dtype]]:
+    """The shapes and dtypes of `quantize(weight)`'s tensors."""
+    outputs, inputs = weight.shape
+    panels = -(-outputs // PANEL)
+    scales = (torch.Size((panels, inputs // GROUP, PANEL)), torch.float32)
+    return [(torch.Size((panels, inputs, PANEL)), torch.int8), scales, scales]
 
 
 def _padded(tensor: torch.Tensor, rows: int) -> torch.Tensor:
