@@ -168,6 +168,16 @@ def test_int8_weights_quantized_once_are_read_back_the_same(
     assert replaced != kept  # one kept file per model: the stale one is gone
 
 
+@needs_kernel
+def test_a_cache_that_cannot_be_written_still_loads(tiny_model_dir: Any, tmp_path: Path) -> None:
+    blocked = tmp_path / "a file"
+    blocked.write_text("")
+    loaded = loading.load_model(
+        str(tiny_model_dir), dtype="float32", weights="int8", device="cpu", kept_folder=blocked / "loaded"
+    )
+    assert quantized.is_quantized(loaded.model) and loaded.tokenizer.encode("def f(x):")
+
+
 def test_auto_takes_int8_on_avx2_and_avx512_kernels_in_float32_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kernels, "available", lambda folder=None: None)
     cpu = torch.device("cpu")

@@ -263,7 +263,7 @@ def _quantize(model: Any, weights_files: list[Path], kept_folder: Path | None) -
         try:
             kept.parent.mkdir(parents=True, exist_ok=True)
             _write_atomically(kept, lambda path: save_file(quantized.packed_layers(model), path))
-        except OSError as error:
+        except (OSError, SafetensorError) as error:  # no room, no right to write: quantized next time too
             log.info("int8 weights not kept in %s: %s", kept, error)
 
 
