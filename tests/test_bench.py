@@ -358,3 +358,25 @@ def test_the_llama_server_build_script_knows_what_it_built(tmp_path: Path, isa: 
     env["SPECEDIT_LLAMA_ISA"] = "avx9000"
     refused = subprocess.run(["bash", str(BUILD_SCRIPT)], env=env, capture_output=True, text=True, timeout=30)
     assert refused.returncode == 1 and "native or avx2" in refused.stderr, refused.stderr
+
+
+def test_the_decode_ceiling_script_sets_a_run_against_its_forward_costs(tmp_path: Path) -> None:
+    """`scripts/decode_ceiling.py`: forwards costing 50 ms + 5 ms a row; a case of 4 forwards over 400 rows
+    after a 1 s prefill could take 3.2 s at best: run in 4 s it is at 80% of its ceiling."""
+    curve = tmp_path / "curve.txt"
+    rows = [f"{context:7d} {k:7d} {0.05 + 0.005 * k:12.4f} 1.0 1.0 no" for context in (300, 800) for k in (1, 8, 64)]
+    curve.write_text("context  tokens   checked s  transformers s  ratio  same last row\n" + "\n".join(rows) + "\n")
+    case = {
+        "id": "a",
+        "methods": {
+            "plain": {"wall_seconds": 20.0, "prefill_seconds": 1.0},
+            "specedit": {"wall_seconds": 4.0, "target_forwards": 4, "drafted_tokens": 396, "accepted_tokens": 380},
+        },
+    }
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"cases": [case]}))
+    script = Path(__file__).parents[1] / "scripts" / "decode_ceiling.py"
+    done = subprocess.run([sys.executable, str(script), str(curve), str(bench)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "50.0 ms + 5.00 ms a row" in done.stdout
+    assert "5.00x, ceiling  6.25x =  80%" in done.stdout and "median 80%" in done.stdout
