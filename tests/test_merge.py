@@ -289,6 +289,27 @@ def test_a_chunks_context_places_it_whatever_its_brackets() -> None:
     assert merged(original, sketch) == original[:start] + new + original[stop:]
 
 
+def test_a_deletion_shown_only_by_the_context_around_it() -> None:
+    """An argument parser's 40 lines replaced by one line (aider's benchmark moving to typer): the chunk's
+    context lines are once in the file, so what lies between them goes, up to a screenful; a stretch far
+    longer than that between two such lines is left to the model."""
+    parser = "".join(f'    parser.add_argument("--option-{n}", help="option {n}")\n' for n in range(40))
+    original = (
+        'def main():\n    commit_hash = head()\n    if dirty():\n        commit_hash += "-dirty"\n\n'
+        + parser
+        + "    args = parser.parse_args()\n    dirname = Path(args.dirname)\n\n    if len(dirname.parts) == 1:\n"
+        + "        dirname = ROOT / dirname\n"
+    )
+    sketch = (
+        '# ... (same as before)\n        commit_hash += "-dirty"\n\n    dirname = Path(dirname)\n\n'
+        "    if len(dirname.parts) == 1:\n# ... (same as before)\n"
+    )
+    start, stop = original.index(parser), original.index("\n    if len(")
+    assert merged(original, sketch) == original[:start] + "    dirname = Path(dirname)\n" + original[stop:]
+    longer = original.replace(parser, parser * 3)
+    assert not merge_sketch(longer, sketch).resolved
+
+
 def test_a_line_joined_from_several_replaces_them() -> None:
     """`if (x) {` / `y;` / `}` written as `if (x) y;` (fmt's printf flags): the chunk's context before it
     (`case ' ':`, once in the file) is where it goes, not one `break;` further (which would leave the
