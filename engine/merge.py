@@ -12,12 +12,12 @@ placed in order, each after the one before, each replacing a span of the origina
    chunk can stand where the original has what lies between them: as many brackets opened and closed, not
    much more code replaced than shown), and, since new code may repeat a unique line of old code, each
    anchor alone too; the two holding the chunk's first and last lines (its context), whatever the
-   brackets between them (a template's `{{end}}}`) and up to a screenful of code deleted there; and a chunk that ends the file, at each place where
-   the original has its first lines, replacing not much more than it holds (likewise one that starts it).
-   Each choice gives a placement; of those that cover the anchors holding the chunk's first and last
-   lines (its context) and, if any can, its runs of two lines or more (new code written beside a near
-   copy of old code repeats them), the one that loses the fewest of the original's lines (lines that say
-   something and that the chunk lacks) is taken.
+   brackets between them (a template's `{{end}}}`) and over up to a screenful of code deleted there; and
+   a chunk that ends the file, at each place where the original has its first lines, replacing not much
+   more than it holds (likewise one that starts it). Each choice gives a placement; of those that cover
+   the anchors holding the chunk's first and last lines (its context) and, if any can, its runs of two
+   lines or more (new code written beside a near copy of old code repeats them), the one that loses the
+   fewest of the original's lines (lines that say something and that the chunk lacks) is taken.
 3. *Edges*: the chunk's lines before its first anchor start where the original has the most of their
    first lines before the anchor (context it repeats: a `}` and a blank line before a new function), less
    the lines skipping there loses (not one alike to a new line of the chunk: it is changed, as `if (x) {`
