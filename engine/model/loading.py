@@ -226,7 +226,8 @@ def load_tokenizer(source: str, kwargs: dict[str, Any], kept_folder: Path | None
     settings = pipeline.with_suffix(".settings.json")
 
     def read_kept() -> Any:
-        return PreTrainedTokenizerFast(tokenizer_file=str(pipeline), **json.loads(settings.read_text()))
+        kept_settings = json.loads(settings.read_text())
+        return PreTrainedTokenizerFast(tokenizer_file=str(pipeline), **kept_settings)  # type: ignore[no-untyped-call]
 
     if pipeline.is_file() and settings.is_file():
         with contextlib.suppress(Exception):  # a damaged file: built again below
