@@ -287,8 +287,9 @@ def _place(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk
     The anchors that fit together best are tried, and each anchor alone (a unique line of new code may
     fit with the real ones), and those by the context of a chunk that starts or ends the file
     (`_by_context`); of the placements that hold and cover the anchors they must (`_required`: the
-    context, and the runs if any can), the one that loses the fewest lines of the original (lines that say
-    something, and that the chunk does not have) is taken, and of those the one that replaces the fewest.
+    context, and the runs if any can; two readings of a context that disagrees are a doubt), the one that
+    loses the fewest lines of the original (lines that say something, and that the chunk does not have) is
+    taken, and of those the one that replaces the fewest.
     """
     chunk_keys = [line.strip() for line in chunk.lines]
     anchors = _anchors(keys, cursor, chunk_keys)
@@ -297,11 +298,20 @@ def _place(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk
     placements = [_place_on(chain, lines, raw, cursor, chunk) for chain in chains] + _by_context(
         lines, raw, cursor, chunk
     )
-    edges, runs = _required(anchors, chunk_keys, chunk)
     placed = [placement for placement in placements if not isinstance(placement, str)]
-    held = [placement for placement in placed if all(placement[0] <= a.original < placement[1] for a in edges)]
-    covering = [placement for placement in held if all(placement[0] <= a.original < placement[1] for a in runs)]
-    held = covering or (held if edges else [])  # the context placed it, new code may repeat old code
+
+    def covers(placement: tuple[int, int, list[str]], required: list[_Anchor]) -> bool:
+        return all(placement[0] <= a.original < placement[1] for a in required)
+
+    readings = []  # what each reading of the context holds
+    for edges, runs in _required(anchors, chunk_keys, chunk):
+        with_edges = [placement for placement in placed if covers(placement, edges)]
+        covering = [placement for placement in with_edges if covers(placement, runs)]
+        readings.append(covering or (with_edges if edges else []))  # new code may repeat old code
+    alternatives = [placements for placements in readings[1:] if placements]
+    if not readings[0] and len(alternatives) > 1:
+        return f"{chunk.lines[0].strip()!r} could go in more than one place"
+    held = readings[0] or (alternatives[0] if alternatives else [])
     if not held:
         reasons = [placement for placement in placements if isinstance(placement, str)]
         return reasons[0] if reasons else "its lines in the original do not fit together"
@@ -344,23 +354,28 @@ def _says(new: list[str], old: list[str]) -> bool:
     return any(counts(line) for line in new[: _common_length(new, old)])
 
 
-def _required(anchors: list[_Anchor], chunk_keys: list[str], chunk: _Chunk) -> tuple[list[_Anchor], list[_Anchor]]:
+Reading = tuple[list["_Anchor"], list["_Anchor"]]  # the context anchors a placement must cover, and the runs
+
+
+def _required(anchors: list[_Anchor], chunk_keys: list[str], chunk: _Chunk) -> list[Reading]:
     """The anchors a placement must cover: those holding the chunk's first or last line that says something
-    (where a sketch repeats its context; not the end a file's start or end fixes, and neither when the two
-    disagree); and, if it can, runs of two such lines or more in the same order as those (new code may
-    repeat a line of old code, seldom two together; a placement that leaves them out, beside the chunk's
-    copy, doubles them; but new code written beside a near copy of it does repeat them: a placement that
-    covers the context anchors need not cover the runs, when none can)."""
+    (where a sketch repeats its context; not the end a file's start or end fixes); and, if it can, runs of
+    two such lines or more in the same order as those (new code may repeat a line of old code, seldom two
+    together; a placement that leaves them out, beside the chunk's copy, doubles them; but new code written
+    beside a near copy of it does repeat them: a placement that covers the context anchors need not cover
+    the runs, when none can). Where the two context anchors disagree (new code at one end repeating old
+    code elsewhere), the first reading has neither and every run; then each alone, with the runs in order
+    with it, to be taken where the first reading holds nothing and exactly one of them holds something."""
     said = [n for n, key in enumerate(chunk_keys) if counts(key)]
     edges = [
         a
         for a in anchors
         if (a.chunk <= said[0] and not chunk.at_start) or (a.chunk + a.size > said[-1] and not chunk.at_end)
     ]
-    if not all(_in_order(a, b) for a in edges for b in edges):
-        edges = []
     long = [a for a in anchors if a.said >= 2]
-    return edges, [a for a in long if all(_in_order(a, e) for e in edges)]
+    if all(_in_order(a, b) for a in edges for b in edges):
+        return [(edges, [a for a in long if all(_in_order(a, e) for e in edges)])]
+    return [([], long), *(([edge], [a for a in long if _in_order(a, edge)]) for edge in edges)]
 
 
 def _in_order(a: _Anchor, b: _Anchor) -> bool:

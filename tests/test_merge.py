@@ -310,6 +310,31 @@ def test_a_deletion_shown_only_by_the_context_around_it() -> None:
     assert not merge_sketch(longer, sketch).resolved
 
 
+def test_context_ends_that_disagree_are_read_each_alone() -> None:
+    """A call rewrapped the way a later one is wrapped (gson's boolean adapters): the chunk's first lines
+    now equal the later call's (they anchor there), its last lines are this call's own. Read alone, only
+    the last ones place the chunk: it goes there."""
+    original = (
+        "  public void testSerialize() {\n    Gson gson =\n        new GsonBuilder()\n            .register(\n"
+        "                boolean.class, (Serializer<Boolean>) (s, t, c) -> s ? 1 : 0)\n            .create();\n"
+        '    assertThat(gson.toJson(true)).isEqualTo("1");\n  }\n\n'
+        "  public void testDeserialize() {\n    Gson gson =\n        new GsonBuilder()\n            .register(\n"
+        "                boolean.class,\n                (Deserializer<Boolean>) (j, t, c) -> j.getAsInt() != 0)\n"
+        '            .create();\n    assertThat(gson.fromJson("1")).isEqualTo(Boolean.TRUE);\n  }\n'
+    )
+    old = "                boolean.class, (Serializer<Boolean>) (s, t, c) -> s ? 1 : 0)\n"
+    new = (
+        "                boolean.class,\n                (Serializer<Boolean>)\n"
+        "                    (v, type, context) -> v ? 1 : 0)\n"
+    )
+    sketch = (
+        "...\n        new GsonBuilder()\n            .register(\n"
+        + new
+        + '            .create();\n    assertThat(gson.toJson(true)).isEqualTo("1");\n...\n'
+    )
+    assert merged(original, sketch) == original.replace(old, new)
+
+
 def test_a_line_joined_from_several_replaces_them() -> None:
     """`if (x) {` / `y;` / `}` written as `if (x) y;` (fmt's printf flags): the chunk's context before it
     (`case ' ':`, once in the file) is where it goes, not one `break;` further (which would leave the
