@@ -840,3 +840,19 @@ def assert_same_tokenizer(tokenizer: Any, reference: Any) -> None:
         assert tokenizer.decode(ids) == reference.decode(ids)
     for attribute in ("eos_token_id", "pad_token_id", "all_special_ids", "chat_template", "model_max_length"):
         assert getattr(tokenizer, attribute) == getattr(reference, attribute), attribute
+
+
+def test_model_list_says_what_loads_keep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from specedit.cli.main import main
+
+    monkeypatch.setenv("SPECEDIT_CACHE_DIR", str(tmp_path))
+    assert main(["model", "list"]) == 0
+    assert "kept by loads" not in capsys.readouterr().out
+    (tmp_path / "loaded").mkdir()
+    (tmp_path / "loaded" / "int8-a-b.safetensors").write_bytes(b"\0" * 30_000_000)
+    assert main(["model", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "kept by loads (tokenizers, int8 weights; derived again if removed): 0.03 GB" in out
+    assert str(tmp_path / "loaded") in out

@@ -690,7 +690,14 @@ def torch_threads() -> int:
 def model_command(args: argparse.Namespace) -> int:
     import time
 
-    from specedit.engine.ops.model_store import DEFAULT_MODEL, KNOWN_MODELS, ensure_model, list_cached, verify_model
+    from specedit.engine.ops.model_store import (
+        DEFAULT_MODEL,
+        KNOWN_MODELS,
+        cache_dir,
+        ensure_model,
+        list_cached,
+        verify_model,
+    )
 
     if args.model_command in ("fetch", "verify"):
         spec = KNOWN_MODELS.get(args.name) if args.name else DEFAULT_MODEL
@@ -715,6 +722,11 @@ def model_command(args: argparse.Namespace) -> int:
         print(f"{cached.name}  {cached.size_bytes / 1e9:.2f} GB  {state}")
         print(f"  sha256 {cached.source_sha256 or 'unknown'} (at fetch; `specedit model verify` hashes it again)")
         print(f"  {cached.converted_path or cached.path}")
+    kept = [path for path in (cache_dir() / "loaded").glob("*") if path.is_file()]
+    if kept:
+        size = sum(path.stat().st_size for path in kept) / 1e9
+        print(f"kept by loads (tokenizers, int8 weights; derived again if removed): {size:.2f} GB")
+        print(f"  {cache_dir() / 'loaded'}")
     return 0
 
 
