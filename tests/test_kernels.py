@@ -178,6 +178,39 @@ def test_a_cache_that_cannot_be_written_still_loads(tiny_model_dir: Any, tmp_pat
     assert quantized.is_quantized(loaded.model) and loaded.tokenizer.encode("def f(x):")
 
 
+@needs_kernel
+def test_a_16_bit_embedding_stays_16_bit_and_computes_the_same(tiny_model_dir: Any, tmp_path: Path) -> None:
+    """On int8 weights the input embedding, stored in bf16, keeps its bf16 table (half a float32 copy's
+    memory) and gives the float32 copy's logits bit for bit; one tied to the output layer stays float."""
+    from transformers import AutoModelForCausalLM
+
+    stored = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).save_pretrained(stored)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_model_dir / name, stored / name)
+    loaded = loading.load_model(str(stored), dtype="float32", weights="int8", device="cpu")
+    embedding = loaded.model.get_input_embeddings()
+    assert isinstance(embedding, quantized.StoredEmbedding) and embedding.bits.dtype == torch.int16
+    prompt = torch.tensor([list(range(20, 60))])
+    with torch.inference_mode():
+        logits = loaded.model(prompt).logits
+        widened = embedding.bits.view(torch.bfloat16).float()
+        loaded.model.set_input_embeddings(torch.nn.Embedding.from_pretrained(widened))
+        assert torch.equal(loaded.model(prompt).logits, logits)
+    tied = torch.nn.Embedding(8, 4).to(torch.bfloat16)
+
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.head = tied, torch.nn.Linear(4, 8, bias=False)
+            self.head.weight = tied.weight
+
+        def get_input_embeddings(self) -> torch.nn.Module:
+            return self.embed
+
+    assert not quantized.keep_embedding_stored(Tied())
+
+
 def test_auto_takes_int8_on_avx2_and_avx512_kernels_in_float32_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kernels, "available", lambda folder=None: None)
     cpu = torch.device("cpu")

@@ -197,6 +197,7 @@ def load_model(
         raise ModelLoadError(f"could not load model {name_or_path!r}: {error}") from error
     if int8:
         _quantize(model, [] if kwargs else sorted(Path(source).glob("*.safetensors")), kept_folder)
+        quantized.keep_embedding_stored(model)  # the output layer no longer shares it: its own int8 copy
     if pack:
         invariant.pack_linears(model, torch_dtype)
     model.to(device=torch_device, dtype=torch_dtype).eval()
