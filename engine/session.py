@@ -93,7 +93,7 @@ def load_target(options: EngineOptions, *, progress: Any = None, remembered: boo
     self-check runs afresh), its own kernels compiled into the cache once, its tokenizer as built and its
     int8 weights (if it takes them) kept in the cache once."""
     from specedit.engine.model.loading import load_model
-    from specedit.engine.ops.model_store import cache_dir, resolve_model
+    from specedit.engine.ops.model_store import cache_dir, kept_dir, resolve_model
 
     _apply_threads(options)
     return load_model(
@@ -103,7 +103,7 @@ def load_target(options: EngineOptions, *, progress: Any = None, remembered: boo
         device=options.device,
         verdicts=cache_dir() / "exactness" if remembered else None,
         kernel_folder=cache_dir() / "kernels",
-        kept_folder=cache_dir() / "loaded",
+        kept_folder=kept_dir(),
     )
 
 

@@ -693,8 +693,8 @@ def model_command(args: argparse.Namespace) -> int:
     from specedit.engine.ops.model_store import (
         DEFAULT_MODEL,
         KNOWN_MODELS,
-        cache_dir,
         ensure_model,
+        kept_dir,
         list_cached,
         verify_model,
     )
@@ -722,11 +722,11 @@ def model_command(args: argparse.Namespace) -> int:
         print(f"{cached.name}  {cached.size_bytes / 1e9:.2f} GB  {state}")
         print(f"  sha256 {cached.source_sha256 or 'unknown'} (at fetch; `specedit model verify` hashes it again)")
         print(f"  {cached.converted_path or cached.path}")
-    kept = [path for path in (cache_dir() / "loaded").glob("*") if path.is_file()]
+    kept = [path for path in kept_dir().glob("*") if path.is_file()]
     if kept:
         size = sum(path.stat().st_size for path in kept) / 1e9
         print(f"kept by loads (tokenizers, int8 weights; derived again if removed): {size:.2f} GB")
-        print(f"  {cache_dir() / 'loaded'}")
+        print(f"  {kept_dir()}")
     return 0
 
 

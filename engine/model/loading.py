@@ -254,7 +254,9 @@ def _quantize(model: Any, weights_files: list[Path], kept_folder: Path | None) -
     from safetensors import SafetensorError
     from safetensors.torch import load_file, save_file
 
-    kept = kept_file(kept_folder, "int8", weights_files, "safetensors") if kept_folder and weights_files else None
+    kept = None
+    if kept_folder and weights_files:  # named after `specedit::q8_quantize`'s source too
+        kept = kept_file(kept_folder, "int8", weights_files, "safetensors", kernels.SOURCE.read_bytes())
     stored: dict[str, torch.Tensor] = {}
     if kept is not None and kept.is_file():
         try:
@@ -298,19 +300,19 @@ def _tokenize_alike(tokenizer: Any, reference: Any) -> bool:
     return same and all(getattr(tokenizer, name) == getattr(reference, name) for name in attributes)
 
 
-def kept_file(folder: Path, kind: str, sources: list[Path], suffix: str) -> Path:
+def kept_file(folder: Path, kind: str, sources: list[Path], suffix: str, derived_by: bytes = b"") -> Path:
     """Where what is derived from the files `sources` of a model (its tokenizer, its int8 weights: `kind`)
     is kept in `folder`: named by those files (paths, sizes, times changed) and by what derives it (the
-    versions of torch and transformers, specedit's kernels' source), so that a change of any derives it
-    again. Older ones of the same kind and model are removed as this one is named (and files named after
-    it: `NAME.settings.json`, `NAME.tmp-PID`)."""
+    versions of torch and transformers, and `derived_by`: the int8 weights' quantizing kernel), so that a
+    change of any derives it again. Older ones of the same kind and model are removed as this one is
+    named (and files named after it: `NAME.settings.json`, `NAME.tmp-PID`)."""
     import transformers
 
     paths = sorted(str(source.resolve()) for source in sources)
     model = hashlib.sha256(f"{kind}\0{paths}".encode()).hexdigest()[:12]
-    stats = [(source.stat().st_size, source.stat().st_mtime_ns) for source in sorted(sources)]
+    stats = [(stat.st_size, stat.st_mtime_ns) for stat in (source.stat() for source in sorted(sources))]
     versions = f"{stats}\0{torch.__version__}\0{transformers.__version__}".encode()
-    key = hashlib.sha256(versions + b"\0" + kernels.SOURCE.read_bytes()).hexdigest()[:16]
+    key = hashlib.sha256(versions + b"\0" + derived_by).hexdigest()[:16]
     chosen = folder / f"{kind}-{model}-{key}.{suffix}"
     for old in folder.glob(f"{kind}-{model}-*"):
         if not old.name.startswith(f"{kind}-{model}-{key}."):

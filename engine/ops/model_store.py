@@ -252,6 +252,12 @@ def cache_dir() -> Path:
     return base / "specedit"
 
 
+def kept_dir() -> Path:
+    """Where loads keep what they derive from a model (`loading.kept_file`: tokenizers as built, int8
+    weights as quantized); deleting it only costs the next load its time again."""
+    return cache_dir() / "loaded"
+
+
 def _model_dir(spec: ModelSpec) -> Path:
     return cache_dir() / "models" / spec.name
 
