@@ -1,24 +1,30 @@
 // specedit's CPU kernels (built and loaded by model/kernels.py): products whose rows never depend on the
 // rows beside them.
 // - specedit::q8_linear(x, q, scales, offsets, bias) = x @ W^T + bias on int8 weights with a scale and an
-//   offset per group of 32 inputs, W[n, k] = scales[n, k / 32] * q[n, k] + offsets[n, k / 32], packed in
-//   panels of 16 outputs (q (N/16, K, 16), scales and offsets (N/16, K/32, 16));
+//   offset per group of 32 inputs, W[n, k] = scales[n, k / 32] * (q[n, k] - 128) + offsets[n, k / 32], q
+//   unsigned levels packed in panels of 16 outputs, 4 inputs a lane (q (N/16, K/4, 16 * 4), scales and
+//   offsets (N/16, K/32, 16)), on activations quantized as it goes: per row and group of 32 inputs, levels
+//   a = round(x / d) in -127..127, d = max|x| / 127;
 // - specedit::q8_quantize(w): those (q, scales, offsets) from (N, K) weights (model/quantized.py);
-// - specedit::f32_bmm(x, w), a batch of such products on float32 weights, without bias: (B, M, K) by
-//   (B / G, N/16, K, 16) packed as the int8 ones (attention's products, a head each, G heads sharing
-//   keys and values: model/invariant.py).
+// - specedit::f32_bmm(x, w), a batch of products on float32 weights, without bias: (B, M, K) by
+//   (B / G, N/16, K, 16) packed in panels of 16 outputs (attention's products, a head each, G heads
+//   sharing keys and values: model/invariant.py).
 // Activations and results are float32.
 //
-// Row-invariant by construction, which the engine's exactness rests on (see model/invariant.py): every
-// output is one chain of fused multiply-adds over k = 0..K-1 in order, from zero, on weights dequantized
-// by one fused multiply-add each (int8) or read as they are (float32), then the bias added; whatever the number of rows of x, the rows or
-// outputs computed beside it, or the thread count. Only the blocking changes with the number of rows:
-// - up to 4 rows (plain decoding, short drafts: the weights' bytes are the cost), the weights are
-//   dequantized in registers as they stream, a quarter of float32's bytes;
-// - more rows (verification of long drafts, prefill: the arithmetic is the cost), a panel of 16 outputs
-//   is dequantized once into a buffer that stays in the cache, and a register-blocked kernel (6 rows by
-//   16 or 64 outputs) runs over it, as a float32 GEMM would.
-// Compiled for AVX2 (8 floats a vector) or AVX-512 (16): each lane is an output, computed the same way.
+// Row-invariant by construction, which the engine's exactness rests on (see model/invariant.py): whatever
+// the number of rows of x, the rows or outputs computed beside it, the thread count or the CPU,
+// - q8_linear: each row's activations are quantized alone; per group, the sum of the 32 products of
+//   integer levels is exact (in int32, however the instructions pair them); then each output is one chain
+//   of float32 fused multiply-adds over the groups in order, from zero: acc += that sum * (scale * d),
+//   acc += offset * (d * the sum of the row's levels), then the bias added;
+// - f32_bmm: each output is one chain of fused multiply-adds over k = 0..K-1 in order, from zero.
+// Only the blocking changes with the number of rows. q8_linear streams its weights once for a forward of a
+// few rows (the weights' bytes are the cost) and keeps a block of panels in the cache for the row blocks
+// of a larger one (the arithmetic is the cost): 4 byte products a lane per instruction (AVX-512 VNNI's
+// vpdpbusd), or 2 then 2 (AVX2's vpmaddubsw then vpmaddwd). f32_bmm: up to 4 rows stream the weights,
+// more run a register-blocked kernel (6 rows by 16 or 64 outputs) over them, as a float32 GEMM would.
+// Compiled for AVX2 (8 lanes a vector) or AVX-512 (16), with VNNI or without: each lane is an output,
+// computed the same way, bit for bit.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -27,38 +33,101 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <tuple>
 #include <vector>
 
 namespace {
 
-// The vector the kernels compute with: AVX-512's 16 floats where the library is compiled for it, AVX2's 8
+// The vectors the kernels compute with: AVX-512's 16 lanes where the library is compiled for it, AVX2's 8
 // otherwise. A lane is an output: the arithmetic of each output is the same in either, bit for bit.
 #if defined(__AVX512F__)
 using Vec = __m512;
+using IVec = __m512i;  // 16 int32 lanes, or 64 bytes: 4 of each lane's output
 constexpr int kLanes = 16;
 inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
 inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 inline Vec zero() { return _mm512_setzero_ps(); }
 inline Vec broadcast(const float* p) { return _mm512_set1_ps(*p); }
 inline Vec madd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
 inline Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
-inline Vec widen(const int8_t* q) {  // kLanes int8 -> float
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))));
+inline Vec magnitude(Vec a) { return _mm512_abs_ps(a); }
+inline Vec greater(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+inline float greatest(Vec a) { return _mm512_reduce_max_ps(a); }
+inline Vec rounded(Vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline void store_int8(int8_t* p, Vec levels) {  // levels in -127..127
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(levels)));
 }
+inline IVec izero() { return _mm512_setzero_si512(); }
+inline IVec iload(const uint8_t* p) { return _mm512_loadu_si512(p); }
+inline IVec ibroadcast(int32_t v) { return _mm512_set1_epi32(v); }
+inline Vec to_float(IVec v) { return _mm512_cvtepi32_ps(v); }
+#if defined(__AVX512VNNI__)
+// VNNI: vpdpbusd sums 4 products of unsigned weights' levels u and signed activations' a into each lane,
+// exactly. Sum (u - 128) * a = that - 128 * sum a (`biased`: the group's correction, `centred`).
+struct Prepared { IVec u; };
+constexpr bool kBiased = true;
+inline Prepared prepare(IVec u) { return {u}; }
+inline IVec dot4(IVec acc, const Prepared& w, IVec a) { return _mm512_dpbusd_epi32(acc, w.u, a); }
+inline IVec centred(IVec sums, int32_t levels) { return _mm512_sub_epi32(sums, _mm512_set1_epi32(128 * levels)); }
+#else
+// AVX-512 without VNNI: the weights' signed levels q = u - 128; |q| * (a with q's sign) paired into 16-bit
+// sums by vpmaddubsw (|q| <= 128, |a| <= 127: a pair never saturates), then into 32-bit by vpmaddwd.
+struct Prepared { IVec magnitude; __mmask64 negative; };
+constexpr bool kBiased = false;
+inline Prepared prepare(IVec u) {
+  const IVec q = _mm512_xor_si512(u, _mm512_set1_epi8(static_cast<char>(0x80)));
+  return {_mm512_abs_epi8(q), _mm512_movepi8_mask(q)};
+}
+inline IVec dot4(IVec acc, const Prepared& w, IVec a) {
+  const IVec signed_a = _mm512_mask_sub_epi8(a, w.negative, _mm512_setzero_si512(), a);
+  const IVec pairs = _mm512_maddubs_epi16(w.magnitude, signed_a);
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
+}
+inline IVec centred(IVec sums, int32_t) { return sums; }
+#endif
 #else
 using Vec = __m256;
+using IVec = __m256i;
 constexpr int kLanes = 8;
 inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
 inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 inline Vec zero() { return _mm256_setzero_ps(); }
 inline Vec broadcast(const float* p) { return _mm256_broadcast_ss(p); }
 inline Vec madd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
 inline Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
-inline Vec widen(const int8_t* q) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
+inline Vec magnitude(Vec a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
+inline Vec greater(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+inline float greatest(Vec a) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
 }
+inline Vec rounded(Vec a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline void store_int8(int8_t* p, Vec levels) {  // levels in -127..127
+  const __m256i words = _mm256_cvtps_epi32(levels);
+  const __m128i shorts = _mm_packs_epi32(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packs_epi16(shorts, shorts));
+}
+inline IVec izero() { return _mm256_setzero_si256(); }
+inline IVec iload(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline IVec ibroadcast(int32_t v) { return _mm256_set1_epi32(v); }
+inline Vec to_float(IVec v) { return _mm256_cvtepi32_ps(v); }
+// AVX2: as AVX-512 without VNNI, q's sign put on a by vpsignb.
+struct Prepared { IVec magnitude, q; };
+constexpr bool kBiased = false;
+inline Prepared prepare(IVec u) {
+  const IVec q = _mm256_xor_si256(u, _mm256_set1_epi8(static_cast<char>(0x80)));
+  return {_mm256_abs_epi8(q), q};
+}
+inline IVec dot4(IVec acc, const Prepared& w, IVec a) {
+  const IVec pairs = _mm256_maddubs_epi16(w.magnitude, _mm256_sign_epi8(a, w.q));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+inline IVec centred(IVec sums, int32_t) { return sums; }
 #endif
 
 // The loops over a block's rows, panels and vectors are unrolled whole, so that its accumulators live in
@@ -68,178 +137,251 @@ inline Vec widen(const int8_t* q) {
 constexpr int64_t kGroup = 32;            // weights per scale and offset, along k
 constexpr int64_t kPanel = 16;            // outputs per panel
 constexpr int kVectors = kPanel / kLanes;  // vectors per panel: 2 (AVX2) or 1 (AVX-512)
-constexpr int kDirectRows = 4;            // forwards of up to this many rows dequantize in registers
-// The buffered kernel's block: 6 rows by 16 outputs on AVX2 (12 accumulators of its 16 registers), 6 rows
+constexpr int kDirectRows = 4;            // forwards of up to this many rows stream the weights once
+// f32_bmm's register block: 6 rows by 16 outputs on AVX2 (12 accumulators of its 16 registers), 6 rows
 // by 64 outputs on AVX-512 (24 of 32): enough multiply-adds in flight, few loads for each.
 constexpr int kBlockRows = 6;
 constexpr int kBlockPanels = kVectors == 2 ? 1 : 4;
 
-struct Weights {
-  const int8_t* q;      // (panels, K, 16), or null for float32 weights
-  const float* scales;  // (panels, K / 32, 16)
-  const float* offsets; // (panels, K / 32, 16)
-  const float* f;       // (panels, K, 16) float32 weights, where q is null
-  const float* bias;    // (N) or null
-  int64_t K;
-};
+// ---- float32 weights (f32_bmm) ----
 
-// Vector `part` of panel `panel`'s weights at input k, as the kernels compute with them: dequantized by one
-// fused multiply-add (int8), or read (float32).
-inline Vec weights_at(const Weights& w, int64_t panel, int64_t k, int part) {
-  const int64_t at = (panel * w.K + k) * kPanel + part * kLanes;
-  if (!w.q) return load(w.f + at);
-  const int64_t group = (panel * (w.K / kGroup) + k / kGroup) * kPanel + part * kLanes;
-  return madd(widen(w.q + at), load(w.scales + group), load(w.offsets + group));
-}
-
-inline void finish(float* out, Vec acc, const float* bias) { store(out, bias ? add(acc, load(bias)) : acc); }
-
-// R rows by P panels, register-blocked: `weight(p, k, h)` is vector h of the p-th panel's weights at input
-// k; `out` and `bias` start at the first panel's outputs. The one chain of multiply-adds per output.
-template <int R, int P, typename Weight>
-void block(const float* x, int64_t K, Weight weight, float* out, int64_t N, const float* bias) {
+// R rows by P panels of float32 weights `v` (P x K x 16 floats, read as they are), register-blocked: the
+// one chain of multiply-adds per output.
+template <int R, int P>
+void block(const float* x, const float* v, int64_t K, float* out, int64_t N) {
   Vec acc[R][P][kVectors];
   UNROLL for (int r = 0; r < R; ++r)
     UNROLL for (int p = 0; p < P; ++p)
       UNROLL for (int h = 0; h < kVectors; ++h) acc[r][p][h] = zero();
   for (int64_t k = 0; k < K; ++k) {
-    Vec v[P][kVectors];
+    Vec w[P][kVectors];
     UNROLL for (int p = 0; p < P; ++p)
-      UNROLL for (int h = 0; h < kVectors; ++h) v[p][h] = weight(p, k, h);
+      UNROLL for (int h = 0; h < kVectors; ++h) w[p][h] = load(v + (p * K + k) * kPanel + h * kLanes);
     UNROLL for (int r = 0; r < R; ++r) {
       const Vec a = broadcast(x + r * K + k);
       UNROLL for (int p = 0; p < P; ++p)
-        UNROLL for (int h = 0; h < kVectors; ++h) acc[r][p][h] = madd(a, v[p][h], acc[r][p][h]);
+        UNROLL for (int h = 0; h < kVectors; ++h) acc[r][p][h] = madd(a, w[p][h], acc[r][p][h]);
+    }
+  }
+  UNROLL for (int r = 0; r < R; ++r)
+    UNROLL for (int p = 0; p < P; ++p)
+      UNROLL for (int h = 0; h < kVectors; ++h) store(out + r * N + p * kPanel + h * kLanes, acc[r][p][h]);
+}
+
+// `rows` (<= R) rows by P panels: the block of that many rows.
+template <int P, int R>
+void block_rows(int rows, const float* x, const float* v, int64_t K, float* out, int64_t N) {
+  if constexpr (R > 1) {
+    if (rows < R) return block_rows<P, R - 1>(rows, x, v, K, out, N);
+  }
+  block<R, P>(x, v, K, out, N);
+}
+
+template <int P = kBlockPanels>
+void block_panels(int panels, int rows, const float* x, const float* v, int64_t K, float* out, int64_t N) {
+  if constexpr (P > 1) {
+    if (panels < P) return block_panels<P - 1>(panels, rows, x, v, K, out, N);
+  }
+  block_rows<P, kBlockRows>(rows, x, v, K, out, N);
+}
+
+// Panels [first, last) of float32 weights `w` for a forward of M rows: up to 4 rows, P panels at a time (8
+// accumulators) as the weights stream by; more, kBlockPanels at a time, the rows in blocks of kBlockRows.
+void f32_panels(const float* x, int64_t M, const float* w, int64_t K, int64_t first, int64_t last, float* out,
+                int64_t N) {
+  const auto weights = [&](int64_t panel) { return w + panel * K * kPanel; };
+  if (M <= kDirectRows) {
+    const int rows = static_cast<int>(M), step = std::max(1, 8 / (rows * kVectors));
+    int64_t panel = first;
+    for (; panel + step <= last; panel += step) {
+      switch (step) {  // 8, 4, 2 or 1 panels: (1, 2, 4 or 8 rows) x panels x vectors = 8 accumulators
+        case 8: block_rows<8, kDirectRows>(rows, x, weights(panel), K, out + panel * kPanel, N); break;
+        case 4: block_rows<4, kDirectRows>(rows, x, weights(panel), K, out + panel * kPanel, N); break;
+        case 2: block_rows<2, kDirectRows>(rows, x, weights(panel), K, out + panel * kPanel, N); break;
+        default: block_rows<1, kDirectRows>(rows, x, weights(panel), K, out + panel * kPanel, N); break;
+      }
+    }
+    for (; panel < last; ++panel) block_rows<1, kDirectRows>(rows, x, weights(panel), K, out + panel * kPanel, N);
+    return;
+  }
+  for (int64_t panel = first; panel < last; panel += kBlockPanels) {
+    const int panels = static_cast<int>(std::min<int64_t>(kBlockPanels, last - panel));
+    for (int64_t m = 0; m < M; m += kBlockRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(kBlockRows, M - m));
+      block_panels(panels, rows, x + m * K, weights(panel), K, out + m * N + panel * kPanel, N);
+    }
+  }
+}
+
+// ---- int8 weights (q8_linear) ----
+
+constexpr int64_t kQuad = 4;                     // inputs a lane sums per instruction
+constexpr int64_t kQuadBytes = kPanel * kQuad;   // a panel's weights for 4 inputs: 64 bytes
+// The int8 register block for forwards of many rows: 6 rows by 16 outputs (AVX2) or 48 (AVX-512), the
+// fastest of 2-8 rows by 16-64 outputs for the 0.5B model's layers (2026-12, Intel Xeon, 2 threads).
+constexpr int kIntRows = 6;
+constexpr int kIntPanels = kVectors == 2 ? 1 : 3;
+
+struct Int8Weights {
+  const uint8_t* q;      // (panels, K/4, 64): panel p's outputs n at inputs 4j..4j+3: bytes 4n..4n+3 of quad j
+  const float* scales;   // (panels, K/32, 16)
+  const float* offsets;  // (panels, K/32, 16)
+  const float* bias;     // (N) or null
+  int64_t K;
+};
+
+// A forward's activations quantized (`quantize_rows`), row r's at r * K and r * K/32.
+struct Levels {
+  const int8_t* a;        // (M, K): round(x / d)
+  const float* step;      // (M, K/32): d = max|x| / 127 of the group (0 for a group of zeros)
+  const float* total;     // (M, K/32): d * (sum of the group's levels)
+  const int32_t* sum;     // (M, K/32): the sum of the group's levels
+  int64_t K;
+};
+
+// Row x (K floats) quantized into its levels, per group of 32: d = max|x| / 127, a = round(x * (127 /
+// max|x|)), to even; a group of zeros has d = 0 and levels 0. Elementwise, so every vector width agrees.
+void quantize_row(const float* x, int64_t K, int8_t* a, float* step, float* total, int32_t* sum) {
+  for (int64_t g = 0; g < K / kGroup; ++g) {
+    const float* xs = x + g * kGroup;
+    Vec high = zero();
+    UNROLL for (int i = 0; i < kGroup; i += kLanes) high = greater(high, magnitude(load(xs + i)));
+    const float largest = greatest(high);
+    const float inverse = largest > 0.0f ? 127.0f / largest : 0.0f;
+    const Vec scale = broadcast(&inverse);
+    UNROLL for (int i = 0; i < kGroup; i += kLanes) store_int8(a + g * kGroup + i, rounded(mul(load(xs + i), scale)));
+    int32_t levels = 0;
+    for (int i = 0; i < kGroup; ++i) levels += a[g * kGroup + i];
+    step[g] = largest / 127.0f;
+    sum[g] = levels;
+    total[g] = step[g] * static_cast<float>(levels);
+  }
+}
+
+// R rows (from `row`) by P panels (from `panel`): per group, the exact integer sums of the 32 products,
+// then the group's two fused multiply-adds per output (see the top of this file).
+template <int R, int P>
+void int8_block(const Levels& x, int64_t row, const Int8Weights& w, int64_t panel, float* out, int64_t N) {
+  const int64_t K = w.K, groups = K / kGroup, quads = K / kQuad;
+  Vec acc[R][P][kVectors];
+  UNROLL for (int r = 0; r < R; ++r)
+    UNROLL for (int p = 0; p < P; ++p)
+      UNROLL for (int h = 0; h < kVectors; ++h) acc[r][p][h] = zero();
+  for (int64_t g = 0; g < groups; ++g) {
+    IVec sums[R][P][kVectors];
+    UNROLL for (int r = 0; r < R; ++r)
+      UNROLL for (int p = 0; p < P; ++p)
+        UNROLL for (int h = 0; h < kVectors; ++h) sums[r][p][h] = izero();
+    UNROLL for (int j = 0; j < kGroup / kQuad; ++j) {
+      const int64_t quad = g * (kGroup / kQuad) + j;
+      IVec a[R];
+      UNROLL for (int r = 0; r < R; ++r) {
+        int32_t four;
+        std::memcpy(&four, x.a + (row + r) * K + quad * kQuad, sizeof four);
+        a[r] = ibroadcast(four);
+      }
+      UNROLL for (int p = 0; p < P; ++p)
+        UNROLL for (int h = 0; h < kVectors; ++h) {
+          const Prepared weights = prepare(iload(w.q + ((panel + p) * quads + quad) * kQuadBytes + h * kLanes * kQuad));
+          UNROLL for (int r = 0; r < R; ++r) sums[r][p][h] = dot4(sums[r][p][h], weights, a[r]);
+        }
+    }
+    UNROLL for (int r = 0; r < R; ++r) {
+      const int64_t at = (row + r) * groups + g;
+      const Vec step = broadcast(x.step + at), total = broadcast(x.total + at);
+      UNROLL for (int p = 0; p < P; ++p)
+        UNROLL for (int h = 0; h < kVectors; ++h) {
+          const int64_t group = ((panel + p) * groups + g) * kPanel + h * kLanes;
+          const IVec exact = kBiased ? centred(sums[r][p][h], x.sum[at]) : sums[r][p][h];
+          acc[r][p][h] = madd(to_float(exact), mul(load(w.scales + group), step), acc[r][p][h]);
+          acc[r][p][h] = madd(load(w.offsets + group), total, acc[r][p][h]);
+        }
     }
   }
   UNROLL for (int r = 0; r < R; ++r)
     UNROLL for (int p = 0; p < P; ++p)
       UNROLL for (int h = 0; h < kVectors; ++h) {
-        const int64_t n = p * kPanel + h * kLanes;
-        finish(out + r * N + n, acc[r][p][h], bias ? bias + n : nullptr);
+        const int64_t n = (panel + p) * kPanel + h * kLanes;
+        store(out + (row + r) * N + n, w.bias ? add(acc[r][p][h], load(w.bias + n)) : acc[r][p][h]);
       }
 }
 
-// R rows (<= 4) by P panels from `panel` on, the weights dequantized as they stream by.
-template <int R, int P>
-void direct(const float* x, const Weights& w, int64_t panel, float* out, int64_t N) {
-  const auto weight = [&](int p, int64_t k, int h) { return weights_at(w, panel + p, k, h); };
-  const int64_t n = panel * kPanel;
-  block<R, P>(x, w.K, weight, out + n, N, w.bias ? w.bias + n : nullptr);
-}
-
-// R rows (<= kBlockRows) by P panels whose weights `v` (P x K x 16 floats) are read as they are.
-template <int R, int P>
-void buffered(const float* x, const float* v, int64_t K, float* out, int64_t N, const float* bias) {
-  const auto weight = [&](int p, int64_t k, int h) { return load(v + (p * K + k) * kPanel + h * kLanes); };
-  block<R, P>(x, K, weight, out, N, bias);
-}
-
-template <int P, int R = kBlockRows>
-void buffered_rows(int rows, const float* x, const float* v, int64_t K, float* out, int64_t N, const float* bias) {
+template <int P, int R>
+void int8_rows(int rows, const Levels& x, int64_t row, const Int8Weights& w, int64_t panel, float* out, int64_t N) {
   if constexpr (R > 1) {
-    if (rows < R) return buffered_rows<P, R - 1>(rows, x, v, K, out, N, bias);
+    if (rows < R) return int8_rows<P, R - 1>(rows, x, row, w, panel, out, N);
   }
-  buffered<R, P>(x, v, K, out, N, bias);
+  int8_block<R, P>(x, row, w, panel, out, N);
 }
 
-template <int P = kBlockPanels>
-void buffered_panels(int panels, int rows, const float* x, const float* v, int64_t K, float* out, int64_t N,
-                     const float* bias) {
-  if constexpr (P > 1) {
-    if (panels < P) return buffered_panels<P - 1>(panels, rows, x, v, K, out, N, bias);
+// Panels [first, last) for a forward of M rows: up to 4 rows, 4 panels at a time as the weights stream by
+// (each weight read once); more, kIntPanels at a time (in the cache), the rows in blocks of kIntRows.
+void int8_panels(const Levels& x, int64_t M, const Int8Weights& w, int64_t first, int64_t last, float* out,
+                 int64_t N) {
+  if (M <= kDirectRows) {
+    const int rows = static_cast<int>(M);
+    int64_t panel = first;
+    for (; panel + 4 <= last; panel += 4) int8_rows<4, kDirectRows>(rows, x, 0, w, panel, out, N);
+    for (; panel < last; ++panel) int8_rows<1, kDirectRows>(rows, x, 0, w, panel, out, N);
+    return;
   }
-  buffered_rows<P>(rows, x, v, K, out, N, bias);
-}
-
-// Panels [first, last) for a forward of M > kDirectRows rows, kBlockPanels at a time: their weights
-// dequantized once into a buffer that stays in the cache (float32 ones are read where they are), then
-// the rows in blocks of kBlockRows.
-void panels_buffered(const float* x, int64_t M, const Weights& w, int64_t first, int64_t last, float* out,
-                     int64_t N) {
-  const int64_t K = w.K;
-  std::vector<float> buffer(w.q ? static_cast<size_t>(kBlockPanels * K * kPanel) : 0);
-  for (int64_t panel = first; panel < last; panel += kBlockPanels) {
-    const int panels = static_cast<int>(std::min<int64_t>(kBlockPanels, last - panel));
-    const float* v = w.f ? w.f + panel * K * kPanel : buffer.data();
-    for (int p = 0; w.q && p < panels; ++p)
-      for (int64_t k = 0; k < K; ++k)
-        for (int h = 0; h < kVectors; ++h)
-          store(buffer.data() + (p * K + k) * kPanel + h * kLanes, weights_at(w, panel + p, k, h));
-    const int64_t n = panel * kPanel;
-    const float* bias = w.bias ? w.bias + n : nullptr;
-    for (int64_t m = 0; m < M; m += kBlockRows) {
-      const int rows = static_cast<int>(std::min<int64_t>(kBlockRows, M - m));
-      buffered_panels(panels, rows, x + m * K, v, K, out + m * N + n, N, bias);
+  for (int64_t panel = first; panel < last;) {
+    const bool whole = panel + kIntPanels <= last;
+    for (int64_t m = 0; m < M; m += kIntRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(kIntRows, M - m));
+      if (whole)
+        int8_rows<kIntPanels, kIntRows>(rows, x, m, w, panel, out, N);
+      else
+        int8_rows<1, kIntRows>(rows, x, m, w, panel, out, N);
     }
+    panel += whole ? kIntPanels : 1;
   }
 }
 
-// Panels [first, last) for a forward of M <= kDirectRows rows, P panels at a time: 8 accumulators.
-template <int R>
-void panels_direct_rows(const float* x, const Weights& w, int64_t first, int64_t last, float* out, int64_t N) {
-  constexpr int P = 8 / (R * kVectors) > 0 ? 8 / (R * kVectors) : 1;
-  int64_t panel = first;
-  for (; panel + P <= last; panel += P) direct<R, P>(x, w, panel, out, N);
-  for (; panel < last; ++panel) direct<R, 1>(x, w, panel, out, N);
-}
-
-void panels_direct(const float* x, int64_t M, const Weights& w, int64_t first, int64_t last, float* out,
-                   int64_t N) {
-  switch (M) {
-    case 1: panels_direct_rows<1>(x, w, first, last, out, N); break;
-    case 2: panels_direct_rows<2>(x, w, first, last, out, N); break;
-    case 3: panels_direct_rows<3>(x, w, first, last, out, N); break;
-    default: panels_direct_rows<4>(x, w, first, last, out, N); break;
-  }
-}
-
-// x @ W^T + bias for `w`'s weights (the bias, if any, taken into `w`), in chunks of panels per thread.
-at::Tensor linear(const at::Tensor& input, Weights w, int64_t panels, const c10::optional<at::Tensor>& bias,
-                  const char* name) {
-  const int64_t K = w.K, N = panels * kPanel;
-  TORCH_CHECK(input.scalar_type() == at::kFloat, name, ": float32 activations");
-  TORCH_CHECK(input.size(-1) == K, name, ": the input has ", input.size(-1), " features, the weights ", K);
+at::Tensor q8_linear(const at::Tensor& input, const at::Tensor& q, const at::Tensor& scales,
+                     const at::Tensor& offsets, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(q.scalar_type() == at::kByte && q.dim() == 3 && q.size(2) == kQuadBytes && q.is_contiguous(),
+              "q8_linear: uint8 weights packed as (N/16, K/4, 64)");
+  const int64_t panels = q.size(0), K = q.size(1) * kQuad, N = panels * kPanel, groups = K / kGroup;
+  TORCH_CHECK(K % kGroup == 0, "q8_linear: the input size must be a multiple of 32");
+  for (const at::Tensor* t : {&scales, &offsets})
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == N * groups,
+                "q8_linear: float32 scales and offsets packed as (N/16, K/32, 16)");
+  TORCH_CHECK(input.scalar_type() == at::kFloat, "q8_linear: float32 activations");
+  TORCH_CHECK(input.size(-1) == K, "q8_linear: the input has ", input.size(-1), " features, the weights ", K);
+  Int8Weights w{q.data_ptr<uint8_t>(), scales.data_ptr<float>(), offsets.data_ptr<float>(), nullptr, K};
   at::Tensor bias_f;
   if (bias.has_value() && bias->defined()) {
     bias_f = bias->contiguous();
-    TORCH_CHECK(bias_f.scalar_type() == at::kFloat && bias_f.numel() == N, name, ": a float32 bias of N");
+    TORCH_CHECK(bias_f.scalar_type() == at::kFloat && bias_f.numel() == N, "q8_linear: a float32 bias of N");
     w.bias = bias_f.data_ptr<float>();
   }
-  at::Tensor x = input.reshape({-1, K}).contiguous();
+  const at::Tensor x = input.reshape({-1, K}).contiguous();
   const int64_t M = x.size(0);
   std::vector<int64_t> shape(input.sizes().begin(), input.sizes().end());
   shape.back() = N;
   at::Tensor out = at::empty({M, N}, input.options());
   if (M == 0) return out.view(shape);
+  at::Tensor levels = at::empty({M, K}, input.options().dtype(at::kChar));
+  at::Tensor steps = at::empty({3, M, groups}, input.options());  // step, total, and the sums as int32 bits
   const float* xp = x.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  // A chunk of panels per thread; grains of 8 keep the one-row kernel's blocks of panels whole.
-  at::parallel_for(0, panels, 8, [&](int64_t first, int64_t last) {
-    if (M <= kDirectRows)
-      panels_direct(xp, M, w, first, last, op, N);
-    else
-      panels_buffered(xp, M, w, first, last, op, N);
+  int8_t* ap = levels.data_ptr<int8_t>();
+  float* sp = steps.data_ptr<float>();
+  int32_t* sums = reinterpret_cast<int32_t*>(sp + 2 * M * groups);
+  at::parallel_for(0, M, 16, [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r)
+      quantize_row(xp + r * K, K, ap + r * K, sp + r * groups, sp + (M + r) * groups, sums + r * groups);
   });
+  const Levels a{ap, sp, sp + M * groups, sums, K};
+  float* op = out.data_ptr<float>();
+  // A chunk of panels per thread; grains of 8 keep the few-row kernel's blocks of panels whole.
+  at::parallel_for(0, panels, 8, [&](int64_t first, int64_t last) { int8_panels(a, M, w, first, last, op, N); });
   return out.view(shape);
 }
 
-at::Tensor q8_linear(const at::Tensor& input, const at::Tensor& q, const at::Tensor& scales,
-                     const at::Tensor& offsets, const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(q.scalar_type() == at::kChar && q.dim() == 3 && q.size(2) == kPanel && q.is_contiguous(),
-              "q8_linear: int8 weights packed as (N/16, K, 16)");
-  const int64_t panels = q.size(0), K = q.size(1), N = panels * kPanel;
-  TORCH_CHECK(K % kGroup == 0, "q8_linear: the input size must be a multiple of 32");
-  for (const at::Tensor* t : {&scales, &offsets})
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == N * (K / kGroup),
-                "q8_linear: float32 scales and offsets packed as (N/16, K/32, 16)");
-  const Weights w{q.data_ptr<int8_t>(), scales.data_ptr<float>(), offsets.data_ptr<float>(), nullptr, nullptr, K};
-  return linear(input, w, panels, bias, "q8_linear");
-}
-
 // A batch of products: input (B, M, K), weights (B / G, N/16, K, 16) -> (B, M, N), product b on weights
-// b / G (G inputs share weights: grouped-query attention's heads), each row computed as q8_linear computes
-// one (attention's scores and weighted values, one product per head).
+// b / G (G inputs share weights: grouped-query attention's heads), each row computed alone (attention's
+// scores and weighted values, one product per head).
 at::Tensor f32_bmm(const at::Tensor& input, const at::Tensor& weights) {
   TORCH_CHECK(input.scalar_type() == at::kFloat && input.dim() == 3, "f32_bmm: float32 (B, M, K) input");
   TORCH_CHECK(weights.scalar_type() == at::kFloat && weights.dim() == 4 && weights.size(3) == kPanel &&
@@ -257,11 +399,8 @@ at::Tensor f32_bmm(const at::Tensor& input, const at::Tensor& weights) {
   at::parallel_for(0, B * panels, 8, [&](int64_t first, int64_t last) {
     for (int64_t item = first; item < last;) {  // the items of one product at a time
       const int64_t b = item / panels, stop = std::min(last, (b + 1) * panels);
-      const Weights w{nullptr, nullptr, nullptr, wp + (b / group) * panels * K * kPanel, nullptr, K};
-      if (M <= kDirectRows)
-        panels_direct(xp + b * M * K, M, w, item - b * panels, stop - b * panels, op + b * M * N, N);
-      else
-        panels_buffered(xp + b * M * K, M, w, item - b * panels, stop - b * panels, op + b * M * N, N);
+      f32_panels(xp + b * M * K, M, wp + (b / group) * panels * K * kPanel, K, item - b * panels, stop - b * panels,
+                 op + b * M * N, N);
       item = stop;
     }
   });
@@ -270,7 +409,7 @@ at::Tensor f32_bmm(const at::Tensor& input, const at::Tensor& weights) {
 
 // One panel's weights quantized (see q8_quantize): rows [panel * 16, +16) of w (N, K), rows past N zeros.
 template <typename T>
-void quantize_panel(const T* w, int64_t N, int64_t K, int64_t panel, int8_t* q, float* scales, float* offsets) {
+void quantize_panel(const T* w, int64_t N, int64_t K, int64_t panel, uint8_t* q, float* scales, float* offsets) {
   float row[kGroup];
   for (int r = 0; r < kPanel; ++r) {
     const int64_t n = panel * kPanel + r;
@@ -289,7 +428,9 @@ void quantize_panel(const T* w, int64_t N, int64_t K, int64_t panel, int8_t* q, 
       offsets[at] = offset;
       for (int i = 0; i < kGroup; ++i) {
         const float level = std::nearbyint((row[i] - offset) / scale);  // to even, as torch.round
-        q[(panel * K + g * kGroup + i) * kPanel + r] = static_cast<int8_t>(std::clamp(level, -128.0f, 127.0f));
+        const int64_t k = g * kGroup + i;
+        q[(panel * (K / kQuad) + k / kQuad) * kQuadBytes + r * kQuad + k % kQuad] =
+            static_cast<uint8_t>(std::clamp(level, -128.0f, 127.0f) + 128.0f);
       }
     }
   }
@@ -297,20 +438,20 @@ void quantize_panel(const T* w, int64_t N, int64_t K, int64_t panel, int8_t* q, 
 
 // (N, K) weights -> q8_linear's (q, scales, offsets): per group of 32 inputs, 256 levels from the group's
 // lowest weight to its highest, scale = (high - low) / 255, offset = low + 128 * scale, q = round((w -
-// offset) / scale); N padded with zero rows to a multiple of 16. One pass over the weights, a panel per
+// offset) / scale) + 128; N padded with zero rows to a multiple of 16. One pass over the weights, a panel per
 // task (the same arithmetic in torch's ops took 3 s for the 0.5B model's weights, most of its load).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> q8_quantize(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.size(1) % kGroup == 0, "q8_quantize: (N, K) weights, K a multiple of 32");
   const at::Tensor w = weight.contiguous();
   const int64_t N = w.size(0), K = w.size(1), panels = (N + kPanel - 1) / kPanel;
-  at::Tensor q = at::empty({panels, K, kPanel}, w.options().dtype(at::kChar));
+  at::Tensor q = at::empty({panels, K / kQuad, kQuadBytes}, w.options().dtype(at::kByte));
   at::Tensor scales = at::empty({panels, K / kGroup, kPanel}, w.options().dtype(at::kFloat));
   at::Tensor offsets = at::empty_like(scales);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, w.scalar_type(), "q8_quantize", [&] {
     const scalar_t* wp = w.data_ptr<scalar_t>();
     at::parallel_for(0, panels, 1, [&](int64_t first, int64_t last) {
       for (int64_t panel = first; panel < last; ++panel)
-        quantize_panel(wp, N, K, panel, q.data_ptr<int8_t>(), scales.data_ptr<float>(), offsets.data_ptr<float>());
+        quantize_panel(wp, N, K, panel, q.data_ptr<uint8_t>(), scales.data_ptr<float>(), offsets.data_ptr<float>());
     });
   });
   return {q, scales, offsets};

@@ -2,10 +2,12 @@
 
 The engine's exactness rests on a row's logits not depending on the forward that computes it (see
 `model.invariant`). torch's kernels do so on some CPUs and not on others, as measured; these do by
-construction: every output is one chain of fused multiply-adds in the order of its inputs, whatever the
-number of rows, the thread count or the CPU. Three ops:
+construction: every output is one chain of float32 fused multiply-adds in the order of its inputs (or of
+its groups of 32 inputs, each summed exactly in integers), whatever the number of rows, the thread count
+or the CPU. Three ops:
 
-- `specedit::q8_linear`: a linear layer on int8 weights (`model.quantized`);
+- `specedit::q8_linear`: a linear layer on int8 weights (`model.quantized`), its activations quantized to
+  int8 as it goes, the products summed in integers;
 - `specedit::q8_quantize`: those int8 weights, scales and offsets from a layer's weights, in one pass;
 - `specedit::f32_bmm`: a batch of float32 products on weights packed the same way, for attention's
   scores and weighted values (`bmm`), where the CPU's flash kernel is not row-invariant everywhere
@@ -14,7 +16,8 @@ number of rows, the thread count or the CPU. Three ops:
 They are compiled on first use with the machine's C++ compiler against the installed torch (about 10 s),
 into a folder keyed by the source, torch's version and the flags, and need an x86 CPU with AVX2 and FMA;
 where that fails, `available` says why and the model keeps torch's kernels. Where torch's own kernels are
-AVX-512's, so are these (`variant`): each output is computed the same way on either, bit for bit.
+AVX-512's, so are these, with VNNI where the CPU has it (`variant`): each output is computed the same way
+on every variant, bit for bit.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from specedit.engine.model.cpu import cpu_class
+from specedit.engine.model.cpu import cpu_class, cpu_flags
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +41,10 @@ PANEL = 16  # outputs per packed panel
 SOURCE = Path(__file__).with_name("kernels.cpp")
 # -ffp-contract=off: a multiply and an add stay two roundings unless the source fuses them itself.
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++20")
-AVX512_FLAGS = ("-mavx512f",)  # the same kernels on 16-float vectors: the same bits, twice the width
+# The same kernels on 16-lane vectors (the same bits, twice the width), and with VNNI's 4-product sums.
+VARIANT_FLAGS = {"avx2": (), "avx512": ("-mavx512f", "-mavx512bw"), "avx512-vnni": ("-mavx512f", "-mavx512bw", "-mavx512vnni")}
+# `SPECEDIT_KERNELS`: a variant below the machine's best, to compare them (each gives the same bits).
+VARIANT_VARIABLE = "SPECEDIT_KERNELS"
 
 
 def available(folder: Path | None = None) -> str | None:
@@ -67,10 +73,16 @@ def bmm(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 
 
 def variant() -> str:
-    """`avx512` where torch dispatches to AVX-512 (and the CPU has it), else `avx2`: steering torch with
-    ATEN_CPU_CAPABILITY=avx2 steers these too."""
-    wide = torch.backends.cpu.get_cpu_capability() == "AVX512" and cpu_class() in ("AVX512", "AVX512-BF16", "AMX")
-    return "avx512" if wide else "avx2"
+    """`avx512-vnni` or `avx512` where torch dispatches to AVX-512 and the CPU has it (with VNNI or not),
+    else `avx2`: steering torch with ATEN_CPU_CAPABILITY=avx2 steers these too, and `SPECEDIT_KERNELS`
+    names a lower one."""
+    flags = set(cpu_flags())
+    best = "avx2"
+    if torch.backends.cpu.get_cpu_capability() == "AVX512" and {"avx512f", "avx512bw"} <= flags:
+        best = "avx512-vnni" if "avx512_vnni" in flags else "avx512"
+    asked = os.environ.get(VARIANT_VARIABLE, best)
+    order = list(VARIANT_FLAGS)
+    return asked if asked in order and order.index(asked) <= order.index(best) else best
 
 
 def _registered() -> bool:
@@ -87,7 +99,7 @@ def _load(folder: str | None) -> str | None:
     if compiler is None:
         return "specedit's kernels need a C++ compiler (g++) to build them once"
     torch_dir = Path(torch.__file__).parent
-    flags = (*FLAGS, *(AVX512_FLAGS if variant() == "avx512" else ()))
+    flags = (*FLAGS, *VARIANT_FLAGS[variant()])
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
     key = hashlib.sha256(
         b"\0".join([SOURCE.read_bytes(), torch.__version__.encode(), " ".join((*flags, abi)).encode()])
