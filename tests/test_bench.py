@@ -341,6 +341,28 @@ def test_bench_runs_llama_server_per_speculation_type_and_reports_the_best(
             socket.create_connection(("127.0.0.1", int(port)), timeout=1).close()
 
 
+def test_a_llama_server_whose_port_was_taken_is_started_again_on_another(tmp_path: Path) -> None:
+    """Between the probe that finds a free port and the server's bind, another program may take it (an
+    ephemeral port of a connection to the server started before): that server says so and exits, and is
+    started again on a new port, instead of failing the bench."""
+    binary = tmp_path / "llama-server"
+    refuse_once = (
+        "import os, sys\n"
+        "first = sys.argv[0] + '.refused'\n"
+        "if '--spec-type' in sys.argv and not os.path.exists(first):\n"
+        "    open(first, 'w').close()\n"
+        "    print(\"start: couldn't bind HTTP server socket, hostname: 127.0.0.1\", file=sys.stderr, flush=True)\n"
+        "    sys.exit(1)\n"
+    )
+    binary.write_text(f"#!{sys.executable}\n{refuse_once}{FAKE_LLAMA_SERVER}")
+    binary.chmod(0o755)
+    with llama_server.LlamaServerRunner.create(binary, tmp_path / "model.gguf", threads=1, spec_types=("ngram-mod",)):
+        pass
+    assert (tmp_path / "llama-server.refused").exists()
+    started = [json.loads(line)["args"] for line in (tmp_path / "llama-server.log").read_text().splitlines()]
+    assert sorted("--spec-type" in args for args in started) == [False, True]  # both up, the refused one again
+
+
 BUILD_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "build_llama_server.sh"
 
 

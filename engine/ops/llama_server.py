@@ -37,6 +37,8 @@ DRAFT_MAX = 64
 BUILT = Path(__file__).resolve().parents[2] / "build/llama-server/bin/llama-server"  # the build script's
 START_TIMEOUT = 120.0
 CONTEXT = 32768
+PORT_TRIES = 3  # a server whose port another program took is started again on a new one, this many times
+BIND_FAILURE = b"couldn't bind"  # what its log says then (b11434)
 
 
 def find_binary(given: str | None = None) -> Path | None:
@@ -73,17 +75,14 @@ class LlamaServerRunner:
         servers: list[_Server] = []
         try:
             for spec_type in (None, *spec_types):
-                name = f"llama-server-{spec_type or 'plain'}"
-                port = _free_port()
-                args = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port)]
-                args += ["-t", str(threads), "-tb", str(threads), "-c", str(CONTEXT), "-np", "1"]
-                if spec_type is not None:
-                    args += ["--spec-type", spec_type, "--spec-draft-n-max", str(DRAFT_MAX)]
-                log_path = log_dir / f"{name}.log"
-                with log_path.open("wb") as log_file:
-                    process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
-                servers.append(_Server(name, process, port, log_path, spec_type))
-            for server in servers:
+                servers.append(_start(binary, gguf, threads, spec_type, log_dir))
+            for index, server in enumerate(servers):
+                for _ in range(PORT_TRIES - 1):
+                    if not _lost_its_port(server):
+                        break
+                    # another program took the port between our probe and its bind (an ephemeral port
+                    # of a connection, another server): a new one
+                    servers[index] = server = _start(binary, gguf, threads, server.spec_type, log_dir)
                 _wait_ready(server)
         except BaseException:
             cls(servers, log_dir).close()
@@ -118,10 +117,46 @@ class LlamaServerRunner:
         return runs
 
 
+def _start(binary: Path, gguf: Path, threads: int, spec_type: str | None, log_dir: Path) -> _Server:
+    """One server, started on a free port (not waited for)."""
+    name = f"llama-server-{spec_type or 'plain'}"
+    port = _free_port()
+    args = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port)]
+    args += ["-t", str(threads), "-tb", str(threads), "-c", str(CONTEXT), "-np", "1"]
+    if spec_type is not None:
+        args += ["--spec-type", spec_type, "--spec-draft-n-max", str(DRAFT_MAX)]
+    log_path = log_dir / f"{name}.log"
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
+    return _Server(name, process, port, log_path, spec_type)
+
+
+def _lost_its_port(server: _Server) -> bool:
+    """Whether the server exited, or is exiting, because its port was taken (it says so in its log first)."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        said = server.log_path.read_bytes()
+        if BIND_FAILURE in said:
+            server.process.wait(10)
+            return True
+        if server.process.poll() is not None or _healthy(server):
+            return False
+        time.sleep(0.1)
+    return False
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def _healthy(server: _Server) -> bool:
+    with contextlib.suppress(OSError, http.client.HTTPException):
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+        connection.request("GET", "/health")
+        return connection.getresponse().status == 200
+    return False
 
 
 def _wait_ready(server: _Server) -> None:
@@ -129,11 +164,8 @@ def _wait_ready(server: _Server) -> None:
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
             raise RuntimeError(f"{server.name} exited with {server.process.returncode}:\n{_log_tail(server)}")
-        with contextlib.suppress(OSError, http.client.HTTPException):
-            connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
-            connection.request("GET", "/health")
-            if connection.getresponse().status == 200:
-                return
+        if _healthy(server):
+            return
         time.sleep(0.2)
     raise RuntimeError(f"{server.name} did not load its model within {START_TIMEOUT:.0f} s:\n{_log_tail(server)}")
 
