@@ -4,7 +4,7 @@
 //   offset per group of 32 inputs, W[n, k] = scales[n, k / 32] * (q[n, k] - 128) + offsets[n, k / 32], q
 //   unsigned levels packed in panels of 16 outputs, 4 inputs a lane (q (N/16, K/4, 16 * 4), scales and
 //   offsets (N/16, K/32, 16)), on activations quantized as it goes: per row and group of 32 inputs, levels
-//   a = round(x / d) in -127..127, d = max|x| / 127;
+//   a = round(x * 127 / max|x|) in -127..127, each standing for d = max|x| / 127;
 // - specedit::q8_quantize(w): those (q, scales, offsets) from (N, K) weights (model/quantized.py);
 // - specedit::f32_bmm(x, w), a batch of products on float32 weights, without bias: (B, M, K) by
 //   (B / G, N/16, K, 16) packed in panels of 16 outputs (attention's products, a head each, G heads
@@ -40,9 +40,9 @@
 
 namespace {
 
-// The vectors the kernels compute with: AVX-512's 16 lanes where the library is compiled for it, AVX2's 8
-// otherwise. A lane is an output: the arithmetic of each output is the same in either, bit for bit.
-#if defined(__AVX512F__)
+// The vectors the kernels compute with: AVX-512's 16 lanes where the library is compiled for it (and not
+// told SPECEDIT_256), AVX2's 8 otherwise. A lane is an output: its arithmetic is the same in either.
+#if defined(__AVX512F__) && !defined(SPECEDIT_256)
 using Vec = __m512;
 using IVec = __m512i;  // 16 int32 lanes, or 64 bytes: 4 of each lane's output
 constexpr int kLanes = 16;
@@ -116,6 +116,18 @@ inline IVec izero() { return _mm256_setzero_si256(); }
 inline IVec iload(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 inline IVec ibroadcast(int32_t v) { return _mm256_set1_epi32(v); }
 inline Vec to_float(IVec v) { return _mm256_cvtepi32_ps(v); }
+#if defined(__AVXVNNI__) || defined(__AVX512VNNI__)
+// AVX-VNNI (most laptops since 2021), or AVX-512 VNNI's instruction on 8 lanes: as on 16 lanes above.
+struct Prepared { IVec u; };
+constexpr bool kBiased = true;
+inline Prepared prepare(IVec u) { return {u}; }
+#if defined(__AVXVNNI__)
+inline IVec dot4(IVec acc, const Prepared& w, IVec a) { return _mm256_dpbusd_avx_epi32(acc, w.u, a); }
+#else
+inline IVec dot4(IVec acc, const Prepared& w, IVec a) { return _mm256_dpbusd_epi32(acc, w.u, a); }
+#endif
+inline IVec centred(IVec sums, int32_t levels) { return _mm256_sub_epi32(sums, _mm256_set1_epi32(128 * levels)); }
+#else
 // AVX2: as AVX-512 without VNNI, q's sign put on a by vpsignb.
 struct Prepared { IVec magnitude, q; };
 constexpr bool kBiased = false;
@@ -128,6 +140,7 @@ inline IVec dot4(IVec acc, const Prepared& w, IVec a) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
 inline IVec centred(IVec sums, int32_t) { return sums; }
+#endif
 #endif
 
 // The loops over a block's rows, panels and vectors are unrolled whole, so that its accumulators live in
@@ -230,9 +243,9 @@ struct Int8Weights {
   int64_t K;
 };
 
-// A forward's activations quantized (`quantize_rows`), row r's at r * K and r * K/32.
+// A forward's activations quantized (`quantize_row`), row r's at r * K and r * K/32.
 struct Levels {
-  const int8_t* a;        // (M, K): round(x / d)
+  const int8_t* a;        // (M, K): round(x * 127 / max|x|), in -127..127
   const float* step;      // (M, K/32): d = max|x| / 127 of the group (0 for a group of zeros)
   const float* total;     // (M, K/32): d * (sum of the group's levels)
   const int32_t* sum;     // (M, K/32): the sum of the group's levels

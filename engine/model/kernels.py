@@ -41,9 +41,11 @@ PANEL = 16  # outputs per packed panel
 SOURCE = Path(__file__).with_name("kernels.cpp")
 # -ffp-contract=off: a multiply and an add stay two roundings unless the source fuses them itself.
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++20")
-# The same kernels on 16-lane vectors (the same bits, twice the width), and with VNNI's 4-product sums.
-VARIANT_FLAGS = {"avx2": (), "avx512": ("-mavx512f", "-mavx512bw"), "avx512-vnni": ("-mavx512f", "-mavx512bw", "-mavx512vnni")}
-# `SPECEDIT_KERNELS`: a variant below the machine's best, to compare them (each gives the same bits).
+# The same kernels with VNNI's 4-product sums, and on 16-lane vectors: the same bits. "avx2-vnni" is AVX-VNNI
+# where the CPU has it (`-mavxvnni`), else AVX-512 VNNI's instruction kept to 8 lanes (to compare them).
+VARIANTS = ("avx2", "avx2-vnni", "avx512", "avx512-vnni")  # the fastest last
+AVX512_FLAGS = ("-mavx512f", "-mavx512bw")
+# `SPECEDIT_KERNELS`: another variant this machine runs than its best, to compare them.
 VARIANT_VARIABLE = "SPECEDIT_KERNELS"
 
 
@@ -73,16 +75,27 @@ def bmm(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 
 
 def variant() -> str:
-    """`avx512-vnni` or `avx512` where torch dispatches to AVX-512 and the CPU has it (with VNNI or not),
-    else `avx2`: steering torch with ATEN_CPU_CAPABILITY=avx2 steers these too, and `SPECEDIT_KERNELS`
-    names a lower one."""
+    """The fastest of `runnable_variants`, or the one `SPECEDIT_KERNELS` names among them."""
+    runnable = runnable_variants()
+    asked = os.environ.get(VARIANT_VARIABLE, runnable[-1])
+    return asked if asked in runnable else runnable[-1]
+
+
+def runnable_variants() -> list[str]:
+    """The variants this CPU runs, fastest last: AVX-512's where torch dispatches to AVX-512 (steering torch
+    with ATEN_CPU_CAPABILITY=avx2 steers these too), VNNI's where the CPU has it."""
     flags = set(cpu_flags())
-    best = "avx2"
-    if torch.backends.cpu.get_cpu_capability() == "AVX512" and {"avx512f", "avx512bw"} <= flags:
-        best = "avx512-vnni" if "avx512_vnni" in flags else "avx512"
-    asked = os.environ.get(VARIANT_VARIABLE, best)
-    order = list(VARIANT_FLAGS)
-    return asked if asked in order and order.index(asked) <= order.index(best) else best
+    wide = torch.backends.cpu.get_cpu_capability() == "AVX512" and {"avx512f", "avx512bw"} <= flags
+    vnni = "avx_vnni" in flags or (wide and {"avx512_vnni", "avx512vl"} <= flags)
+    runnable = ["avx2", *(["avx2-vnni"] if vnni else []), *(["avx512"] if wide else [])]
+    return runnable + (["avx512-vnni"] if wide and "avx512_vnni" in flags else [])
+
+
+def variant_flags(name: str) -> tuple[str, ...]:
+    """The compiler's flags for a variant, beyond `FLAGS`."""
+    if name == "avx2-vnni":
+        return ("-mavxvnni",) if "avx_vnni" in cpu_flags() else ("-mavx512f", "-mavx512vl", "-mavx512vnni", "-DSPECEDIT_256")
+    return {"avx2": (), "avx512": AVX512_FLAGS, "avx512-vnni": (*AVX512_FLAGS, "-mavx512vnni")}[name]
 
 
 def _registered() -> bool:
@@ -99,7 +112,7 @@ def _load(folder: str | None) -> str | None:
     if compiler is None:
         return "specedit's kernels need a C++ compiler (g++) to build them once"
     torch_dir = Path(torch.__file__).parent
-    flags = (*FLAGS, *VARIANT_FLAGS[variant()])
+    flags = (*FLAGS, *variant_flags(variant()))
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
     key = hashlib.sha256(
         b"\0".join([SOURCE.read_bytes(), torch.__version__.encode(), " ".join((*flags, abi)).encode()])
