@@ -41,9 +41,9 @@ PANEL = 16  # outputs per packed panel
 SOURCE = Path(__file__).with_name("kernels.cpp")
 # -ffp-contract=off: a multiply and an add stay two roundings unless the source fuses them itself.
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++20")
-# The same kernels with VNNI's 4-product sums, and on 16-lane vectors: the same bits. "avx2-vnni" is AVX-VNNI
-# where the CPU has it (`-mavxvnni`), else AVX-512 VNNI's instruction kept to 8 lanes (to compare them).
-VARIANTS = ("avx2", "avx2-vnni", "avx512", "avx512-vnni")  # the fastest last
+# The variants (`runnable_variants`): the same kernels with VNNI's 4-product sums, and on 16-lane vectors,
+# the same bits. "avx2-vnni" is AVX-VNNI where the CPU has it (`-mavxvnni`), else AVX-512 VNNI's
+# instruction kept to 8 lanes (to compare them).
 AVX512_FLAGS = ("-mavx512f", "-mavx512bw")
 # `SPECEDIT_KERNELS`: another variant this machine runs than its best, to compare them.
 VARIANT_VARIABLE = "SPECEDIT_KERNELS"
