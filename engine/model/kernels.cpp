@@ -158,6 +158,16 @@ constexpr int kBlockPanels = kVectors == 2 ? 1 : 4;
 
 // ---- float32 weights (f32_bmm) ----
 
+// `body.template operator()<n>()` for the run-time count n in 1..N: a block's rows or panels as a template
+// argument, so that its loops unroll whole.
+template <int N, typename Body>
+void by_count(int n, const Body& body) {
+  if constexpr (N > 1) {
+    if (n < N) return by_count<N - 1>(n, body);
+  }
+  body.template operator()<N>();
+}
+
 // R rows by P panels of float32 weights `v` (P x K x 16 floats, read as they are), register-blocked: the
 // one chain of multiply-adds per output.
 template <int R, int P>
@@ -181,47 +191,29 @@ void block(const float* x, const float* v, int64_t K, float* out, int64_t N) {
       UNROLL for (int h = 0; h < kVectors; ++h) store(out + r * N + p * kPanel + h * kLanes, acc[r][p][h]);
 }
 
-// `rows` (<= R) rows by P panels: the block of that many rows.
-template <int P, int R>
-void block_rows(int rows, const float* x, const float* v, int64_t K, float* out, int64_t N) {
-  if constexpr (R > 1) {
-    if (rows < R) return block_rows<P, R - 1>(rows, x, v, K, out, N);
-  }
-  block<R, P>(x, v, K, out, N);
-}
-
-template <int P = kBlockPanels>
-void block_panels(int panels, int rows, const float* x, const float* v, int64_t K, float* out, int64_t N) {
-  if constexpr (P > 1) {
-    if (panels < P) return block_panels<P - 1>(panels, rows, x, v, K, out, N);
-  }
-  block_rows<P, kBlockRows>(rows, x, v, K, out, N);
-}
-
-// Panels [first, last) of float32 weights `w` for a forward of M rows: up to 4 rows, P panels at a time (8
-// accumulators) as the weights stream by; more, kBlockPanels at a time, the rows in blocks of kBlockRows.
+// Panels [first, last) of float32 weights `w` for a forward of M rows: up to 4 rows, P panels at a time (R
+// rows x P panels x vectors = 8 accumulators) as the weights stream by; more, kBlockPanels at a time, the
+// rows in blocks of kBlockRows.
 void f32_panels(const float* x, int64_t M, const float* w, int64_t K, int64_t first, int64_t last, float* out,
                 int64_t N) {
   const auto weights = [&](int64_t panel) { return w + panel * K * kPanel; };
   if (M <= kDirectRows) {
-    const int rows = static_cast<int>(M), step = std::max(1, 8 / (rows * kVectors));
-    int64_t panel = first;
-    for (; panel + step <= last; panel += step) {
-      switch (step) {  // 8, 4, 2 or 1 panels: (1, 2, 4 or 8 rows) x panels x vectors = 8 accumulators
-        case 8: block_rows<8, kDirectRows>(rows, x, weights(panel), K, out + panel * kPanel, N); break;
-        case 4: block_rows<4, kDirectRows>(rows, x, weights(panel), K, out + panel * kPanel, N); break;
-        case 2: block_rows<2, kDirectRows>(rows, x, weights(panel), K, out + panel * kPanel, N); break;
-        default: block_rows<1, kDirectRows>(rows, x, weights(panel), K, out + panel * kPanel, N); break;
-      }
-    }
-    for (; panel < last; ++panel) block_rows<1, kDirectRows>(rows, x, weights(panel), K, out + panel * kPanel, N);
-    return;
+    return by_count<kDirectRows>(static_cast<int>(M), [&]<int R>() {
+      constexpr int P = std::max(1, 8 / (R * kVectors));
+      int64_t panel = first;
+      for (; panel + P <= last; panel += P) block<R, P>(x, weights(panel), K, out + panel * kPanel, N);
+      for (; panel < last; ++panel) block<R, 1>(x, weights(panel), K, out + panel * kPanel, N);
+    });
   }
   for (int64_t panel = first; panel < last; panel += kBlockPanels) {
     const int panels = static_cast<int>(std::min<int64_t>(kBlockPanels, last - panel));
     for (int64_t m = 0; m < M; m += kBlockRows) {
       const int rows = static_cast<int>(std::min<int64_t>(kBlockRows, M - m));
-      block_panels(panels, rows, x + m * K, weights(panel), K, out + m * N + panel * kPanel, N);
+      by_count<kBlockPanels>(panels, [&]<int P>() {
+        by_count<kBlockRows>(rows, [&]<int R>() {
+          block<R, P>(x + m * K, weights(panel), K, out + m * N + panel * kPanel, N);
+        });
+      });
     }
   }
 }
@@ -319,33 +311,26 @@ void int8_block(const Levels& x, int64_t row, const Int8Weights& w, int64_t pane
       }
 }
 
-template <int P, int R>
-void int8_rows(int rows, const Levels& x, int64_t row, const Int8Weights& w, int64_t panel, float* out, int64_t N) {
-  if constexpr (R > 1) {
-    if (rows < R) return int8_rows<P, R - 1>(rows, x, row, w, panel, out, N);
-  }
-  int8_block<R, P>(x, row, w, panel, out, N);
-}
-
 // Panels [first, last) for a forward of M rows: up to 4 rows, 4 panels at a time as the weights stream by
 // (each weight read once); more, kIntPanels at a time (in the cache), the rows in blocks of kIntRows.
 void int8_panels(const Levels& x, int64_t M, const Int8Weights& w, int64_t first, int64_t last, float* out,
                  int64_t N) {
   if (M <= kDirectRows) {
-    const int rows = static_cast<int>(M);
-    int64_t panel = first;
-    for (; panel + 4 <= last; panel += 4) int8_rows<4, kDirectRows>(rows, x, 0, w, panel, out, N);
-    for (; panel < last; ++panel) int8_rows<1, kDirectRows>(rows, x, 0, w, panel, out, N);
-    return;
+    return by_count<kDirectRows>(static_cast<int>(M), [&]<int R>() {
+      int64_t panel = first;
+      for (; panel + 4 <= last; panel += 4) int8_block<R, 4>(x, 0, w, panel, out, N);
+      for (; panel < last; ++panel) int8_block<R, 1>(x, 0, w, panel, out, N);
+    });
   }
   for (int64_t panel = first; panel < last;) {
     const bool whole = panel + kIntPanels <= last;
     for (int64_t m = 0; m < M; m += kIntRows) {
-      const int rows = static_cast<int>(std::min<int64_t>(kIntRows, M - m));
-      if (whole)
-        int8_rows<kIntPanels, kIntRows>(rows, x, m, w, panel, out, N);
-      else
-        int8_rows<1, kIntRows>(rows, x, m, w, panel, out, N);
+      by_count<kIntRows>(static_cast<int>(std::min<int64_t>(kIntRows, M - m)), [&]<int R>() {
+        if (whole)
+          int8_block<R, kIntPanels>(x, m, w, panel, out, N);
+        else
+          int8_block<R, 1>(x, m, w, panel, out, N);
+      });
     }
     panel += whole ? kIntPanels : 1;
   }

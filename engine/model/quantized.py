@@ -101,8 +101,7 @@ def dequantize(q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> 
     integer sums stand for)."""
     rows = levels(q).to(torch.float32)
     outputs, in_features = rows.shape
-    per_group = (t.transpose(1, 2).reshape(outputs, in_features // GROUP, 1) for t in (scales, offsets))
-    scale, offset = per_group
+    scale, offset = (t.transpose(1, 2).reshape(outputs, in_features // GROUP, 1) for t in (scales, offsets))
     weights = torch.addcmul(offset, rows.reshape(outputs, -1, GROUP), scale)
     return weights.reshape(outputs, in_features)
 
