@@ -152,6 +152,10 @@ def merge_sketch(original: str, sketch: str) -> SketchMerge:
         if place:
             merged += lines[cursor : place.start] + place.lines
             cursor = place.stop
+    if chunks and chunks[-1].at_end and cursor == len(lines):
+        # The chunk ending the file ends it with the blank lines the sketch ends with, if it shows any (a
+        # copied answer loses them), else the original's.
+        merged += ["\n"] * (_blank_end(_lines(sketch)) or _blank_end(lines))
     merged += lines[cursor:]
     text = "".join(merged)
     if not original.endswith("\n"):
@@ -226,6 +230,11 @@ def _doubled(lines: list[str], longest: int = 24) -> set[tuple[str, ...]]:
             if run >= size and sum(map(counts, block)) >= 2:
                 found.add(tuple(block))
     return found
+
+
+def _blank_end(lines: list[str]) -> int:
+    """How many blank lines `lines` ends with."""
+    return next((number for number, line in enumerate(reversed(lines)) if line.strip()), len(lines))
 
 
 def _lines(text: str) -> list[str]:

@@ -141,6 +141,18 @@ def test_crlf_and_no_final_newline_survive() -> None:
     assert merged(original, sketch) == "a = 1\r\nb = 20\r\nc = 3"
 
 
+
+def test_a_chunk_ending_the_file_ends_it_with_the_sketchs_blank_lines_or_the_originals() -> None:
+    """The blank lines after a file's last line are the sketch's where it shows some (HumanEvalFix's
+    fixed Go and JavaScript functions), else the original's (a copied answer loses them): a chunk that
+    ends the file does not drop them."""
+    original = "package p\n\nfunc f() int {\n    return 1\n}\n\n"
+    fixed = "// ... existing code ...\nfunc f() int {\n    return 2\n}\n"
+    assert merged(original, fixed + "\n") == "package p\n\nfunc f() int {\n    return 2\n}\n\n"
+    assert merged(original, fixed) == "package p\n\nfunc f() int {\n    return 2\n}\n\n"
+    assert merged(original.rstrip() + "\n", fixed + "\n\n") == "package p\n\nfunc f() int {\n    return 2\n}\n\n\n"
+
+
 REPEATED = """\
 func labels() []string {
 	return []string{
