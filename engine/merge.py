@@ -28,7 +28,8 @@ placed in order, each after the one before, each replacing a span of the origina
    line alone (a new signature) goes where the one line alike to it is.
 4. *Repeated blocks*: a chunk none of whose lines the original has once is placed in each stretch around
    a place of its rarest line where it changes something; the place after which the chunks that follow
-   can still be placed is taken, and if several can, none (`_places`, `_placed`).
+   can still be placed is taken; if several can, the one whose merge changes clearly fewer characters
+   (`CLEARLY_LESS`), else none (`_places`, `_placed`).
 5. Lines the chunk repeats keep the original's own text (a sketch drops trailing spaces), but for a line
    trimmed beside a line the chunk changes.
 
@@ -56,6 +57,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from rapidfuzz import fuzz
+from rapidfuzz.distance import Indel
 
 from specedit.engine.merge_checks import check_merge, counts, is_elision
 
@@ -81,6 +83,12 @@ CONTEXT_SLACK = 64
 # it has at most this many (a block a file repeats: the same lines in two lists, an import block a template
 # holds too).
 MAX_REPEATS = 8
+# Of two places for a chunk after which as many chunks are placed, the one whose merge changes at most
+# this share of the characters the other's changes is taken (the chunk is clearly more like what stands
+# there); closer, it is a doubt. On the sketch sets of every size (1,119 sketches) and HumanEvalFix's
+# (812, Rust's left out): 0.4 settles 12 of 31 such doubts, 10 rightly; 0.5 settles 15, 12 rightly; taking
+# the least change whatever the margin settles 23, 15 rightly.
+CLEARLY_LESS = 0.4
 
 
 @dataclass(frozen=True)
@@ -125,9 +133,11 @@ class _Outcome:
 
     steps: tuple[tuple[_Placement | None, str], ...] = ()  # (placement, "" or why it is doubtful or missing)
     unplaced: int = 0
+    changed: int = 0  # characters the placements change
 
-    def after(self, placement: _Placement | None, why: str = "") -> _Outcome:
-        return _Outcome(((placement, why), *self.steps), self.unplaced + (placement is None or bool(why)))
+    def after(self, placement: _Placement | None, why: str = "", changed: int = 0) -> _Outcome:
+        unplaced = self.unplaced + (placement is None or bool(why))
+        return _Outcome(((placement, why), *self.steps), unplaced, self.changed + changed)
 
 
 @functools.lru_cache(maxsize=8)
@@ -198,13 +208,26 @@ def _placed(chunks: list[_Chunk], lines: list[str], keys: list[str], raw: list[s
         if isinstance(found, str):
             outcomes[state] = outcomes[nexts[0]].after(None, f"{found} (the chunk starting {chunk.lines[0].strip()!r})")
             continue
-        # Of the places, the one after which the fewest chunks stay unplaced; two alike are a doubt.
-        scored = sorted(((outcomes[(number + 1, place.stop)], place) for place in found), key=lambda o: o[0].unplaced)
-        (best, chosen), rest = scored[0], scored[1:]
-        tie = bool(rest) and rest[0][0].unplaced == best.unplaced
+        # Of the places, the one after which the fewest chunks stay unplaced, then the one whose merge
+        # changes clearly fewer characters; two alike are a doubt.
+        options = sorted(
+            ((outcomes[(number + 1, place.stop)], _changed(lines, place), place) for place in found),
+            key=lambda option: (option[0].unplaced, option[0].changed + option[1]),
+        )
+        (after, changed, chosen), rest = options[0], options[1:]
+        tie = (
+            bool(rest)
+            and rest[0][0].unplaced == after.unplaced
+            and (after.changed + changed > CLEARLY_LESS * (rest[0][0].changed + rest[0][1]))
+        )
         why = f"{chunk.lines[0].strip()!r} could go in more than one place" if tie else ""
-        outcomes[state] = best.after(chosen, why)
+        outcomes[state] = after.after(chosen, why, changed)
     return outcomes[(0, 0)]
+
+
+def _changed(lines: list[str], place: _Placement) -> int:
+    """How many characters `place` changes (inserted and deleted)."""
+    return Indel.distance("".join(lines[place.start : place.stop]), "".join(place.lines))
 
 
 def _doubled_anew(merged: list[str], original: list[str], sketch: list[str]) -> tuple[str, ...]:

@@ -141,7 +141,6 @@ def test_crlf_and_no_final_newline_survive() -> None:
     assert merged(original, sketch) == "a = 1\r\nb = 20\r\nc = 3"
 
 
-
 def test_a_chunk_ending_the_file_ends_it_with_the_sketchs_blank_lines_or_the_originals() -> None:
     """The blank lines after a file's last line are the sketch's where it shows some (HumanEvalFix's
     fixed Go and JavaScript functions), else the original's (a copied answer loses them): a chunk that
@@ -198,18 +197,22 @@ def test_a_repeated_deletion_goes_where_the_chunks_after_it_still_fit() -> None:
     assert merged(original, sketch) == expected
 
 
-def test_a_block_the_file_repeats_changed_at_one_place_is_a_doubt() -> None:
+def test_a_block_the_file_repeats_goes_where_it_changes_clearly_less_else_it_is_a_doubt() -> None:
     """A doc example the file has twice, with the line the chunk changes at one place only: a change there,
-    or an insertion at the other? Measured on real sketches, what each would change told it wrong as often
-    as right (a duplicate test deleted, a block moved): the model decides."""
+    or an insertion at the other? Where the chunk is clearly more like one place (`&lt;` for `<` in a line
+    it has, against a whole new line), there (gson); where both would change about as much, the model
+    decides (what each would change told it wrong as often as right: a duplicate test deleted, a block
+    moved)."""
     example = "   * private List<String> red;\n   * }\n   *\n"
-    original = (
-        "  /**\n" + example + "   * Type t = new TypeToken<List<String>>() {}.getType();\n   * </pre>\n   */\n"
-        "  void a() {}\n\n  /**\n" + example + "   * </pre>\n   */\n  void b() {}\n"
-    )
-    changed = "   * Type t = new TypeToken&lt;List&lt;String&gt;&gt;() {}.getType();\n"
-    sketch = "// ... existing code ...\n" + example + changed + "   * </pre>\n// ... existing code ...\n"
-    result = merge_sketch(original, sketch)
+    line = "   * Type t = new TypeToken<List<String>>() {}.getType();\n"
+    end = "   * </pre>\n   */\n"
+    original = "  /**\n" + example + line + end + "  void a() {}\n\n  /**\n" + example + end + "  void b() {}\n"
+    escaped = line.replace("<", "&lt;").replace(">", "&gt;")
+    sketch = "// ... existing code ...\n" + example + escaped + "   * </pre>\n// ... existing code ...\n"
+    assert merged(original, sketch) == original.replace(line, escaped)
+
+    other = sketch.replace(escaped, "   * Type t = new Token();\n")
+    result = merge_sketch(original, other)
     assert not result.resolved and "more than one place" in result.unresolved[0]
 
 
