@@ -29,7 +29,9 @@ placed in order, each after the one before, each replacing a span of the origina
 4. *Repeated blocks*: a chunk none of whose lines the original has once is placed in each stretch around
    a place of its rarest line where it changes something; the place after which the chunks that follow
    can still be placed is taken; if several can, the one whose merge changes clearly fewer characters
-   (`CLEARLY_LESS`), else none (`_places`, `_placed`).
+   (`CLEARLY_LESS`), else none (`_places`, `_placed`). Failing that, a chunk whose first and last lines
+   (its context) the original has several times each goes between each place of its first line and
+   the nearest of its last after it.
 5. Lines the chunk repeats keep the original's own text (a sketch drops trailing spaces), but for a line
    trimmed beside a line the chunk changes.
 
@@ -291,25 +293,67 @@ def _places(lines: list[str], keys: list[str], raw: list[str], cursor: int, chun
     of the original that holds one of the places of its rarest line (up to `MAX_REPEATS`), where it
     changes something (a chunk is in a sketch for a change: one that changes nothing at any of them may
     mean a deletion its lines do not show, as of one of two equal tests): the chunks after it then choose,
-    or it stays unresolved (`merge_sketch`).
+    or it stays unresolved (`merge_sketch`). Failing that, it is placed between each pair of places of its
+    context lines (`_between_context`) where it does not keep old code it rewrites (`_repeats_old_code`).
     """
     placed = _place(lines, keys, raw, cursor, chunk)
     if not isinstance(placed, str):
         return [placed]
     found = _where(keys, cursor, {line.strip() for line in chunk.lines if counts(line)})
     repeats = min(found.values(), key=len, default=[])
-    if not 1 < len(repeats) <= MAX_REPEATS:  # it has anchors (and did not fit on them), or too many places
-        return placed
     places = []
-    for number, at in enumerate(repeats):
-        low = repeats[number - 1] + 1 if number else cursor
-        high = repeats[number + 1] if number + 1 < len(repeats) else len(lines)
-        if (chunk.at_start and low > cursor) or (chunk.at_end and high < len(lines)):
+    if 1 < len(repeats) <= MAX_REPEATS:  # else it has anchors (and did not fit on them), or too many places
+        for number, at in enumerate(repeats):
+            low = repeats[number - 1] + 1 if number else cursor
+            high = repeats[number + 1] if number + 1 < len(repeats) else len(lines)
+            if (chunk.at_start and low > cursor) or (chunk.at_end and high < len(lines)):
+                continue
+            place = _place(lines[:high], keys[:high], raw[:high], low, chunk)
+            if not isinstance(place, str) and place.start <= at < place.stop:
+                places.append(place)
+    changing = [place for place in places if place.lines != lines[place.start : place.stop]]
+    if not changing:
+        changing = [
+            place
+            for place in _between_context(lines, keys, raw, cursor, chunk)
+            if place.lines != lines[place.start : place.stop] and not _repeats_old_code(keys, place)
+        ]
+    return changing or placed
+
+
+def _between_context(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk: _Chunk) -> list[_Placement]:
+    """The placements of a chunk by its first and last lines that say something (its context), for when
+    the original has each several times: between each place of its first line and the nearest place of
+    its last line after it (with no place of the first line between them), where the two are once (gson:
+    a new test after asserts two tests share, before a comment three share). Up to `MAX_REPEATS`."""
+    said = [line.strip() for line in chunk.lines if counts(line)]
+    if len(said) < 2 or chunk.at_start or chunk.at_end or said[0] == said[-1]:
+        return []
+    found = _where(keys, cursor, {said[0], said[-1]})
+    firsts, lasts = found.get(said[0], []), found.get(said[-1], [])
+    places = []
+    for number, first in enumerate(firsts):
+        last = next((at for at in lasts if at > first), None)
+        if last is None:
+            break
+        if number + 1 < len(firsts) and firsts[number + 1] < last:
             continue
-        place = _place(lines[:high], keys[:high], raw[:high], low, chunk)
-        if not isinstance(place, str) and place.start <= at < place.stop:
+        place = _place(lines[: last + 1], keys[: last + 1], raw[: last + 1], first, chunk)
+        if not isinstance(place, str) and place.start <= first and last < place.stop:
             places.append(place)
-    return [place for place in places if place.lines != lines[place.start : place.stop]] or placed
+    return places if len(places) <= MAX_REPEATS else []
+
+
+def _repeats_old_code(keys: list[str], place: _Placement, run: int = 3) -> bool:
+    """Whether the lines `place` adds hold `run` lines in a row, saying something, that the original has
+    in a row outside the lines it replaces: a placement between the wrong pair of context lines (a nested
+    `try:` and the `except` of the outer one) keeps the old code the chunk rewrites."""
+    old = set(keys[place.start : place.stop])
+    new = [line.strip() for line in place.lines if counts(line) and line.strip() not in old]
+    said = [key if counts(key) else None for key in keys]
+    outside = [*said[: place.start], None, *said[place.stop :]]
+    runs = {tuple(outside[k : k + run]) for k in range(len(outside) - run + 1) if None not in outside[k : k + run]}
+    return any(tuple(new[k : k + run]) in runs for k in range(len(new) - run + 1))
 
 
 def _place(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk: _Chunk) -> _Placement | str:

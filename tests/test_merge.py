@@ -216,6 +216,44 @@ def test_a_block_the_file_repeats_goes_where_it_changes_clearly_less_else_it_is_
     assert not result.resolved and "more than one place" in result.unresolved[0]
 
 
+def test_a_chunk_whose_context_lines_the_file_repeats_goes_between_the_nearest_pair() -> None:
+    """A new test after the asserts two tests share and before the doc comment three tests share (gson):
+    between the last place of its first line before a place of its last line, and that place; not by a
+    line of the new test that the test before happens to have (`}).create();`)."""
+    doc = "  /**\n   * See issue 99\n   */\n"
+    old = _java_test("testA") + _java_test("testB", "    }).create();\n")
+    original = old + doc + "  void testC() {}\n\n" + doc + "  void testD() {}\n"
+    new = "  public void testNew() {\n    gson = builder(new Adapter() {\n    }).create();\n  }\n\n"
+    sketch = f"// ... existing code ...\n{ASSERT}  }}\n\n{new}  /**\n   * See issue 99\n// ... existing code ...\n"
+    assert merged(original, sketch) == original.replace(old, old + new)
+
+
+def test_a_placement_between_context_pairs_must_not_keep_the_old_code_it_rewrites() -> None:
+    """Between a nested `try:` and the outer one's `except` (requests), a chunk rewriting the call above
+    would leave the old call beside the new one: three lines in a row that say something, added where
+    the original still has them. New lines alike to old ones elsewhere, one or two in a row, pass."""
+    original = ["try:\n", "    resp = conn.urlopen(\n", "        method=m,\n", "        url=u,\n", "    )\n"]
+    original += [
+        "    try:\n",
+        "        low.send(b)\n",
+        "    except Exception:\n",
+        "        raise\n",
+        "except OSError:\n",
+    ]
+    keys = [line.strip() for line in original]
+    call = ["resp = conn.urlopen(\n", "    method=m,\n", "    url=u,\n", "    chunked=chunked,\n", ")\n"]
+    assert merge._repeats_old_code(keys, merge._Placement(5, 9, ["    try:\n", *call, "    except Exception:\n"]))
+    assert not merge._repeats_old_code(keys, merge._Placement(0, 9, ["try:\n", *call]))
+    assert not merge._repeats_old_code(keys, merge._Placement(5, 9, ["    try:\n", *call[:2], *call[3:]]))
+
+
+ASSERT = '    assertEquals("1", map.get("a"));\n'
+
+
+def _java_test(name: str, build: str = "") -> str:
+    return f"  public void {name}() {{\n    Map map = make();\n{build}{ASSERT}  }}\n\n"
+
+
 def test_a_new_test_before_a_near_copy_of_it_goes_between_its_context() -> None:
     """A new test written before an old one much like it: the chunk's first lines (the end of the test
     before) and its last (the start of the old one) frame it, though its body repeats the old one's."""
