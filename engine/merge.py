@@ -216,14 +216,13 @@ def _placed(chunks: list[_Chunk], lines: list[str], keys: list[str], raw: list[s
             ((outcomes[(number + 1, place.stop)], _changed(lines, place), place) for place in found),
             key=lambda option: (option[0].unplaced, option[0].changed + option[1]),
         )
-        (after, changed, chosen), rest = options[0], options[1:]
-        tie = (
-            bool(rest)
-            and rest[0][0].unplaced == after.unplaced
-            and (after.changed + changed > CLEARLY_LESS * (rest[0][0].changed + rest[0][1]))
-        )
+        (following, changed, chosen), *others = options  # `following`: how the chunks after it fare
+        tie = bool(others) and others[0][0].unplaced == following.unplaced
+        if tie:
+            runner_up, runner_up_changed, _ = others[0]
+            tie = following.changed + changed > CLEARLY_LESS * (runner_up.changed + runner_up_changed)
         why = f"{chunk.lines[0].strip()!r} could go in more than one place" if tie else ""
-        outcomes[state] = after.after(chosen, why, changed)
+        outcomes[state] = following.after(chosen, why, changed)
     return outcomes[(0, 0)]
 
 
