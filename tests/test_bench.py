@@ -351,7 +351,7 @@ def test_a_llama_server_whose_port_was_taken_is_started_again_on_another(tmp_pat
         "first = sys.argv[0] + '.refused'\n"
         "if '--spec-type' in sys.argv and not os.path.exists(first):\n"
         "    open(first, 'w').close()\n"
-        "    print(\"start: couldn't bind HTTP server socket, hostname: 127.0.0.1\", file=sys.stderr, flush=True)\n"
+        '    print("start: couldn\'t bind HTTP server socket, hostname: 127.0.0.1", file=sys.stderr, flush=True)\n'
         "    sys.exit(1)\n"
     )
     binary.write_text(f"#!{sys.executable}\n{refuse_once}{FAKE_LLAMA_SERVER}")

@@ -62,7 +62,7 @@ def _by_the_kernels_rule(layer: quantized.QuantizedLinear, x: torch.Tensor) -> t
     weights = quantized.levels(layer.q).to(torch.float64)  # (out padded, in)
     sums = torch.einsum("mgi,ngi->mgn", levels.double(), weights.reshape(weights.shape[0], -1, 32))
     scales, offsets = (t.transpose(1, 2).reshape(weights.shape[0], -1).double() for t in (layer.scales, layer.offsets))
-    total = (step.double() * levels.double().sum(-1, keepdim=True))  # (m, g, 1)
+    total = step.double() * levels.double().sum(-1, keepdim=True)  # (m, g, 1)
     output = (sums * step.double() * scales.T + total * offsets.T).sum(1)
     if layer.bias is not None:
         output = output + layer.bias.double()

@@ -53,7 +53,13 @@ Linear = Literal["int8", "onednn-packed", "aten"]
 LINEARS = ("int8", "onednn-packed", "aten")
 
 # Environment variables that steer the CPU kernels (read once, when the libraries start), specedit's own last.
-KERNEL_ENV = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", kernels.VARIANT_VARIABLE)
+KERNEL_ENV = (
+    "ONEDNN_MAX_CPU_ISA",
+    "ATEN_CPU_CAPABILITY",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "MKL_CBWR",
+    kernels.VARIANT_VARIABLE,
+)
 
 PROBE_CONTEXT = 61  # the probe's positions 61..66 cross the attention's 64-key bucket
 PROBE_SPLITS = ((1, 1, 1, 1, 1, 1), (6,), (2, 4), (3, 3))  # the first is the reference: plain decoding

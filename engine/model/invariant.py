@@ -55,7 +55,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from specedit.engine.model import kernels
-from specedit.engine.model.linears import children, linear_weight, replace_modules
+from specedit.engine.model.linears import children, linear_bias, linear_weight, replace_modules
 
 ATTENTION_NAME = "specedit_row_invariant"
 
@@ -170,7 +170,7 @@ def pack_linears(model: Any, dtype: torch.dtype | None = None) -> int:
         weight = linear_weight(module)
         if weight is None:
             return None
-        bias = module.bias
+        bias = linear_bias(module)
         if dtype is not None and bias is not None:
             bias = torch.nn.Parameter(bias.detach().to(dtype), requires_grad=False)
         return PackedLinear((weight if dtype is None else weight.to(dtype)).contiguous(), bias)

@@ -93,8 +93,10 @@ def runnable_variants() -> list[str]:
 
 def variant_flags(name: str) -> tuple[str, ...]:
     """The compiler's flags for a variant, beyond `FLAGS`."""
-    if name == "avx2-vnni":
-        return ("-mavxvnni",) if "avx_vnni" in cpu_flags() else ("-mavx512f", "-mavx512vl", "-mavx512vnni", "-DSPECEDIT_256")
+    if name == "avx2-vnni":  # AVX-VNNI, or AVX-512 VNNI's instructions on 256-bit registers
+        if "avx_vnni" in cpu_flags():
+            return ("-mavxvnni",)
+        return ("-mavx512f", "-mavx512vl", "-mavx512vnni", "-DSPECEDIT_256")
     return {"avx2": (), "avx512": AVX512_FLAGS, "avx512-vnni": (*AVX512_FLAGS, "-mavx512vnni")}[name]
 
 

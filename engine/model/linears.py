@@ -17,9 +17,16 @@ def linear_weight(module: torch.nn.Module) -> torch.Tensor | None:
     out)) transposed; None for any other module."""
     if isinstance(module, torch.nn.Linear):
         return module.weight
-    if type(module).__name__ == "Conv1D":  # transformers' GPT-2 layer
-        return module.weight.t()
+    weight = getattr(module, "weight", None)
+    if type(module).__name__ == "Conv1D" and isinstance(weight, torch.Tensor):  # transformers' GPT-2 layer
+        return weight.t()
     return None
+
+
+def linear_bias(module: torch.nn.Module) -> torch.Tensor | None:
+    """A linear layer's bias (`nn.Linear`'s or `Conv1D`'s), or None."""
+    bias = getattr(module, "bias", None)
+    return bias if isinstance(bias, torch.Tensor) else None
 
 
 def children(model: Any) -> Iterator[tuple[torch.nn.Module, str, torch.nn.Module]]:

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from specedit.engine.model.kernels import PANEL
-from specedit.engine.model.linears import linear_weight, replace_modules
+from specedit.engine.model.linears import linear_bias, linear_weight, replace_modules
 
 GROUP = 32  # inputs per scale and offset
 QUAD = 4  # inputs a packed lane holds
@@ -123,8 +123,8 @@ def quantize_linears(model: Any, kept: dict[str, torch.Tensor] | None = None) ->
         packed = tuple(kept.get(f"{names[id(module)]}.{part}") for part in PARTS)
         if [None if t is None else (t.shape, t.dtype) for t in packed] != _packed_shapes(weight):
             quantized_here += 1
-            return QuantizedLinear(weight, module.bias)
-        return QuantizedLinear(weight, module.bias, packed)  # type: ignore[arg-type]
+            return QuantizedLinear(weight, linear_bias(module))
+        return QuantizedLinear(weight, linear_bias(module), packed)  # type: ignore[arg-type]
 
     replace_modules(model, quantized)
     return quantized_here
