@@ -5,4 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/vscode-setup.sh  # a real VS Code (code-server) and chromium for the extension's tests
+if [ $# -eq 0 ]; then  # the whole run also lints and type-checks (a subset of tests, as asked, does not)
+  .venv/bin/ruff check .
+  .venv/bin/ruff format --check .
+  scripts/typecheck.sh
+fi
 exec .venv/bin/python -m pytest "$@"
