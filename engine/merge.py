@@ -153,7 +153,8 @@ def merge_sketch(original: str, sketch: str) -> SketchMerge:
     lines = _lines(original)
     keys = [line.strip() for line in lines]  # compared for anchors and likeness
     raw = [line.rstrip() for line in lines]  # compared with their indentation, at a chunk's edges
-    chunks = _chunks(sketch)
+    sketch_lines = _lines(sketch)
+    chunks = _chunks(sketch_lines)
 
     merged: list[str] = []
     unresolved: list[str] = []
@@ -167,12 +168,12 @@ def merge_sketch(original: str, sketch: str) -> SketchMerge:
     if chunks and chunks[-1].at_end and cursor == len(lines):
         # The chunk ending the file ends it with the blank lines the sketch ends with, if it shows any (a
         # copied answer loses them), else the original's.
-        merged += ["\n"] * (_blank_end(_lines(sketch)) or _blank_end(lines))
+        merged += ["\n"] * (_blank_end(sketch_lines) or _blank_end(lines))
     merged += lines[cursor:]
     text = "".join(merged)
     if not original.endswith("\n"):
         text = text.removesuffix("\n")
-    if not unresolved and (doubled := _doubled_anew(merged, lines, _lines(sketch))):
+    if not unresolved and (doubled := _doubled_anew(merged, lines, sketch_lines)):
         unresolved.append(f"the merge has {doubled[0]!r} and the lines after it twice in a row")
     if not unresolved:
         check = check_merge(original, sketch, text)
@@ -266,9 +267,9 @@ def _lines(text: str) -> list[str]:
     return [line if line.endswith("\n") else line + "\n" for line in text.splitlines(keepends=True)]
 
 
-def _chunks(sketch: str) -> list[_Chunk]:
+def _chunks(sketch_lines: list[str]) -> list[_Chunk]:
     runs: list[list[str]] = [[]]
-    for line in _lines(sketch):
+    for line in sketch_lines:
         if is_elision(line):
             runs.append([])
         else:
@@ -314,21 +315,23 @@ def _places(lines: list[str], keys: list[str], raw: list[str], cursor: int, chun
     if not changing:
         changing = [
             place
-            for place in _between_context(lines, keys, raw, cursor, chunk)
+            for place in _between_context(lines, keys, raw, chunk, found)
             if place.lines != lines[place.start : place.stop] and not _repeats_old_code(keys, place)
         ]
     return changing or placed
 
 
-def _between_context(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk: _Chunk) -> list[_Placement]:
+def _between_context(
+    lines: list[str], keys: list[str], raw: list[str], chunk: _Chunk, found: dict[str, list[int]]
+) -> list[_Placement]:
     """The placements of a chunk by its first and last lines that say something (its context), for when
     the original has each several times: between each place of its first line and the nearest place of
     its last line after it (with no place of the first line between them), where the two are once (gson:
-    a new test after asserts two tests share, before a comment three share). Up to `MAX_REPEATS`."""
+    a new test after asserts two tests share, before a comment three share). Up to `MAX_REPEATS`. `found`:
+    where each of the chunk's lines that say something is in the original after the cursor (`_where`)."""
     said = [line.strip() for line in chunk.lines if counts(line)]
     if len(said) < 2 or chunk.at_start or chunk.at_end or said[0] == said[-1]:
         return []
-    found = _where(keys, cursor, {said[0], said[-1]})
     firsts, lasts = found.get(said[0], []), found.get(said[-1], [])
     places = []
     for number, first in enumerate(firsts):
