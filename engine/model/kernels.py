@@ -114,13 +114,14 @@ def _load(folder: str | None) -> str | None:
     if compiler is None:
         return "specedit's kernels need a C++ compiler (g++) to build them once"
     torch_dir = Path(torch.__file__).parent
-    flags = (*FLAGS, *variant_flags(variant()))
+    name = variant()
+    flags = (*FLAGS, *variant_flags(name))
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
     key = hashlib.sha256(
         b"\0".join([SOURCE.read_bytes(), torch.__version__.encode(), " ".join((*flags, abi)).encode()])
     ).hexdigest()[:16]
     base = Path(folder) if folder is not None else Path(tempfile.gettempdir()) / f"specedit-kernels-{os.getuid()}"
-    library = base / f"kernels-{variant()}-{key}.so"
+    library = base / f"kernels-{name}-{key}.so"
     if not library.is_file():
         base.mkdir(parents=True, exist_ok=True)
         building = library.with_name(f"{library.name}.tmp-{os.getpid()}")
