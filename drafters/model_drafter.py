@@ -118,7 +118,7 @@ class ModelDrafter:
         self._config = config or ModelDraftConfig()
         self._sampling = sampling or SamplingConfig()
         self._output_start = output_start
-        self.cache = kv_cache.new_cache()
+        self.cache = draft_model.new_cache()
         self.cached_tokens: list[int] = []  # what the cache holds, position by position
         self._proposed_from = 0  # context length at the last proposal, until its feedback
 

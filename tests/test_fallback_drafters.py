@@ -111,7 +111,7 @@ def test_greedy_with_layer_skip_equals_plain_decoding(architecture: str, kept: s
         prompt = random_prompt(rng, len(engine.tokenizer))
         max_new = rng.randrange(1, 50)
         plain, _ = generate(engine, prompt, max_new_tokens=max_new)
-        cache = kv_cache.new_cache()
+        cache = engine.loaded.new_cache()
         drafter = LayerSkipDrafter(engine.loaded, cache, parse_layers(kept), output_start=len(prompt), config=ALWAYS)
         # Between steps every layer holds every committed token but the pending one: the drafted
         # positions of the kept layers were cropped away.
@@ -542,7 +542,7 @@ def test_a_model_drafter_unsure_of_its_first_token_backs_off() -> None:
 def test_build_drafter_governs_every_link() -> None:
     engine = tiny_engine("qwen2", seed=4, layers=3)
     engine.fallback = FallbackConfig(layers=(0, 1), draft=ALWAYS)
-    cache = kv_cache.new_cache()
+    cache = engine.loaded.new_cache()
     drafter, governor = build_drafter(
         engine, "auto", source_ids=[1, 2, 3], output_start=5, sampling=SamplingConfig(), cache=cache
     )

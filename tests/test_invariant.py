@@ -14,6 +14,7 @@ from test_engine_exactness import NoisyOracleDrafter
 
 from specedit.engine.loop.generate import Engine
 from specedit.engine.model import exactness, invariant, kv_cache, loading, quantized
+from specedit.engine.model.decoder import Decoder
 from specedit.engine.model.loading import LoadedModel, load_model, resolve_dtype
 
 from conftest import ARCHITECTURES, CharTokenizer, build_model, tiny_engine
@@ -43,7 +44,7 @@ def _installed(model: Any) -> Any:
 
 def chunked_logits(loaded: LoadedModel, context: list[int], continuation: list[int], chunk: int) -> torch.Tensor:
     """Logits of `continuation`'s positions after `context`, computed `chunk` tokens per forward."""
-    cache = kv_cache.new_cache()
+    cache = loaded.new_cache()
     with torch.inference_mode():
         loaded.forward(context, cache, logits_to_keep=1)
         rows = [loaded.forward(continuation[i : i + chunk], cache) for i in range(0, len(continuation), chunk)]
@@ -148,7 +149,7 @@ def test_a_one_token_forward_leaves_one_position_in_the_cache() -> None:
     loaded = engine.loaded
     _installed(loaded.model)
     loaded.step_rows = 2
-    cache = kv_cache.new_cache()
+    cache = loaded.new_cache()
     with torch.inference_mode():
         loaded.forward([1, 2, 3], cache)
         logits = loaded.forward([4], cache)
@@ -159,8 +160,9 @@ def test_a_one_token_forward_leaves_one_position_in_the_cache() -> None:
 def test_load_model_settles_a_target_and_packs_a_draft(tiny_model_dir: Any) -> None:
     target = load_model(str(tiny_model_dir), dtype="float32", weights="float", device="cpu")
     draft = load_model(str(tiny_model_dir), dtype="float32", weights="float", device="cpu", target=False)
-    assert target.exactness is not None and target.model.config._attn_implementation == invariant.ATTENTION_NAME
-    assert draft.exactness is None and draft.model.config._attn_implementation == "sdpa"
+    assert isinstance(target.model, Decoder) and isinstance(draft.model, Decoder)  # Qwen2: specedit's own forward
+    assert target.exactness is not None and target.exactness.attention == "row-invariant"
+    assert draft.exactness is None
     if invariant.can_pack(torch.float32):  # a draft's kernels are simply the fastest
         assert any(isinstance(module, invariant.PackedLinear) for module in draft.model.modules())
     int8 = load_model(str(tiny_model_dir), dtype="float32", weights="auto", device="cpu", target=False)
@@ -185,8 +187,18 @@ def test_packing_keeps_the_weights_bit_for_bit() -> None:
 def test_the_peer_baseline_runs_on_stock_kernels_and_gives_them_back(tiny_model_dir: Any) -> None:
     target = load_model(str(tiny_model_dir), dtype="float32", weights="float", device="cpu")
     packed_before = [m for m in target.model.modules() if isinstance(m, invariant.PackedLinear)]
-    with invariant.stock_kernels(target.model):
-        assert target.model.config._attn_implementation == "sdpa"
-        assert not any(isinstance(m, invariant.PackedLinear) for m in target.model.modules())
-    assert target.model.config._attn_implementation == invariant.ATTENTION_NAME
+    ids = list(range(3, 40))
+    ours = target.forward(ids, target.new_cache())
+    with invariant.stock_kernels(target.model) as stock:  # transformers' own class on the same weights
+        assert type(stock).__name__ == "Qwen2ForCausalLM" and stock.config._attn_implementation == "sdpa"
+        assert not any(isinstance(m, invariant.PackedLinear) for m in stock.modules())
+        theirs = stock(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
     assert [m for m in target.model.modules() if isinstance(m, invariant.PackedLinear)] == packed_before
+    transformers_loaded = build_model("gpt2", 300, dtype=torch.float32)  # one of transformers' own classes
+    assert invariant.install_attention(transformers_loaded) and invariant.pack_linears(transformers_loaded)
+    with invariant.stock_kernels(transformers_loaded) as stock:  # itself, for the while
+        assert stock is transformers_loaded and stock.config._attn_implementation == "sdpa"
+        assert not any(isinstance(m, invariant.PackedLinear) for m in stock.modules())
+    assert transformers_loaded.config._attn_implementation == invariant.ATTENTION_NAME
+    assert any(isinstance(m, invariant.PackedLinear) for m in transformers_loaded.modules())

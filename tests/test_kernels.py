@@ -143,7 +143,7 @@ def test_a_model_on_int8_weights_keeps_plain_decodings_answer() -> None:
     loaded.exactness = exactness.settle(loaded)
     assert loaded.exactness.bitwise and loaded.exactness.linear == "int8" and loaded.step_rows == 1
     assert "int8 linear" in loaded.exactness.describe()
-    logits = loaded.forward(list(range(20, 60)), loading.kv_cache.new_cache())
+    logits = loaded.forward(list(range(20, 60)), loaded.new_cache())
     assert (logits - reference[0]).abs().max() < 0.05 * reference.abs().max()  # the same model, quantized
     speculative, plain = speculative_and_plain(loaded)
     assert speculative.tokens == plain.tokens

@@ -137,7 +137,7 @@ def bytes_per_token(loaded: LoadedModel) -> int:
 
 def test_an_interrupted_forward_is_rolled_back_in_every_layer() -> None:
     loaded = tiny_engine("qwen2", layers=3).loaded
-    cache = kv_cache.new_cache()
+    cache = loaded.new_cache()
     with torch.inference_mode():
         loaded.forward(list(range(20)), cache)
         layers = iter([False, False, True])  # stop before the third layer
@@ -163,10 +163,10 @@ def test_the_store_keeps_the_longest_prefix_and_the_most_recent() -> None:
     assert kept.warm(loaded, [*range(50), 7, 7, 7]) == 53  # a newer text of that document: both are kept
     assert kept.describe()["tokens"] == [60, 53]
     cache, held = kept.take([*range(MIN_SHARED - 1), 999])
-    assert held == 0 and kv_cache.length(cache) == 0  # too little in common: a new cache
+    assert held == 0 and cache is None  # too little in common: the caller starts a cache
     kept.take(list(range(61)))
     kept.take([*range(50), 7, 7, 7, 0])  # (both taken out whole)
-    kept.put(list(range(10)), kv_cache.new_cache())
+    kept.put(list(range(10)), loaded.new_cache())
     assert len(kept) == 0  # an empty or short cache is not worth keeping
 
     # Two files share the system prompt: each keeps its own cache.

@@ -93,7 +93,8 @@ def generate_drafted(
     start, and kept there afterwards (the prompt's part) for the next request on the same document."""
     sampling = sampling or SamplingConfig()
     kept = engine.prefix_cache
-    cache = kept.take(prompt_ids)[0] if kept is not None else kv_cache.new_cache()
+    cache = kept.take(prompt_ids)[0] if kept is not None else None
+    cache = engine.loaded.new_cache() if cache is None else cache
     drafter, governor = build_drafter(
         engine, method, source_ids=source_ids, output_start=len(prompt_ids), sampling=sampling, cache=cache
     )

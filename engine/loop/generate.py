@@ -100,7 +100,7 @@ class Engine:
         output = _OutputText(IncrementalDetokenizer(self.tokenizer, prompt_ids), stop)
         finish: FinishReason = "length"
         if cache is None:
-            cache = kv_cache.new_cache()
+            cache = self.loaded.new_cache()
         reused = kv_cache.length(cache)
         if reused >= len(tokens):
             raise ValueError("the cache must hold less than the prompt: its last token is the first step's input")

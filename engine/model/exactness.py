@@ -266,7 +266,7 @@ def probe_holds(loaded: Any) -> bool:
 
 def _prefilled(loaded: Any, ids: Sequence[int], pieces: Sequence[int]) -> Any:
     """A cache holding the probe's context, prefilled `pieces[i]` tokens per forward."""
-    cache, position = kv_cache.new_cache(), 0
+    cache, position = loaded.new_cache(), 0
     for size in pieces:
         loaded.forward(ids[position : position + size], cache, logits_to_keep=1)
         position += size

@@ -50,9 +50,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from specedit.engine.model import kernels
 from specedit.engine.model.linears import children, linear_bias, linear_weight, replace_modules
@@ -74,8 +71,16 @@ def install_attention(model: Any) -> bool:
     Returns False, changing nothing, where it does not apply: a model off the CPU, or one whose attention
     does not go through transformers' attention interface.
     """
-    if model.device.type != "cpu" or not model._can_set_attn_implementation():
+    if model.device.type != "cpu":
         return False
+    if getattr(model, "invariant_attention", False):  # `model.decoder`'s own: always row-invariant
+        kernels.available()
+        return True
+    if not model._can_set_attn_implementation():
+        return False
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
     kernels.available()  # specedit's own products, where they build: row-invariant on every CPU
     AttentionInterface.register(ATTENTION_NAME, invariant_attention)
     AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)  # the prefill's mask, as for "sdpa"
@@ -184,23 +189,25 @@ def unpack_linears(model: Any) -> int:
 
 
 @contextmanager
-def stock_kernels(model: Any) -> Iterator[None]:
+def stock_kernels(model: Any) -> Iterator[Any]:
     """transformers' own attention and ATen's linear kernels while inside: the model as a user of
-    transformers runs it, for a peer's baseline (`specedit bench`). Its weights are materialised in the
-    plain layout for the while (for the 0.5B model in float32: about 2 GB more, for a few milliseconds
-    of reordering; int8 weights dequantized, as the int8 kernel computes them)."""
+    transformers runs it, for a peer's baseline (`specedit bench`). Yields the model to run: `model`
+    itself, or for a model of specedit's own (`model.decoder`), transformers' class on its weights. Its
+    weights are materialised in the plain layout for the while (for the 0.5B model in float32: about 2 GB
+    more, for a few milliseconds of reordering; int8 weights dequantized, as the int8 kernel computes them)."""
     from specedit.engine.model.quantized import QuantizedLinear
 
-    attention = model.config._attn_implementation
     kinds = (PackedLinear, QuantizedLinear)
     packed = {(parent, name): child for parent, name, child in children(model) if isinstance(child, kinds)}
     for (parent, name), child in packed.items():
         setattr(parent, name, child.unpacked())
+    own = hasattr(model, "transformers_twin")
+    attention = None if own else model.config._attn_implementation
     if attention == ATTENTION_NAME:
         model.set_attn_implementation("sdpa")
-    tables = remove_rotary_tables(model)
+    tables = [] if own else remove_rotary_tables(model)
     try:
-        yield
+        yield model.transformers_twin() if own else model
     finally:
         for module, forward in tables:
             module.forward = forward
@@ -224,6 +231,8 @@ def invariant_attention(
     q_length, kv_length = query.shape[2], key.shape[2]
     if query.shape[0] != 1 or dropout or kwargs.get("sliding_window"):
         # What the row-invariant path does not cover (batches, training, sliding windows): transformers' own.
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )

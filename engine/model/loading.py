@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from specedit.engine.errors import ModelLoadError
-from specedit.engine.model import exactness, invariant, kernels, kv_cache, quantized
+from specedit.engine.model import decoder, exactness, invariant, kernels, kv_cache, quantized
 from specedit.engine.options import DTYPE_CHOICES
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,10 @@ class LoadedModel:
             return logits
         return self._run(ids, cache, logits_to_keep)
 
+    def new_cache(self) -> Any:
+        """An empty KV cache of the kind the model takes (`kv_cache.new_cache`)."""
+        return kv_cache.new_cache(self.model)
+
     @contextlib.contextmanager
     def interruptible(self, should_stop: Callable[[], bool]) -> Iterator[None]:
         """Forwards in this block raise `Interrupted` before a layer once `should_stop()` is true: a long
@@ -176,8 +180,6 @@ def load_model(
     temporary folder); `kept_folder`: where what loading derives from a model folder is kept for the next
     start (`kept_file`: its tokenizer as built, its int8 weights as quantized; default: nothing kept).
     """
-    from transformers import AutoModelForCausalLM
-
     torch_device = torch.device(device) if device else default_device()
     torch_dtype = resolve_dtype(dtype, torch_device)
     source, kwargs = _source(name_or_path)
@@ -192,7 +194,13 @@ def load_model(
     stored = "auto" if pack or int8 else torch_dtype
     try:
         tokenizer = load_tokenizer(source, kwargs, kept_folder)
-        model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=stored, **kwargs)
+        own = None if kwargs or os.environ.get("SPECEDIT_DECODER") == "transformers" else decoder.covered(Path(source))
+        if own is not None:
+            model: Any = decoder.load(Path(source), own, stored)
+        else:
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=stored, **kwargs)
     except Exception as error:  # transformers raises many kinds; all mean "did not load"
         raise ModelLoadError(f"could not load model {name_or_path!r}: {error}") from error
     if int8:
@@ -323,7 +331,7 @@ def kept_file(folder: Path, kind: str, sources: list[Path], suffix: str, derived
 def forward_costs(loaded: LoadedModel, sizes: Sequence[int], context: int = 100, repeats: int = 3) -> dict[int, float]:
     """Median seconds of one forward of k tokens after `context` tokens, for each k in `sizes`."""
     ids = exactness.probe_ids(int(loaded.model.config.vocab_size), context + max(sizes))
-    cache = kv_cache.new_cache()
+    cache = loaded.new_cache()
     costs = {}
     with torch.inference_mode():
         loaded.forward(ids[:context], cache, logits_to_keep=1)

@@ -63,7 +63,7 @@ class PrefixCache:
         """A cache holding the longest prefix of `ids` that a kept cache shares (never all of `ids`: the
         loop's first forward needs the last one), for the caller to extend, and how many tokens it holds: the
         kept cache itself, taken out of the store, when it holds nothing else; else a copy of the shared
-        part. A new, empty cache (and 0) when none shares `MIN_SHARED` tokens."""
+        part. None (and 0) when none shares `MIN_SHARED` tokens: the caller starts a cache of its model's."""
         return self._take(ids, len(ids) - 1)
 
     def _best(self, ids: Sequence[int], limit: int) -> tuple[_Entry | None, int]:
@@ -81,7 +81,7 @@ class PrefixCache:
     def _taken(self, best: _Entry | None, shared: int) -> tuple[Any, int]:
         """`best`'s first `shared` tokens for a caller to extend (see `take`)."""
         if best is None or shared < MIN_SHARED:
-            return kv_cache.new_cache(), 0
+            return None, 0
         if shared < len(best.ids):  # a part of another prompt (another file shares the system prompt)
             return kv_cache.copy_prefix(best.cache, shared), shared
         self._entries.remove(best)
@@ -120,6 +120,7 @@ class PrefixCache:
             best.used = next(self._clock)
             return shared
         cache, held = self._taken(best, shared)
+        cache = loaded.new_cache() if cache is None else cache
         try:
             with torch.inference_mode(), loaded.interruptible(should_stop):
                 while held < len(ids) and not should_stop():

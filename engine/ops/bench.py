@@ -164,15 +164,17 @@ def as_transformers_runs_it(engine: Engine) -> Iterator[None]:
     """The target on transformers' attention and ATen's linear kernels, one row per step, on the threads
     it is given however busy the cores (the self-check's fewer threads were found for other kernels),
     while inside."""
-    rows, verdict = engine.loaded.step_rows, engine.loaded.exactness
+    rows, verdict, model = engine.loaded.step_rows, engine.loaded.exactness, engine.model
     engine.loaded.step_rows = 1
     if verdict is not None:
         engine.loaded.exactness = dataclasses.replace(verdict, fewer_threads=())
     try:
-        with stock_kernels(engine.model):
+        with stock_kernels(model) as stock:
+            engine.loaded.model = engine.model = stock
             yield
     finally:
         engine.loaded.step_rows, engine.loaded.exactness = rows, verdict
+        engine.loaded.model = engine.model = model
 
 
 def run_prompt_lookup(engine: Engine, prepared: PreparedRewrite, lookup_tokens: int) -> MethodRun:

@@ -131,7 +131,7 @@ def calibration_record(
 def _predictions(target: LoadedModel, ids: list[int], skipped: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Top probability and argmax at every position, with `skipped` layers left out. (T,), (T,)"""
     with skipping_layers(target.model, skipped):
-        logits = target.forward(ids, kv_cache.new_cache())  # (T, V)
+        logits = target.forward(ids, target.new_cache())  # (T, V)
     top, argmax = torch.softmax(logits.float(), dim=-1).max(dim=-1)
     return top, argmax
 
@@ -150,7 +150,7 @@ def _agreement(
 
 def _forward_seconds(target: LoadedModel, ids: list[int], skipped: Sequence[int], repeats: int = 5) -> float:
     """Median time of a one-token forward after the sample, with `skipped` layers left out."""
-    cache = kv_cache.new_cache()
+    cache = target.new_cache()
     target.forward(ids[:-1], cache, logits_to_keep=1)
     times = []
     with skipping_layers(target.model, skipped):

@@ -1,0 +1,299 @@
+"""The Llama family's decoder (Qwen2, Qwen2.5, Llama) in plain torch: the target's forward on the CPU.
+
+transformers' own model classes cost 1.6 s to import (its model-loading machinery pulls in torch's
+compiler, its distributed tensors and sympy), a third of a one-off rewrite's start-up, and 10-20% of a
+one-token step is their glue (masks built every forward, the attention-function registry, argument
+plumbing), measured against the kernels they call. specedit computes attention, rotary angles and linear
+layers its own way anyway (`model.invariant`, `model.quantized`): what is left is the embedding, the norms,
+the residual sums and the MLP's activation, which this module computes in the same order as transformers
+(its results on a float64 model are transformers' own, to rounding: tests/test_decoder.py).
+
+The modules are named as transformers names them (`model.layers.3.self_attn.q_proj`, ...), so a model
+folder's safetensors load by name and every tool that walks a model's linear layers (packing,
+quantizing, layer skip, the interruptible prefill) finds them where it looks. A folder this module does
+not cover (another architecture, RoPE scaling, sliding windows, a GGUF, a hub id) loads with transformers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specedit.engine.model import invariant
+from specedit.engine.model.kv_cache import KVCache
+
+ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM")
+
+
+@dataclass
+class DecoderConfig:
+    """What the forward reads of a model's `config.json`; `to_dict()` is the file's own content."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    attention_bias: bool  # q, k and v projections with a bias (Qwen2's always have one)
+    tie_word_embeddings: bool
+    raw: dict[str, Any] = field(repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.raw)
+
+    @classmethod
+    def covering(cls, raw: dict[str, Any]) -> DecoderConfig | None:
+        """The config of a `config.json` this module computes as transformers does, else None."""
+        architectures = raw.get("architectures") or []
+        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        theta = rope.get("rope_theta", raw.get("rope_theta"))
+        layer_types = set(raw.get("layer_types") or ["full_attention"])
+        if architectures[:1] not in ([name] for name in ARCHITECTURES) or rope_type != "default" or theta is None:
+            return None
+        if raw.get("use_sliding_window") or layer_types != {"full_attention"} or raw.get("mlp_bias"):
+            return None
+        if raw.get("hidden_act", "silu") != "silu" or raw.get("pretraining_tp", 1) != 1:
+            return None
+        heads = int(raw["num_attention_heads"])
+        qwen2 = architectures[0] == "Qwen2ForCausalLM"
+        return cls(
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=int(raw["hidden_size"]),
+            intermediate_size=int(raw["intermediate_size"]),
+            num_hidden_layers=int(raw["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(theta),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
+            attention_bias=qwen2 or bool(raw.get("attention_bias")),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", not qwen2)),
+            raw=raw,
+        )
+
+
+def covered(folder: Path) -> DecoderConfig | None:
+    """The config of the model in `folder` where this module covers it (see `DecoderConfig.covering`)."""
+    try:
+        raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict) or not list(folder.glob("*.safetensors")):
+        return None
+    try:
+        return DecoderConfig.covering(raw)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: DecoderConfig, index: int) -> None:
+        super().__init__()
+        hidden, heads, kv_heads, width = (
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
+        self.index, self.width, self.scale = index, width, width**-0.5
+        self.q_proj = nn.Linear(hidden, heads * width, bias=config.attention_bias)
+        self.k_proj = nn.Linear(hidden, kv_heads * width, bias=config.attention_bias)
+        self.v_proj = nn.Linear(hidden, kv_heads * width, bias=config.attention_bias)
+        self.o_proj = nn.Linear(heads * width, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any) -> torch.Tensor:
+        shape = (*x.shape[:-1], -1, self.width)  # (1, T, heads, width)
+        query = _rotated(self.q_proj(x).view(shape).transpose(1, 2), cos, sin)
+        key = _rotated(self.k_proj(x).view(shape).transpose(1, 2), cos, sin)
+        value = self.v_proj(x).view(shape).transpose(1, 2)
+        key, value = cache.update(key, value, self.index)
+        output, _ = invariant.invariant_attention(self, query, key, value, None, scaling=self.scale)
+        return self.o_proj(output.reshape(*x.shape[:-1], -1))
+
+
+def _rotated(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE as transformers applies it: (1, H, T, D) states, (1, 1, T, D) cos and sin."""
+    half = states.shape[-1] // 2
+    turned = torch.cat((-states[..., half:], states[..., :half]), dim=-1)
+    return (states * cos) + (turned * sin)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: DecoderConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, config: DecoderConfig, index: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(config, index)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Body(nn.Module):
+    def __init__(self, config: DecoderConfig) -> None:
+        super().__init__()
+        # from an empty table: `nn.Embedding`'s own random one would import torch's compiler (1 s) on "meta"
+        table = torch.empty(config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding.from_pretrained(table, freeze=True)
+        self.layers = nn.ModuleList(Layer(config, index) for index in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+@dataclass
+class Output:
+    logits: torch.Tensor  # (1, T, V)
+
+
+@dataclass
+class GenerationConfig:
+    eos_token_id: int | list[int] | None  # `generation_config.json`'s, else `config.json`'s
+
+
+class Decoder(nn.Module):
+    """A causal LM of the Llama family: `model(input_ids=(1, T), cache=..., logits_to_keep=k).logits`."""
+
+    invariant_attention = True  # its attention is `invariant.invariant_attention`, always
+
+    def __init__(self, config: DecoderConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = Body(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.cos, self.sin = rotary_table(config, config.max_position_embeddings)
+        self.generation_config = GenerationConfig(config.raw.get("eos_token_id"))
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.norm.weight.device
+
+    @property
+    def base_model(self) -> Body:
+        return self.model
+
+    def new_cache(self) -> KVCache:
+        return KVCache()
+
+    def transformers_twin(self) -> Any:
+        return transformers_twin(self)
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, embedding: nn.Module) -> None:
+        self.model.embed_tokens = embedding
+
+    def forward(self, input_ids: torch.Tensor, cache: Any = None, logits_to_keep: int = 0, **_: Any) -> Output:
+        """`cache` (a `KVCache`, or anything with its `update` and `get_seq_length`) grows by the forward's
+        positions; without one, a new one is made and dropped."""
+        cache = KVCache() if cache is None else cache
+        start = int(cache.get_seq_length())
+        positions = slice(start, start + input_ids.shape[1])
+        dtype = self.model.norm.weight.dtype
+        cos, sin = (table[positions].to(dtype)[None, None] for table in (self.cos, self.sin))  # (1, 1, T, D)
+        x = self.model.embed_tokens(input_ids)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, cache)
+        x = self.model.norm(x)
+        return Output(self.lm_head(x[:, -logits_to_keep:, :]))
+
+
+def rotary_table(config: DecoderConfig, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every position's cos and sin, computed once and as transformers computes them, in float32: (L, D)."""
+    width = config.head_dim
+    even = torch.arange(0, width, 2, dtype=torch.int64, device="cpu").to(torch.float)
+    inverse = 1.0 / (config.rope_theta ** (even / width))
+    angles = torch.arange(length, dtype=torch.float, device="cpu")[:, None] * inverse[None, :]  # (L, D/2)
+    both = torch.cat((angles, angles), dim=-1)
+    return both.cos(), both.sin()
+
+
+def load(folder: Path, config: DecoderConfig, dtype: torch.dtype | str) -> Decoder:
+    """The model of `folder` (its safetensors, memory-mapped), its weights in `dtype` ("auto": as stored)."""
+    from safetensors import safe_open
+
+    with torch.device("meta"):
+        model = Decoder(config)
+    weights: dict[str, torch.Tensor] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as stored:
+            for name in stored.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                weights[name] = stored.get_tensor(name)
+    if config.tie_word_embeddings or "lm_head.weight" not in weights:
+        weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+    if dtype != "auto":
+        weights = {name: tensor.to(dtype) for name, tensor in weights.items()}
+    missing = {name for name, _ in model.named_parameters()} - set(weights)
+    if missing:
+        raise ValueError(f"the weights lack {', '.join(sorted(missing)[:3])}")
+    model.load_state_dict(weights, strict=False, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # none, or unreadable: config.json's stays
+        generation = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
+        model.generation_config = GenerationConfig(generation.get("eos_token_id", model.generation_config.eos_token_id))
+    return model.eval()
+
+
+def transformers_twin(model: Decoder) -> Any:
+    """A model of transformers' own class for `model`'s config, on `model`'s modules (its linear layers,
+    in whatever form they are, and its embedding: shared, not copied) and its norms' weights: what a user
+    of transformers runs, for a peer's baseline (`invariant.stock_kernels`)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    raw = model.config.to_dict()
+    raw.setdefault("model_type", "qwen2" if raw["architectures"][0] == "Qwen2ForCausalLM" else "llama")
+    config = AutoConfig.for_model(raw.pop("model_type"), **raw)
+    with torch.device("meta"):
+        twin: Any = AutoModelForCausalLM.from_config(config)
+    for name, module in model.named_modules():
+        parent, _, child = name.rpartition(".")
+        if isinstance(module, RMSNorm):
+            twin.get_submodule(name).weight = module.weight
+            twin.get_submodule(name).variance_epsilon = module.eps
+        elif name and not list(module.children()):  # a linear layer (any kind), the embedding
+            setattr(twin.get_submodule(parent), child, module)
+    with torch.device(model.device):
+        twin.model.rotary_emb = type(twin.model.rotary_emb)(config=config)  # its frequencies, off "meta"
+    twin.generation_config.eos_token_id = model.generation_config.eos_token_id
+    twin.set_attn_implementation("sdpa")
+    return twin.eval()

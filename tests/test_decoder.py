@@ -1,0 +1,71 @@
+"""specedit's own forward of the Llama family (`model.decoder`) against transformers' on the same weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from specedit.engine.model import decoder
+from specedit.engine.model.loading import load_model
+
+from conftest import build_model
+
+
+def saved(architecture: str, folder: Path, **config: Any) -> Any:
+    model = build_model(architecture, 300, seed=5, layers=3)
+    for key, value in config.items():
+        setattr(model.config, key, value)
+    model.save_pretrained(folder)
+    return model
+
+
+@pytest.mark.parametrize("architecture", ["qwen2", "llama"])
+def test_the_decoder_computes_what_transformers_computes(architecture: str, tmp_path: Path) -> None:
+    reference = saved(architecture, tmp_path)
+    config = decoder.covered(tmp_path)
+    assert config is not None and config.num_hidden_layers == 3
+    model = decoder.load(tmp_path, config, torch.float64)
+    ids = torch.randint(0, 300, (1, 70), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        expected = reference(ids).logits
+        cache = model.new_cache()
+        pieces = [model(ids[:, start:stop], cache).logits for start, stop in ((0, 40), (40, 41), (41, 70))]
+        assert cache.get_seq_length() == 70 and [layer.length() for layer in cache.layers] == [70, 70, 70]
+        last = model(ids, model.new_cache(), logits_to_keep=1).logits
+    torch.testing.assert_close(torch.cat(pieces, dim=1), expected, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(last, expected[:, -1:], rtol=1e-10, atol=1e-10)
+
+
+def test_what_the_decoder_does_not_cover_loads_with_transformers(tmp_path: Path) -> None:
+    saved("gpt2", tmp_path / "gpt2")
+    assert decoder.covered(tmp_path / "gpt2") is None
+    loaded = load_model(str(tmp_path / "gpt2"), dtype="float32", weights="float", device="cpu", target=False)
+    assert type(loaded.model).__name__ == "GPT2LMHeadModel"
+    saved("qwen2", tmp_path / "window", use_sliding_window=True, sliding_window=16, max_window_layers=0)
+    assert decoder.covered(tmp_path / "window") is None
+    saved("llama", tmp_path / "scaled", rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4})
+    assert decoder.covered(tmp_path / "scaled") is None
+    assert decoder.covered(tmp_path / "nothing-here") is None
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    assert decoder.covered(tmp_path / "broken") is None
+
+
+def test_a_decoder_reads_its_end_tokens_and_lacks_no_weight(tmp_path: Path) -> None:
+    saved("qwen2", tmp_path)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 8]}))
+    config = decoder.covered(tmp_path)
+    assert config is not None
+    assert decoder.load(tmp_path, config, "auto").generation_config.eos_token_id == [7, 8]
+    from safetensors.torch import load_file, save_file
+
+    (file,) = tmp_path.glob("*.safetensors")
+    weights = load_file(file)
+    del weights["model.layers.1.mlp.up_proj.weight"]
+    save_file(weights, file)
+    with pytest.raises(ValueError, match="up_proj"):
+        decoder.load(tmp_path, config, "auto")
