@@ -47,8 +47,8 @@ def main() -> None:
         prompt = RewritePrompt(case["before"], case["instruction"], None, case["language"])
         text = build_prompt(loaded.tokenizer, prompt)
         answer = case["after"] + ("" if case["after"].endswith("\n") else "\n") + prompt.fence
-        start = len(loaded.tokenizer(text)["input_ids"])
-        ids = torch.tensor([loaded.tokenizer(text + answer)["input_ids"]])
+        start = len(loaded.tokenizer.encode(text))
+        ids = torch.tensor([loaded.tokenizer.encode(text + answer)])
         expected = ids[0, start:]
         logits = {}
         with torch.inference_mode():

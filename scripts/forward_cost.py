@@ -62,7 +62,7 @@ def main() -> None:
             forward_ids = ids[context_length : context_length + size]
             invariant_times, stock_times = [], []
             with torch.inference_mode():
-                cache = loaded.new_cache()
+                cache = DynamicCache()  # transformers' own takes it, and so does specedit's (`model.decoder`)
                 loaded.forward(ids[:context_length], cache, logits_to_keep=1)  # the same for both
                 for _ in range(args.repeats):
                     seconds, invariant_row = timed_forward(loaded, cache, forward_ids)

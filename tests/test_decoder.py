@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -69,3 +71,24 @@ def test_a_decoder_reads_its_end_tokens_and_lacks_no_weight(tmp_path: Path) -> N
     save_file(weights, file)
     with pytest.raises(ValueError, match="up_proj"):
         decoder.load(tmp_path, config, "auto")
+
+
+def test_a_second_load_of_a_covered_model_imports_no_transformers(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Start-up: the model's forward (`model.decoder`), its cache and its kept tokenizer need nothing of
+    transformers, whose import costs 2 s of a one-off rewrite's start (the first load imports it to build
+    the tokenizer it keeps)."""
+    script = (
+        "import sys; from pathlib import Path; from specedit.engine.model.loading import load_model; "
+        f"loaded = load_model({str(tiny_model_dir)!r}, dtype='float32', weights='float', device='cpu', "
+        f"kept_folder=Path({str(tmp_path)!r})); "
+        "assert type(loaded.model).__name__ == 'Decoder'; "
+        "assert loaded.tokenizer.encode('def f(x):') and loaded.tokenizer.apply_chat_template("
+        "[{'role': 'user', 'content': 'x'}], add_generation_prompt=True); "
+        "print(sorted(name for name in sys.modules if name.split('.')[0] == 'transformers')[:3])"
+    )
+    outputs = [
+        subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+        for _ in range(2)
+    ]
+    assert outputs[0].strip() != "[]"  # the first built the tokenizer with transformers, and kept it
+    assert outputs[1].strip() == "[]"

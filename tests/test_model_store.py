@@ -29,6 +29,8 @@ from specedit.engine.errors import ModelLoadError, SpeceditError
 from specedit.engine.ops import model_store as ms
 from specedit.engine.ops.model_store import ModelSpec, ModelStoreError
 
+from conftest import build_tokenizer
+
 VERSION = "0.1.0"
 
 
@@ -834,12 +836,36 @@ def test_a_tokenizer_as_built_is_kept_and_read_back_alike(tiny_model_dir: Path, 
 
 
 def assert_same_tokenizer(tokenizer: Any, reference: Any) -> None:
+    """The same ids, text (special tokens kept and skipped), vocabulary, special tokens and chat prompt."""
     for text in TEXTS:
         ids = reference.encode(text)
-        assert tokenizer.convert_ids_to_tokens(tokenizer.encode(text)) == reference.convert_ids_to_tokens(ids), text
-        assert tokenizer.decode(ids) == reference.decode(ids)
-    for attribute in ("eos_token_id", "pad_token_id", "all_special_ids", "chat_template", "model_max_length"):
+        assert tokenizer.encode(text) == ids, text
+        for skip in (False, True):
+            assert tokenizer.decode(ids, skip_special_tokens=skip) == reference.decode(ids, skip_special_tokens=skip)
+    for attribute in ("eos_token_id", "pad_token_id", "chat_template", "model_max_length"):
         assert getattr(tokenizer, attribute) == getattr(reference, attribute), attribute
+    assert len(tokenizer) == len(reference) and tokenizer.get_vocab() == reference.get_vocab()
+    if reference.chat_template:
+        messages = [{"role": "system", "content": TEXTS[1]}, {"role": "user", "content": TEXTS[0]}]
+        prompts = [
+            t.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) for t in (tokenizer, reference)
+        ]
+        assert prompts[0] == prompts[1]
+
+
+def test_a_tokenizer_whose_template_needs_transformers_is_not_kept(tmp_path: Path) -> None:
+    """A chat template that needs more than the environment `KeptTokenizer` renders in (transformers'
+    `{% generation %}` tag): the tokenizer is not kept, and every load builds it."""
+    from specedit.engine.model.loading import load_tokenizer
+
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = "{% for m in messages %}{% generation %}{{ m['content'] }}{% endgeneration %}{% endfor %}"
+    tokenizer.save_pretrained(tmp_path / "model")
+    for _ in range(2):
+        loaded = load_tokenizer(str(tmp_path / "model"), {}, tmp_path / "kept")
+        assert type(loaded).__name__ != "KeptTokenizer"
+        assert loaded.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False) == "x"
+    assert not list((tmp_path / "kept").glob("tokenizer-*[0-9a-f].json"))
 
 
 def test_model_list_says_what_loads_keep(

@@ -135,7 +135,8 @@ class Attention(nn.Module):
         value = self.v_proj(x).view(shape).transpose(1, 2)
         key, value = cache.update(key, value, self.index)
         output, _ = invariant.invariant_attention(self, query, key, value, None, scaling=self.scale)
-        return self.o_proj(output.reshape(*x.shape[:-1], -1))
+        projected: torch.Tensor = self.o_proj(output.reshape(*x.shape[:-1], -1))
+        return projected
 
 
 def _rotated(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -153,7 +154,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        output: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return output
 
 
 class Layer(nn.Module):
@@ -166,7 +168,8 @@ class Layer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        output: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return output
 
 
 class Body(nn.Module):
@@ -174,7 +177,7 @@ class Body(nn.Module):
         super().__init__()
         # from an empty table: `nn.Embedding`'s own random one would import torch's compiler (1 s) on "meta"
         table = torch.empty(config.vocab_size, config.hidden_size)
-        self.embed_tokens = nn.Embedding.from_pretrained(table, freeze=True)
+        self.embed_tokens = nn.Embedding.from_pretrained(table, freeze=True)  # type: ignore[no-untyped-call]
         self.layers = nn.ModuleList(Layer(config, index) for index in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -217,7 +220,8 @@ class Decoder(nn.Module):
         return transformers_twin(self)
 
     def get_input_embeddings(self) -> nn.Module:
-        return self.model.embed_tokens
+        embedding: nn.Module = self.model.embed_tokens
+        return embedding
 
     def set_input_embeddings(self, embedding: nn.Module) -> None:
         self.model.embed_tokens = embedding
@@ -284,7 +288,7 @@ def transformers_twin(model: Decoder) -> Any:
     raw.setdefault("model_type", "qwen2" if raw["architectures"][0] == "Qwen2ForCausalLM" else "llama")
     config = AutoConfig.for_model(raw.pop("model_type"), **raw)
     with torch.device("meta"):
-        twin: Any = AutoModelForCausalLM.from_config(config)
+        twin: Any = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
     for name, module in model.named_modules():
         parent, _, child = name.rpartition(".")
         if isinstance(module, RMSNorm):

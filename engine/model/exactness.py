@@ -33,6 +33,7 @@ variables, the versions of torch and transformers, and the source of this module
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -176,8 +177,6 @@ def remember(loaded: Any, verdicts: Path) -> None:
 
 def fingerprint(loaded: Any) -> str:
     """A digest of everything that chooses the kernels a forward of `loaded` runs (module docstring)."""
-    import transformers
-
     modules = (invariant.__file__, kernels.__file__, kernels.SOURCE, quantized.__file__, __file__)
     sources = [Path(path).read_bytes() for path in modules if path]
     config = {key: value for key, value in loaded.model.config.to_dict().items() if key != "_name_or_path"}
@@ -190,7 +189,7 @@ def fingerprint(loaded: Any) -> str:
         "cpu": cpu_model() + " " + " ".join(sorted(cpu_flags())),
         "kernels": kernel_description(),
         "steering": {name: os.environ.get(name) for name in KERNEL_ENV},
-        "versions": [torch.__version__, transformers.__version__],
+        "versions": [torch.__version__, importlib.metadata.version("transformers")],
         "sources": [hashlib.sha256(source).hexdigest() for source in sources],
     }
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:32]

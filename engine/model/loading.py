@@ -6,6 +6,7 @@ import contextlib
 import ctypes
 import gc
 import hashlib
+import importlib.metadata
 import inspect
 import json
 import logging
@@ -20,6 +21,7 @@ import torch
 
 from specedit.engine.errors import ModelLoadError
 from specedit.engine.model import decoder, exactness, invariant, kernels, kv_cache, quantized
+from specedit.engine.model.tokenizer import KeptTokenizer
 from specedit.engine.options import DTYPE_CHOICES
 
 log = logging.getLogger(__name__)
@@ -135,6 +137,9 @@ class LoadedModel:
         return logits
 
 
+# `SPECEDIT_DECODER=transformers`: transformers' model classes even where `model.decoder` covers the model.
+DECODER_VARIABLE = "SPECEDIT_DECODER"
+
 # What ATen dispatches to (its CPU capability, which follows ATEN_CPU_CAPABILITY) where `weights="auto"`
 # takes int8 (see `int8_weights`): measured faster end to end on both (README, "int8 weights").
 AUTO_INT8_CAPABILITIES = ("AVX2", "AVX512")
@@ -194,7 +199,7 @@ def load_model(
     stored = "auto" if pack or int8 else torch_dtype
     try:
         tokenizer = load_tokenizer(source, kwargs, kept_folder)
-        own = None if kwargs or os.environ.get("SPECEDIT_DECODER") == "transformers" else decoder.covered(Path(source))
+        own = None if kwargs or os.environ.get(DECODER_VARIABLE) == "transformers" else decoder.covered(Path(source))
         if own is not None:
             model: Any = decoder.load(Path(source), own, stored)
         else:
@@ -220,27 +225,29 @@ def load_model(
 def load_tokenizer(source: str, kwargs: dict[str, Any], kept_folder: Path | None = None) -> Any:
     """The tokenizer of a model folder (or a GGUF, a hub id: `kwargs`), as `AutoTokenizer` builds it.
 
-    That takes 0.75-1.0 s for the default model at every start: it parses the 11 MB `tokenizer.json` in
-    Python and builds the tokenizer again from its vocabulary, in its class's own way (Qwen2's adds the
-    NFC normalization that the saved file lacks, and a padding token). In `kept_folder`, the tokenizer so
-    built is kept (its `tokenizers` pipeline whole, and its special tokens and chat template) and read
-    back in 0.3 s; it is kept only if, read back, it tokenizes probe texts as the built one does.
+    That takes 0.75-1.0 s for the default model at every start, and 0.5 s more to import transformers: it
+    parses the 11 MB `tokenizer.json` in Python and builds the tokenizer again from its vocabulary, in its
+    class's own way (Qwen2's adds the NFC normalization that the saved file lacks, and a padding token). In
+    `kept_folder`, the tokenizer so built is kept (its `tokenizers` pipeline whole, and its special tokens
+    and chat template) and read back as a `KeptTokenizer` in 0.2 s, with no transformers; it is kept only
+    if, read back, it tokenizes, decodes and renders probes as the built one does.
     """
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
     files = [Path(source) / "tokenizer.json", Path(source) / "tokenizer_config.json"]
     if kwargs or kept_folder is None or not all(file.is_file() for file in files):
+        from transformers import AutoTokenizer
+
         return AutoTokenizer.from_pretrained(source, **kwargs)
-    pipeline = kept_file(kept_folder, "tokenizer", files, "json")
+    pipeline = kept_file(kept_folder, "tokenizer", files, "json", Path(inspect.getfile(KeptTokenizer)).read_bytes())
     settings = pipeline.with_suffix(".settings.json")
 
-    def read_kept() -> Any:
-        kept_settings = json.loads(settings.read_text())
-        return PreTrainedTokenizerFast(tokenizer_file=str(pipeline), **kept_settings)  # type: ignore[no-untyped-call]
+    def read_kept() -> KeptTokenizer:
+        return KeptTokenizer(pipeline, json.loads(settings.read_text()))
 
     if pipeline.is_file() and settings.is_file():
         with contextlib.suppress(Exception):  # a damaged file: built again below
             return read_kept()
+    from transformers import AutoTokenizer
+
     built = AutoTokenizer.from_pretrained(source)
     if settings.is_file() and not pipeline.is_file():  # found not to read back alike: not tried again
         return built
@@ -251,7 +258,9 @@ def load_tokenizer(source: str, kwargs: dict[str, Any], kept_folder: Path | None
         if not _tokenize_alike(read_kept(), built):
             pipeline.unlink()
             log.info("the tokenizer of %s is not kept: read back, it tokenizes otherwise", source)
-    except (OSError, AttributeError, TypeError) as error:  # not a `tokenizers` one (no backend), no room
+    except Exception as error:  # not a `tokenizers` one (no backend), no room, a template it cannot render
+        with contextlib.suppress(OSError):
+            pipeline.unlink(missing_ok=True)
         log.info("the tokenizer of %s is not kept: %s", source, error)
     return built
 
@@ -296,16 +305,28 @@ def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:
         writing.unlink(missing_ok=True)
 
 
-PROBES = ("def f(x):\n    return x  # \u00e9 e\u0301 \ufb01\n", "<|endoftext|>\r\n\t\u2028 A\uff21")
+PROBES = (
+    "def f(x):\n    return x  # \u00e9 e\u0301 \ufb01\n",
+    "<|endoftext|>\r\n\t\u2028 A\uff21",
+    "a , b . c 's d n't ?",  # what transformers' clean-up of spaces would change
+)
+PROBE_CHAT = [{"role": "system", "content": 'Be "brief" <b>.'}, {"role": "user", "content": PROBES[0]}]
 
 
-def _tokenize_alike(tokenizer: Any, reference: Any) -> bool:
-    """Whether two tokenizers give the same ids, text and special tokens on `PROBES` and the chat template."""
-    same = all(tokenizer.encode(text) == reference.encode(text) for text in PROBES)
-    ids = reference.encode(PROBES[0])
-    same = same and tokenizer.decode(ids) == reference.decode(ids)
-    attributes = ("eos_token_id", "pad_token_id", "all_special_ids", "chat_template")
-    return same and all(getattr(tokenizer, name) == getattr(reference, name) for name in attributes)
+def _tokenize_alike(kept: KeptTokenizer, reference: Any) -> bool:
+    """Whether a kept tokenizer gives the reference's ids, text (special tokens kept or skipped), vocabulary,
+    end and padding tokens, and chat prompt on `PROBES` and `PROBE_CHAT`."""
+    same = all(kept.encode(text, add_special_tokens=False) == reference.encode(text, add_special_tokens=False)
+               for text in PROBES)  # fmt: skip
+    ids = reference.encode("".join(PROBES))
+    for skip in (False, True):
+        same = same and kept.decode(ids, skip_special_tokens=skip) == reference.decode(ids, skip_special_tokens=skip)
+    same = same and len(kept) == len(reference) and kept.get_vocab() == reference.get_vocab()
+    same = same and (kept.eos_token_id, kept.pad_token_id) == (reference.eos_token_id, reference.pad_token_id)
+    if reference.chat_template is None:
+        return same and kept.chat_template is None
+    prompts = [t.apply_chat_template(PROBE_CHAT, tokenize=False, add_generation_prompt=True) for t in (kept, reference)]
+    return same and prompts[0] == prompts[1]
 
 
 def kept_file(folder: Path, kind: str, sources: list[Path], suffix: str, derived_by: bytes = b"") -> Path:
@@ -314,12 +335,10 @@ def kept_file(folder: Path, kind: str, sources: list[Path], suffix: str, derived
     versions of torch and transformers, and `derived_by`: the int8 weights' quantizing kernel), so that a
     change of any derives it again. Older ones of the same kind and model are removed as this one is
     named (and files named after it: `NAME.settings.json`, `NAME.tmp-PID`)."""
-    import transformers
-
     paths = sorted(str(source.resolve()) for source in sources)
     model = hashlib.sha256(f"{kind}\0{paths}".encode()).hexdigest()[:12]
     stats = [(stat.st_size, stat.st_mtime_ns) for stat in (source.stat() for source in sorted(sources))]
-    versions = f"{stats}\0{torch.__version__}\0{transformers.__version__}".encode()
+    versions = f"{stats}\0{torch.__version__}\0{importlib.metadata.version('transformers')}".encode()
     key = hashlib.sha256(versions + b"\0" + derived_by).hexdigest()[:16]
     chosen = folder / f"{kind}-{model}-{key}.{suffix}"
     for old in folder.glob(f"{kind}-{model}-*"):
