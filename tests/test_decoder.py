@@ -92,3 +92,47 @@ def test_a_second_load_of_a_covered_model_imports_no_transformers(tiny_model_dir
     ]
     assert outputs[0].strip() != "[]"  # the first built the tokenizer with transformers, and kept it
     assert outputs[1].strip() == "[]"
+
+
+def test_the_cache_grows_in_buckets_with_zeros_past_what_it_holds() -> None:
+    from specedit.engine.model import kv_cache
+    from specedit.engine.model.invariant import KV_BUCKET
+
+    cache = kv_cache.KVCache()
+    states = [torch.randn(1, 2, size, 8, dtype=torch.float64) for size in (70, 1, 300)]
+    keys, values = cache.update(states[0], -states[0], 0)
+    assert keys.shape[-2] == 2 * KV_BUCKET and torch.equal(keys[..., :70, :], states[0])
+    assert not keys[..., 70:, :].any() and torch.equal(values[..., :70, :], -states[0])
+    cache.update(states[1], -states[1], 0)
+    keys, _ = cache.update(states[2], -states[2], 0)  # past the spare room: copied into a larger buffer
+    assert cache.get_seq_length() == 371 and keys.shape[-2] == 384 and not keys[..., 371:, :].any()
+    assert torch.equal(cache.layers[0].keys, torch.cat(states, dim=-2))
+    kv_cache.rollback(cache, 65)
+    assert cache.get_seq_length() == 65 and torch.equal(cache.layers[0].keys, states[0][..., :65, :])
+    keys, _ = cache.update(states[1], -states[1], 0)
+    assert keys.shape[-2] == 2 * KV_BUCKET and not keys[..., 66:, :].any()  # the dropped positions are zeros
+    before = kv_cache.nbytes(cache)
+    kv_cache.compact(cache)
+    assert kv_cache.nbytes(cache) < before and torch.equal(cache.layers[0].values[..., 65:, :], -states[1])
+    copy = kv_cache.copy_prefix(cache, 30)
+    assert type(copy) is kv_cache.KVCache and torch.equal(copy.layers[0].keys, states[0][..., :30, :])
+
+
+def test_a_forward_on_the_decoders_cache_is_a_forward_on_transformers_cache(tiny_model_dir: Path) -> None:
+    """Bit for bit, in float32 on the engine's kernels, across the cache's growth and a rollback."""
+    from transformers import DynamicCache
+
+    from specedit.engine.model import kv_cache
+
+    loaded = load_model(str(tiny_model_dir), dtype="float32", weights="auto", device="cpu")
+    ids = torch.randint(0, loaded.model.config.vocab_size, (700,), generator=torch.Generator().manual_seed(2)).tolist()
+    rows = []
+    for cache in (loaded.new_cache(), DynamicCache()):
+        with torch.inference_mode():
+            logits = [loaded.forward(ids[:100], cache)]
+            for start, stop in ((100, 101), (101, 420), (420, 437)):
+                logits.append(loaded.forward(ids[start:stop], cache))
+            kv_cache.rollback(cache, 405)
+            logits.append(loaded.forward(ids[405:700], cache))
+        rows.append(torch.cat(logits))
+    assert torch.equal(rows[0], rows[1])

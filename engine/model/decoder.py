@@ -128,13 +128,14 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(hidden, kv_heads * width, bias=config.attention_bias)
         self.o_proj = nn.Linear(heads * width, hidden, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, first: int) -> torch.Tensor:
+        """`first`: the position of x's first row (what the cache held before)."""
         shape = (*x.shape[:-1], -1, self.width)  # (1, T, heads, width)
         query = _rotated(self.q_proj(x).view(shape).transpose(1, 2), cos, sin)
         key = _rotated(self.k_proj(x).view(shape).transpose(1, 2), cos, sin)
         value = self.v_proj(x).view(shape).transpose(1, 2)
-        key, value = cache.update(key, value, self.index)
-        output, _ = invariant.invariant_attention(self, query, key, value, None, scaling=self.scale)
+        key, value = cache.update(key, value, self.index)  # all it holds, and perhaps zeros after (`KVCache`)
+        output = invariant.attention(query, key, value, first, self.scale)
         projected: torch.Tensor = self.o_proj(output.reshape(*x.shape[:-1], -1))
         return projected
 
@@ -166,8 +167,8 @@ class Layer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, first: int) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, first)
         output: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
         return output
 
@@ -236,7 +237,7 @@ class Decoder(nn.Module):
         cos, sin = (table[positions].to(dtype)[None, None] for table in (self.cos, self.sin))  # (1, 1, T, D)
         x = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
-            x = layer(x, cos, sin, cache)
+            x = layer(x, cos, sin, cache, start)
         x = self.model.norm(x)
         return Output(self.lm_head(x[:, -logits_to_keep:, :]))
 

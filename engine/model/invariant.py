@@ -236,15 +236,25 @@ def invariant_attention(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    first = kv_length - q_length  # position of the first query
-    head_dim = query.shape[-1]
+    return attention(query, key, value, kv_length - q_length, scaling), None
+
+
+def attention(
+    query: torch.Tensor,  # (1, H, q, D): positions first .. first + q - 1
+    key: torch.Tensor,  # (1, H_kv, kv, D): positions 0 .. first + q - 1 at least; any past them are zeros
+    value: torch.Tensor,  # (1, H_kv, kv, D)
+    first: int,
+    scaling: float | None = None,
+) -> torch.Tensor:
+    """Causal attention of one sequence's queries, row-invariantly (module docstring): (1, q, H, D)."""
+    q_length, head_dim = query.shape[2], query.shape[-1]
     scale = scaling if scaling is not None else head_dim**-0.5
     if query.dtype == torch.float32 and kernels.loaded():
-        return _attention_on_own_kernels(query, key, value, first, scale), None
+        return _attention_on_own_kernels(query, key, value, first, scale)
     if head_dim < MIN_HEAD_DIM:  # zeros change no dot product; the extra output columns are dropped below
         query, key, value = (F.pad(states, (0, MIN_HEAD_DIM - head_dim)) for states in (query, key, value))
     outputs = []
-    for start, stop in _query_calls(first, kv_length):
+    for start, stop in _query_calls(first, first + q_length):
         keys = _kv_length(stop - 1)
         rows = list(range(start, stop)) + [stop - 1] * (MIN_QUERY_ROWS - (stop - start))
         positions = torch.tensor(rows, device=query.device)
@@ -258,7 +268,7 @@ def invariant_attention(
             enable_gqa=key.shape[1] != query.shape[1],
         )
         outputs.append(output[:, :, : stop - start, :head_dim])
-    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
+    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous()
 
 
 def _attention_on_own_kernels(

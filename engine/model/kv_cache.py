@@ -15,6 +15,8 @@ from typing import Any, cast
 
 import torch
 
+from specedit.engine.model.invariant import KV_BUCKET
+
 Cache = Any  # a `KVCache` (for `model.decoder`'s models), or transformers' `DynamicCache` (for its own)
 
 
@@ -29,28 +31,74 @@ def new_cache(model: Any) -> Any:
 
 
 class KVLayer:
-    """One layer's keys and values: (1, H_kv, positions, D) each, None until the first update."""
+    """One layer's keys and values in a buffer of (1, H_kv, capacity, D) each, grown in whole buckets of the
+    attention's key lengths (`invariant.KV_BUCKET`) and zeros past the positions it holds: the attention
+    reads the keys of a bucket as a view, where it would otherwise copy them padded with zeros."""
 
     def __init__(self) -> None:
-        self.keys: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
+        self._keys: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None
+        self._length = 0
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return None if self._keys is None else self._keys[..., : self._length, :]
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return None if self._values is None else self._values[..., : self._length, :]
 
     def length(self) -> int:
-        return 0 if self.keys is None else int(self.keys.shape[-2])
+        return self._length
 
     def crop(self, keep: int) -> None:
-        """Keep the first `keep` positions; a negative `keep` drops that many from the end (as
-        transformers' `DynamicCache` layers do)."""
-        if self.keys is None or self.values is None:
-            return
-        keep = keep if keep >= 0 else self.length() + keep
-        self.keys, self.values = self.keys[..., :keep, :], self.values[..., :keep, :]
+        """Keep the first `keep` positions; a negative `keep` drops that many from the end (as transformers'
+        `DynamicCache` layers do). The dropped ones are zeroed."""
+        keep = keep if keep >= 0 else self._length + keep
+        if self._keys is not None and self._values is not None and keep < self._length:
+            self._keys[..., keep : self._length, :] = 0
+            self._values[..., keep : self._length, :] = 0
+        self._length = min(self._length, max(keep, 0))
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add a forward's keys and values; returns the buffers up to the end of the bucket the last
+        position falls in (zeros past the positions held)."""
+        end = self._length + keys.shape[-2]
+        if self._keys is None or self._values is None or self._keys.shape[-2] < end:
+            self._resize(_buckets(end) + SPARE_POSITIONS, keys)
+        assert self._keys is not None and self._values is not None
+        self._keys[..., self._length : end, :] = keys
+        self._values[..., self._length : end, :] = values
+        self._length = end
+        bucket = _buckets(end)
+        return self._keys[..., :bucket, :], self._values[..., :bucket, :]
+
+    def compact(self) -> None:
+        """The buffers cut to the bucket holding the last position (a kept cache's spare room freed)."""
+        if self._keys is not None and self._keys.shape[-2] > _buckets(self._length):
+            self._resize(_buckets(self._length), self._keys)
+
+    def _resize(self, capacity: int, like: torch.Tensor) -> None:
+        shape = (*like.shape[:-2], capacity, like.shape[-1])
+        keys, values = (like.new_zeros(shape) for _ in range(2))
+        if self._keys is not None and self._values is not None:
+            keys[..., : self._length, :] = self._keys[..., : self._length, :]
+            values[..., : self._length, :] = self._values[..., : self._length, :]
+        self._keys, self._values = keys, values
+
+
+SPARE_POSITIONS = 4 * KV_BUCKET  # room to grow into before the buffers are copied into larger ones
+
+
+def _buckets(positions: int) -> int:
+    """`positions` rounded up to whole attention buckets."""
+    return -(-positions // KV_BUCKET) * KV_BUCKET
 
 
 class KVCache:
-    """The keys and values of every layer, grown a forward at a time: what `DynamicCache` does for the
-    calls `model.decoder` and this module make (`update`, `get_seq_length`, `layers`), without
-    transformers."""
+    """The keys and values of every layer (`KVLayer`), for `model.decoder`'s models: what `DynamicCache`
+    does for the calls the decoder and this module make (`update`, `get_seq_length`, `layers`), without
+    transformers, and with no copy of the cache at every forward."""
 
     def __init__(self) -> None:
         self.layers: list[KVLayer] = []
@@ -59,16 +107,10 @@ class KVCache:
         return self.layers[index].length() if index < len(self.layers) else 0
 
     def update(self, keys: torch.Tensor, values: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append a forward's keys and values to layer `index`; returns all the layer holds."""
+        """Append a forward's keys and values to layer `index` (`KVLayer.append`)."""
         while len(self.layers) <= index:
             self.layers.append(KVLayer())
-        layer = self.layers[index]
-        if layer.keys is None or layer.values is None:
-            layer.keys, layer.values = keys, values
-        else:
-            layer.keys = torch.cat([layer.keys, keys], dim=-2)
-            layer.values = torch.cat([layer.values, values], dim=-2)
-        return layer.keys, layer.values
+        return self.layers[index].append(keys, values)
 
 
 def length(cache: Cache) -> int:
@@ -116,6 +158,9 @@ def compact(cache: Cache) -> None:
     """Copy each layer's keys and values into storage of their own size: after a rollback they are views
     of the longer tensors they were cropped from, which a kept cache would otherwise hold on to."""
     for layer in cache.layers:
+        if isinstance(layer, KVLayer):
+            layer.compact()
+            continue
         for name in ("keys", "values"):
             states = getattr(layer, name, None)
             if isinstance(states, torch.Tensor) and states.untyped_storage().nbytes() > states.nbytes:
