@@ -136,3 +136,27 @@ def test_a_forward_on_the_decoders_cache_is_a_forward_on_transformers_cache(tiny
             logits.append(loaded.forward(ids[405:700], cache))
         rows.append(torch.cat(logits))
     assert torch.equal(rows[0], rows[1])
+
+
+def test_the_peer_baseline_of_a_decoder_model_runs_transformers_class_and_gives_it_back(tiny_model_dir: Path) -> None:
+    """The bench's plain-stock (`as_transformers_runs_it`) on a model of specedit's own forward: the
+    transformers class on the same weights, with no kept prefix (the engine's, in specedit's own cache,
+    would not fit it); afterwards the engine is as it was, its kept prefix too."""
+    from specedit.engine.loop.rewrite import prepare_rewrite, run_rewrite
+    from specedit.engine.ops.bench import as_transformers_runs_it
+    from specedit.engine.options import EngineOptions
+    from specedit.engine.requests import RewriteRequest
+    from specedit.engine.session import LocalSession
+
+    session = LocalSession(EngineOptions(model=str(tiny_model_dir)))
+    engine = session.load()
+    original = "def add(a, b):\n    return a + b\n"
+    request = RewriteRequest(original, instruction="Rename add to plus.", language="python", max_new_tokens=12)
+    ours = session.run(request)
+    assert isinstance(engine.model, decoder.Decoder) and engine.prefix_cache is not None and len(engine.prefix_cache)
+    with as_transformers_runs_it(engine):
+        assert type(engine.model).__name__ == "Qwen2ForCausalLM" and engine.prefix_cache is None
+        stock = run_rewrite(engine, prepare_rewrite(engine, request), draft="none")
+    assert isinstance(engine.model, decoder.Decoder) and engine.loaded.model is engine.model
+    assert engine.prefix_cache is not None and len(engine.prefix_cache)
+    assert stock.generation.tokens and ours.text  # both ran to their budget or their end

@@ -51,6 +51,7 @@ class KVLayer:
     def length(self) -> int:
         return self._length
 
+    @torch.inference_mode()  # the buffers are inference tensors when a forward made them: written as such
     def crop(self, keep: int) -> None:
         """Keep the first `keep` positions; a negative `keep` drops that many from the end (as transformers'
         `DynamicCache` layers do). The dropped ones are zeroed."""
@@ -60,6 +61,7 @@ class KVLayer:
             self._values[..., keep : self._length, :] = 0
         self._length = min(self._length, max(keep, 0))
 
+    @torch.inference_mode()
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add a forward's keys and values; returns the buffers up to the end of the bucket the last
         position falls in (zeros past the positions held)."""
@@ -73,6 +75,7 @@ class KVLayer:
         bucket = _buckets(end)
         return self._keys[..., :bucket, :], self._values[..., :bucket, :]
 
+    @torch.inference_mode()
     def compact(self) -> None:
         """The buffers cut to the bucket holding the last position (a kept cache's spare room freed)."""
         if self._keys is not None and self._keys.shape[-2] > _buckets(self._length):

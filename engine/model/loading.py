@@ -199,7 +199,9 @@ def load_model(
     stored = "auto" if pack or int8 else torch_dtype
     try:
         tokenizer = load_tokenizer(source, kwargs, kept_folder)
-        own = None if kwargs or os.environ.get(DECODER_VARIABLE) == "transformers" else decoder.covered(Path(source))
+        # specedit's own forward on the CPU (on a GPU, not measured here: transformers' classes, as before)
+        own = None if kwargs or torch_device.type != "cpu" else decoder.covered(Path(source))
+        own = None if os.environ.get(DECODER_VARIABLE) == "transformers" else own
         if own is not None:
             model: Any = decoder.load(Path(source), own, stored)
         else:

@@ -163,9 +163,9 @@ def run_ours(engine: Engine, prepared: PreparedRewrite, *, draft: DraftMethod) -
 def as_transformers_runs_it(engine: Engine) -> Iterator[None]:
     """The target on transformers' attention and ATen's linear kernels, one row per step, on the threads
     it is given however busy the cores (the self-check's fewer threads were found for other kernels),
-    while inside."""
-    rows, verdict, model = engine.loaded.step_rows, engine.loaded.exactness, engine.model
-    engine.loaded.step_rows = 1
+    and with no kept prefix (computed on other kernels, and perhaps in another cache), while inside."""
+    rows, verdict, model, kept = engine.loaded.step_rows, engine.loaded.exactness, engine.model, engine.prefix_cache
+    engine.loaded.step_rows, engine.prefix_cache = 1, None
     if verdict is not None:
         engine.loaded.exactness = dataclasses.replace(verdict, fewer_threads=())
     try:
@@ -173,7 +173,7 @@ def as_transformers_runs_it(engine: Engine) -> Iterator[None]:
             engine.loaded.model = engine.model = stock
             yield
     finally:
-        engine.loaded.step_rows, engine.loaded.exactness = rows, verdict
+        engine.loaded.step_rows, engine.loaded.exactness, engine.prefix_cache = rows, verdict, kept
         engine.loaded.model = engine.model = model
 
 
