@@ -55,11 +55,11 @@ class KVLayer:
     def crop(self, keep: int) -> None:
         """Keep the first `keep` positions; a negative `keep` drops that many from the end (as transformers'
         `DynamicCache` layers do). The dropped ones are zeroed."""
-        keep = keep if keep >= 0 else self._length + keep
-        if self._keys is not None and self._values is not None and keep < self._length:
+        keep = min(self._length, max(0, keep if keep >= 0 else self._length + keep))
+        if self._keys is not None and self._values is not None:
             self._keys[..., keep : self._length, :] = 0
             self._values[..., keep : self._length, :] = 0
-        self._length = min(self._length, max(keep, 0))
+        self._length = keep
 
     @torch.inference_mode()
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
