@@ -160,3 +160,18 @@ def test_the_peer_baseline_of_a_decoder_model_runs_transformers_class_and_gives_
     assert isinstance(engine.model, decoder.Decoder) and engine.loaded.model is engine.model
     assert engine.prefix_cache is not None and len(engine.prefix_cache)
     assert stock.generation.tokens and ours.text  # both ran to their budget or their end
+
+
+def test_an_output_layer_tied_to_the_embedding_is_the_embedding(tmp_path: Path) -> None:
+    """A tied model's folder holds no `lm_head.weight`: the decoder's output layer is its embedding."""
+    reference = build_model("llama", 300, seed=5, layers=2)
+    reference.config.tie_word_embeddings = True
+    reference.tie_weights()
+    reference.save_pretrained(tmp_path)
+    config = decoder.covered(tmp_path)
+    assert config is not None and config.tie_word_embeddings
+    model = decoder.load(tmp_path, config, torch.float64)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    ids = torch.randint(0, 300, (1, 20), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=1e-10, atol=1e-10)
