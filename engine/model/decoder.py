@@ -256,15 +256,13 @@ def rotary_table(config: DecoderConfig, length: int) -> tuple[torch.Tensor, torc
 
 def load(folder: Path, config: DecoderConfig, dtype: torch.dtype | str) -> Decoder:
     """The model of `folder` (its safetensors, memory-mapped), its weights in `dtype` ("auto": as stored)."""
-    from safetensors import safe_open
+    from safetensors.torch import load_file
 
     with torch.device("meta"):
         model = Decoder(config)
     weights: dict[str, torch.Tensor] = {}
     for file in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as stored:
-            for name in stored.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                weights[name] = stored.get_tensor(name)
+        weights.update(load_file(file))
     if config.tie_word_embeddings or "lm_head.weight" not in weights:
         weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
     if dtype != "auto":

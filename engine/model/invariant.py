@@ -71,17 +71,15 @@ def install_attention(model: Any) -> bool:
     Returns False, changing nothing, where it does not apply: a model off the CPU, or one whose attention
     does not go through transformers' attention interface.
     """
-    if model.device.type != "cpu":
+    own = getattr(model, "invariant_attention", False)  # `model.decoder`'s: always row-invariant
+    if model.device.type != "cpu" or not (own or model._can_set_attn_implementation()):
         return False
-    if getattr(model, "invariant_attention", False):  # `model.decoder`'s own: always row-invariant
-        kernels.available()
+    kernels.available()  # specedit's own products, where they build: row-invariant on every CPU
+    if own:
         return True
-    if not model._can_set_attn_implementation():
-        return False
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    kernels.available()  # specedit's own products, where they build: row-invariant on every CPU
     AttentionInterface.register(ATTENTION_NAME, invariant_attention)
     AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)  # the prefill's mask, as for "sdpa"
     model.set_attn_implementation(ATTENTION_NAME)

@@ -200,8 +200,8 @@ def load_model(
     try:
         tokenizer = load_tokenizer(source, kwargs, kept_folder)
         # specedit's own forward on the CPU (on a GPU, not measured here: transformers' classes, as before)
-        own = None if kwargs or torch_device.type != "cpu" else decoder.covered(Path(source))
-        own = None if os.environ.get(DECODER_VARIABLE) == "transformers" else own
+        mine = not kwargs and torch_device.type == "cpu" and os.environ.get(DECODER_VARIABLE) != "transformers"
+        own = decoder.covered(Path(source)) if mine else None
         if own is not None:
             model: Any = decoder.load(Path(source), own, stored)
         else:
