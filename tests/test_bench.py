@@ -13,8 +13,11 @@ from pathlib import Path
 import pytest
 
 from specedit.cli.main import main
+from specedit.engine.model.loading import load_tokenizer
+from specedit.engine.model.tokenizer import KeptTokenizer
 from specedit.engine.ops import llama_cpp, llama_server, model_store
 from specedit.engine.ops.bench import first_difference, summarise
+from specedit.engine.ops.model_store import kept_dir
 
 from conftest import ECHOED_SKETCH, LINES_SKETCH, MEMORISED_REWRITES
 
@@ -42,6 +45,10 @@ def test_bench_runs_every_method_on_every_case(
     monkeypatch.setattr(llama_server, "find_binary", lambda given=None: None)  # none built (as in CI)
     cases = write_cases(tmp_path / "cases.jsonl")
     out = tmp_path / "bench.json"
+    # As after a first load, the bench reads the tokenizer back without transformers (`KeptTokenizer`): the
+    # transformers baselines must run on it too.
+    load_tokenizer(str(memorising_model_dir), {}, kept_dir())  # kept, if no test loaded it before
+    assert isinstance(load_tokenizer(str(memorising_model_dir), {}, kept_dir()), KeptTokenizer)
     code = main(
         [
             "bench",

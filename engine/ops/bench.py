@@ -178,6 +178,7 @@ def as_transformers_runs_it(engine: Engine) -> Iterator[None]:
 
 
 def run_prompt_lookup(engine: Engine, prepared: PreparedRewrite, lookup_tokens: int) -> MethodRun:
+    from transformers import StoppingCriteria, StoppingCriteriaList
     from transformers.generation.streamers import BaseStreamer
 
     timer = Timer()
@@ -198,6 +199,16 @@ def run_prompt_lookup(engine: Engine, prepared: PreparedRewrite, lookup_tokens: 
             pass
 
     prompt_ids = prepared.prompt_ids
+    closing = f"\n{prepared.fence}\n"
+
+    class _ClosingFence(StoppingCriteria):
+        """Done once the answer holds the closing fence. (`stop_strings` does this only for transformers'
+        own tokenizer classes, and only where the fence ends the tokens a step accepted.)"""
+
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **_: Any) -> torch.Tensor:
+            answer = engine.tokenizer.decode(input_ids[0, len(prompt_ids) :].tolist(), skip_special_tokens=True)
+            return torch.full((input_ids.shape[0],), closing in answer, dtype=torch.bool, device=input_ids.device)
+
     input_ids = torch.tensor([prompt_ids], device=engine.device)
     with as_transformers_runs_it(engine):  # the peer as a user runs it
         output = engine.model.generate(
@@ -206,8 +217,7 @@ def run_prompt_lookup(engine: Engine, prepared: PreparedRewrite, lookup_tokens: 
             max_new_tokens=prepared.max_new_tokens,
             do_sample=False,
             prompt_lookup_num_tokens=lookup_tokens,
-            stop_strings=[f"\n{prepared.fence}\n"],
-            tokenizer=engine.tokenizer,
+            stopping_criteria=StoppingCriteriaList([_ClosingFence()]),
             streamer=_Streamer(),
             pad_token_id=engine.tokenizer.pad_token_id or engine.tokenizer.eos_token_id,
         )
