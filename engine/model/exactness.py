@@ -23,17 +23,17 @@ thread fewer, and one): where they do, a rewrite may run on fewer threads while 
 busy (`loop.threads`), and its answer is the same.
 
 The probe costs about 2 s for the 0.5B model in float32 on 2 AVX2 cores (12 forwards; 3.4 s more for
-the thread counts), so the command
-line and the daemon remember a verdict in the cache (`verdicts`), keyed by everything that chooses the
-kernels: the model's shapes, dtype, device, thread count, the CPU's model and flags, the steering
-variables, the versions of torch and transformers, and the source of this module and of
-`model.invariant`. Anything changed, and the probe runs again; `specedit doctor` always runs it.
+the thread counts), so the command line and the daemon remember a verdict in the cache (`verdicts`),
+keyed by everything that chooses the kernels (`fingerprint`): the model's shapes, dtype, weights, device,
+thread count, the CPU's model and flags, the steering variables, the versions of torch and transformers,
+and the source of this module, of specedit's kernels and of the forward that calls them (`model.invariant`,
+`model.kernels`, `model.quantized`, `model.decoder`). Anything changed, and the probe runs again;
+`specedit doctor` always runs it.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import logging
 import os
@@ -45,8 +45,9 @@ from typing import Any, Literal
 
 import torch
 
-from specedit.engine.model import invariant, kernels, kv_cache, quantized
+from specedit.engine.model import decoder, invariant, kernels, kv_cache, quantized
 from specedit.engine.model.cpu import cpu_class, cpu_flags, cpu_model
+from specedit.engine.model.kept import versions, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +178,7 @@ def remember(loaded: Any, verdicts: Path) -> None:
 
 def fingerprint(loaded: Any) -> str:
     """A digest of everything that chooses the kernels a forward of `loaded` runs (module docstring)."""
-    modules = (invariant.__file__, kernels.__file__, kernels.SOURCE, quantized.__file__, __file__)
+    modules = (invariant.__file__, kernels.__file__, kernels.SOURCE, quantized.__file__, decoder.__file__, __file__)
     sources = [Path(path).read_bytes() for path in modules if path]
     config = {key: value for key, value in loaded.model.config.to_dict().items() if key != "_name_or_path"}
     described = {
@@ -189,7 +190,7 @@ def fingerprint(loaded: Any) -> str:
         "cpu": cpu_model() + " " + " ".join(sorted(cpu_flags())),
         "kernels": kernel_description(),
         "steering": {name: os.environ.get(name) for name in KERNEL_ENV},
-        "versions": [torch.__version__, importlib.metadata.version("transformers")],
+        "versions": versions(),
         "sources": [hashlib.sha256(source).hexdigest() for source in sources],
     }
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:32]
@@ -237,10 +238,7 @@ def _read_verdict(path: Path) -> tuple[bool, tuple[Linear, int], tuple[int, ...]
 
 def _write_verdict(path: Path, verdict: Exactness) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-        temporary.write_text(json.dumps(verdict.to_dict(), indent=1), encoding="utf-8")
-        temporary.replace(path)
+        write_atomically(path, lambda writing: writing.write_text(json.dumps(verdict.to_dict(), indent=1), "utf-8"))
     except OSError as error:  # a read-only cache only costs the probe next time
         log.warning("could not remember the self-check's verdict in %s: %s", path, error)
 

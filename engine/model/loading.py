@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
-import hashlib
-import importlib.metadata
 import inspect
 import json
 import logging
@@ -21,6 +19,7 @@ import torch
 
 from specedit.engine.errors import ModelLoadError
 from specedit.engine.model import decoder, exactness, invariant, kernels, kv_cache, quantized
+from specedit.engine.model.kept import kept_file, write_atomically
 from specedit.engine.model.tokenizer import KeptTokenizer
 from specedit.engine.options import DTYPE_CHOICES
 
@@ -211,7 +210,7 @@ def load_model(
     except Exception as error:  # transformers raises many kinds; all mean "did not load"
         raise ModelLoadError(f"could not load model {name_or_path!r}: {error}") from error
     if int8:
-        _quantize(model, [] if kwargs else sorted(Path(source).glob("*.safetensors")), kept_folder)
+        _quantize(model, weight_files(name_or_path), kept_folder)
         quantized.keep_embedding_stored(model)  # the output layer no longer shares it: its own int8 copy
     if pack:
         invariant.pack_linears(model, torch_dtype)
@@ -219,7 +218,10 @@ def load_model(
     loaded = LoadedModel(model, tokenizer, torch_device, torch_dtype, name_or_path)
     if target:
         loaded.exactness = exactness.settle(loaded, verdicts)
-    release_freed_memory()
+    # transformers' loading leaves cycles that hold the weights as stored (the 0.5B model on int8 weights:
+    # 1.26 GB resident before the collection, 0.71 GB after); specedit's own leaves none, and the collection
+    # of torch's 180,000 objects costs 60 ms of its start.
+    release_freed_memory(collect=own is None)
     log.info("loaded %s on %s as %s", name_or_path, torch_device, torch_dtype)
     return loaded
 
@@ -254,9 +256,8 @@ def load_tokenizer(source: str, kwargs: dict[str, Any], kept_folder: Path | None
     if settings.is_file() and not pipeline.is_file():  # found not to read back alike: not tried again
         return built
     try:
-        kept_folder.mkdir(parents=True, exist_ok=True)
-        _write_atomically(settings, lambda path: path.write_text(json.dumps(_tokenizer_settings(built))))
-        _write_atomically(pipeline, lambda path: built.backend_tokenizer.save(str(path), pretty=False))
+        write_atomically(settings, lambda path: path.write_text(json.dumps(_tokenizer_settings(built))))
+        write_atomically(pipeline, lambda path: built.backend_tokenizer.save(str(path), pretty=False))
         if not _tokenize_alike(read_kept(), built):
             pipeline.unlink()
             log.info("the tokenizer of %s is not kept: read back, it tokenizes otherwise", source)
@@ -284,8 +285,7 @@ def _quantize(model: Any, weights_files: list[Path], kept_folder: Path | None) -
             log.info("int8 weights in %s not read (%s): quantizing", kept, error)
     if quantized.quantize_linears(model, stored) and kept is not None:
         try:
-            kept.parent.mkdir(parents=True, exist_ok=True)
-            _write_atomically(kept, lambda path: save_file(quantized.packed_layers(model), path))
+            write_atomically(kept, lambda path: save_file(quantized.packed_layers(model), path))
         except (OSError, SafetensorError) as error:  # no room, no right to write: quantized next time too
             log.info("int8 weights not kept in %s: %s", kept, error)
 
@@ -294,17 +294,6 @@ def _tokenizer_settings(tokenizer: Any) -> dict[str, Any]:
     """What a tokenizer's class sets beside its pipeline: special tokens, chat template, maximum length."""
     tokens = {name: str(token) for name, token in tokenizer.special_tokens_map.items() if isinstance(token, str)}
     return {**tokens, "chat_template": tokenizer.chat_template, "model_max_length": tokenizer.model_max_length}
-
-
-def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:
-    """`write(temporary)`, then the temporary file renamed to `path`: a process reading it meanwhile
-    finds all of it or none."""
-    writing = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        write(writing)
-        writing.replace(path)
-    finally:
-        writing.unlink(missing_ok=True)
 
 
 PROBES = (
@@ -329,24 +318,6 @@ def _tokenize_alike(kept: KeptTokenizer, reference: Any) -> bool:
         return same and kept.chat_template is None
     prompts = [t.apply_chat_template(PROBE_CHAT, tokenize=False, add_generation_prompt=True) for t in (kept, reference)]
     return same and prompts[0] == prompts[1]
-
-
-def kept_file(folder: Path, kind: str, sources: list[Path], suffix: str, derived_by: bytes = b"") -> Path:
-    """Where what is derived from the files `sources` of a model (its tokenizer, its int8 weights: `kind`)
-    is kept in `folder`: named by those files (paths, sizes, times changed) and by what derives it (the
-    versions of torch and transformers, and `derived_by`: the int8 weights' quantizing kernel), so that a
-    change of any derives it again. Older ones of the same kind and model are removed as this one is
-    named (and files named after it: `NAME.settings.json`, `NAME.tmp-PID`)."""
-    paths = sorted(str(source.resolve()) for source in sources)
-    model = hashlib.sha256(f"{kind}\0{paths}".encode()).hexdigest()[:12]
-    stats = [(stat.st_size, stat.st_mtime_ns) for stat in (source.stat() for source in sorted(sources))]
-    versions = f"{stats}\0{torch.__version__}\0{importlib.metadata.version('transformers')}".encode()
-    key = hashlib.sha256(versions + b"\0" + derived_by).hexdigest()[:16]
-    chosen = folder / f"{kind}-{model}-{key}.{suffix}"
-    for old in folder.glob(f"{kind}-{model}-*"):
-        if not old.name.startswith(f"{kind}-{model}-{key}."):
-            old.unlink(missing_ok=True)
-    return chosen
 
 
 def forward_costs(loaded: LoadedModel, sizes: Sequence[int], context: int = 100, repeats: int = 3) -> dict[int, float]:
@@ -376,6 +347,13 @@ def release_freed_memory(*, collect: bool = True) -> None:
         gc.collect()
     with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to do
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def weight_files(name_or_path: str) -> list[Path]:
+    """The safetensors files of a model folder, which what is kept of it is named after (`model.kept`); none
+    for a GGUF file or a hub id."""
+    source, kwargs = _source(name_or_path)
+    return [] if kwargs else sorted(Path(source).glob("*.safetensors"))
 
 
 def _source(name_or_path: str) -> tuple[str, dict[str, Any]]:

@@ -151,9 +151,11 @@ class StoredEmbedding(torch.nn.Module):
         weight = embedding.weight.detach().contiguous()
         self.stored = weight.dtype
         self.num_embeddings, self.embedding_dim = weight.shape
-        # its own copy: the stored table may be a view of one allocation holding every weight as loaded
+        bits = weight.view(torch.int16)
+        if bits.untyped_storage().nbytes() > bits.nbytes:  # a view of one allocation holding every weight
+            bits = bits.clone()  # as loaded (transformers'): its own copy, so the rest can be freed
         self.bits: torch.Tensor
-        self.register_buffer("bits", weight.view(torch.int16).clone(), persistent=False)
+        self.register_buffer("bits", bits, persistent=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.bits[ids].view(self.stored).to(torch.float32)

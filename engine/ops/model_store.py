@@ -253,8 +253,8 @@ def cache_dir() -> Path:
 
 
 def kept_dir() -> Path:
-    """Where loads keep what they derive from a model (`loading.kept_file`: tokenizers as built, int8
-    weights as quantized); deleting it only costs the next load its time again."""
+    """Where loads keep what they derive from a model (`model.kept`: tokenizers as built, int8 weights as
+    quantized, the prompts' shared start prefilled); deleting it only costs the next load its time again."""
     return cache_dir() / "loaded"
 
 
