@@ -56,7 +56,8 @@ class EngineOptions:
     # About 0.5 removed the energy penalty of long drafts on every task in the seed measurements.
     p_min: float = _option(0.5, "the fallback stops drafting at the first token below this probability (default 0.5)")
     # 0.5B, float32: 171 MB for a 1,000-line file (7,300 tokens, `model.prefix_cache`); the default keeps a
-    # few recent ones. A one-shot `specedit rewrite` keeps none: nothing after it could reuse them.
+    # few recent ones. A one-shot `specedit rewrite` keeps none: nothing after it could reuse them (the start
+    # every prompt shares is kept apart from these: `PrefixCache.keep_head`).
     prefix_cache_mb: int = _option(
         1024,
         "memory (MB) for the KV caches of recent prompts, reused by later requests on the same file "

@@ -69,12 +69,14 @@ class Session(Protocol):
 
 def open_engine(options: EngineOptions, *, progress: Any = None) -> Engine:
     """The engine `options` describe: the target (provisioned if it is a known model; its kernels chosen
-    by the self-check, whose verdict is remembered in the cache), and the fallback drafter, if any."""
+    by the self-check, whose verdict is remembered in the cache), the fallback drafter, if any, and its
+    prefix cache, holding the start every prompt shares (`loop.rewrite.keep_prompt_head`)."""
     from specedit.drafters.model_drafter import ModelDraftConfig
     from specedit.engine.loop.generate import Engine
+    from specedit.engine.loop.rewrite import keep_prompt_head
     from specedit.engine.model.fallback import load_fallback
     from specedit.engine.model.prefix_cache import PrefixCache
-    from specedit.engine.ops.model_store import resolve_model
+    from specedit.engine.ops.model_store import kept_dir, resolve_model
 
     target = load_target(options, progress=progress)
     draft_model = resolve_model(options.draft_model, progress=progress) if options.draft_model else None
@@ -83,8 +85,9 @@ def open_engine(options: EngineOptions, *, progress: Any = None) -> Engine:
     )
     if fallback is not None:
         log.info("fallback drafter: %s", fallback.describe())
-    kept = PrefixCache(options.prefix_cache_mb * 2**20) if options.prefix_cache_mb else None
-    return Engine(target, fallback, kept)
+    engine = Engine(target, fallback, PrefixCache(options.prefix_cache_mb * 2**20))
+    keep_prompt_head(engine, kept_dir())  # with no budget for prompts too: a one-off rewrite's first prefill
+    return engine
 
 
 def load_target(options: EngineOptions, *, progress: Any = None, remembered: bool = True) -> LoadedModel:
@@ -247,7 +250,7 @@ class LocalSession:
     def warm(self, request: WarmRequest) -> None:
         """Prefill `request` on a thread of its own once the model is loaded (a newer offer replaces one
         not yet started, and stops one running)."""
-        if self._engine is None or self._engine.prefix_cache is None:
+        if self._engine is None or self._engine.prefix_cache is None or not self._engine.prefix_cache.keeps_prompts:
             return
         with self._warm_lock:
             self._warm_next = request

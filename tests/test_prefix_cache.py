@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,14 +17,14 @@ from test_invariant import promised, wide_model
 
 from specedit.engine.loop.drafting import generate_drafted
 from specedit.engine.loop.generate import Engine, Generation
-from specedit.engine.loop.rewrite import rewrite, warm_document
+from specedit.engine.loop.rewrite import keep_prompt_head, rewrite, warm_document
 from specedit.engine.model import kv_cache
 from specedit.engine.model.loading import Interrupted, LoadedModel
 from specedit.engine.model.prefix_cache import MIN_SHARED, PrefixCache
 from specedit.engine.prompts import RewritePrompt, build_prompt, file_prefix
 from specedit.engine.requests import RewriteRequest, SamplingConfig, WarmRequest
 
-from conftest import tiny_engine
+from conftest import build_tokenizer, tiny_engine
 
 VOCAB = 512
 
@@ -234,3 +235,86 @@ def test_an_in_process_session_warms_on_a_thread_of_its_own() -> None:
     request = RewriteRequest(document, "Rename add to plus.", language="python", max_new_tokens=5)
     outcome = session.run(request)
     assert outcome.stats["reused_tokens"] > outcome.stats["prefill_tokens"]
+
+
+# --- The start every prompt shares, kept across starts ------------------------------------------------
+
+
+def test_a_cache_written_to_a_file_reads_back_as_it_was(tmp_path: Path) -> None:
+    cache = kv_cache.KVCache()
+    torch.manual_seed(0)
+    for index in range(3):
+        cache.update(torch.randn(1, 2, 70, 8), torch.randn(1, 2, 70, 8), index)
+    ids = list(range(100, 170))
+    kv_cache.write(cache, ids[:50], tmp_path / "start.safetensors")  # its first 50 positions
+    read = kv_cache.KVCache()
+    assert kv_cache.read(tmp_path / "start.safetensors", read) == ids[:50]
+    assert kv_cache.layer_lengths(read) == [50, 50, 50]
+    for written, back in zip(cache.layers, read.layers, strict=True):
+        assert written.keys is not None and written.values is not None
+        assert torch.equal(back.keys, written.keys[..., :50, :]) and torch.equal(
+            back.values, written.values[..., :50, :]
+        )
+    with pytest.raises(ValueError, match="cannot write"):
+        kv_cache.write(cache, list(range(71)), tmp_path / "more.safetensors")
+    (tmp_path / "other.safetensors").write_bytes(b"not a cache")
+    with pytest.raises(Exception):  # noqa: B017 (safetensors' own error, whatever its class)
+        kv_cache.read(tmp_path / "other.safetensors", kv_cache.KVCache())
+
+
+@pytest.fixture(scope="module", params=[torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def saved(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    """A wide model with a real tokenizer (prompts are text), named after a model folder holding its
+    weights: what the kept start is named by."""
+    tokenizer = build_tokenizer()
+    loaded = wide_model(len(tokenizer), request.param)
+    folder = tmp_path_factory.mktemp("wide")
+    loaded.model.save_pretrained(folder)
+    loaded.tokenizer, loaded.name = tokenizer, str(folder)
+    return loaded
+
+
+def test_the_prompts_start_is_kept_across_starts_and_keeps_the_answer(saved: LoadedModel, tmp_path: Path) -> None:
+    if not promised(saved):
+        return
+    plain = Engine(saved)
+    request = RewriteRequest("def add(a, b):\n    return a + b\n", "Rename add to plus.", max_new_tokens=12)
+    reference = rewrite(plain, request)
+
+    first = Engine(saved, prefix_cache=PrefixCache(0))  # no budget for prompts (a one-off rewrite's)
+    head = keep_prompt_head(first, tmp_path)
+    [file] = tmp_path.glob("head-*.safetensors")
+    assert MIN_SHARED <= head < reference.generation.stats.prompt_tokens
+    written = file.stat().st_mtime_ns
+
+    again = Engine(saved, prefix_cache=PrefixCache(0))  # the next start reads it
+    assert keep_prompt_head(again, tmp_path) == head
+    assert file.stat().st_mtime_ns == written
+    assert again.prefix_cache is not None and again.prefix_cache.describe()["head_tokens"] == head
+    for _ in range(2):  # lent as a copy: every request gets it
+        result = rewrite(again, request)
+        assert result.generation.stats.reused_tokens == head
+        assert result.generation.tokens == reference.generation.tokens and result.text == reference.text
+    assert len(again.prefix_cache) == 0  # no prompt kept beside it
+
+    file.write_bytes(b"damaged")  # prefilled and written again
+    damaged = Engine(saved, prefix_cache=PrefixCache(0))
+    assert keep_prompt_head(damaged, tmp_path) == head
+    assert rewrite(damaged, request).text == reference.text
+    assert len(kv_cache.read(file, saved.new_cache())) == head
+
+    not_invariant = tiny_engine("qwen2")  # float64 with no self-check: nothing is kept
+    not_invariant.prefix_cache = PrefixCache(0)
+    assert keep_prompt_head(not_invariant, tmp_path) == 0
+
+
+def test_a_kept_start_for_other_ids_is_not_taken(saved: LoadedModel, tmp_path: Path) -> None:
+    if not promised(saved):
+        return
+    ids = list(range(30, 60))
+    file = tmp_path / "start.safetensors"
+    assert not PrefixCache(0).keep_head(saved, ids, file)  # prefilled, and written
+    assert PrefixCache(0).keep_head(saved, ids, file)  # read
+    other = PrefixCache(0)
+    assert not other.keep_head(saved, ids[:-1], file)  # another start: prefilled, not read
+    assert other.take([*ids[:-1], 7, 7])[1] == len(ids) - 1

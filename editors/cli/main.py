@@ -277,8 +277,8 @@ def rewrite_command(args: argparse.Namespace) -> int:
             args.engine, token_file=args.engine_token_file, spawn=options, client_name="specedit rewrite"
         )
     else:
-        # One process, one pass over the files: no later request could reuse a kept prompt cache. A sketch
-        # that its lines merge everywhere needs no model: none is loaded.
+        # One process, one pass over the files: no prompt is kept for a later request (the start they all
+        # share is: `keep_prompt_head`). A sketch that its lines merge everywhere needs no model: none is loaded.
         from specedit.engine.merge import merge_sketch
 
         by_lines = sketch is not None and args.merge == "auto"
@@ -461,9 +461,11 @@ def bench_command(args: argparse.Namespace) -> int:
         return merges_only(cases, args.json)
     if args.background_load < 0:
         raise UsageError("--background-load takes a number of processes, 0 or more")
-    # Every method prefills its own prompt: a cache kept from the method before would be a head start.
+    # Every method prefills its whole prompt, as llama-server does without its prompt cache: a cache kept
+    # from the method before, or the prompts' shared start kept from an earlier start, would be a head start.
     session = local_session(dataclasses.replace(engine_options(args), prefix_cache_mb=0))
     engine = session.load()
+    engine.prefix_cache = None
     print(
         f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}; {len(cases)} cases; "
         f"model {engine.loaded.name} ({engine.loaded.dtype}, {engine.device}, {torch_threads()} threads)"

@@ -10,9 +10,11 @@ everything else calls `rewrite`, through a `session.Session`.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from specedit.engine.errors import ContextLengthError
@@ -20,6 +22,10 @@ from specedit.engine.loop.drafting import generate_drafted
 from specedit.engine.loop.generate import Engine, Generation
 from specedit.engine.loop.threads import FreeCores
 from specedit.engine.merge import SketchMerge, merge_sketch
+from specedit.engine.model.exactness import fingerprint
+from specedit.engine.model.kept import kept_file
+from specedit.engine.model.loading import weight_files
+from specedit.engine.model.prefix_cache import common_prefix
 from specedit.engine.prompts import AnswerStream, RewritePrompt, build_prompt, file_prefix
 from specedit.engine.requests import (
     DraftMethod,
@@ -177,16 +183,35 @@ def rewrite(
 def warm_document(engine: Engine, request: WarmRequest, should_stop: Callable[[], bool]) -> tuple[int, int]:
     """Prefill the start every request on `request.document` shares into the engine's prefix cache, giving
     way as soon as `should_stop()` is true. Returns (tokens cached, tokens of that start); (0, 0) when the
-    engine keeps no cache or the document cannot fit the context."""
+    engine keeps no prompts or the document cannot fit the context."""
     kept = engine.prefix_cache
     limit = engine.max_positions
     document = request.document.replace("\r\n", "\n")
-    if kept is None or (limit is not None and len(document) > limit * CHARS_PER_TOKEN_BOUND):
+    if kept is None or not kept.keeps_prompts or (limit is not None and len(document) > limit * CHARS_PER_TOKEN_BOUND):
         return 0, 0
     ids = engine.tokenize(file_prefix(engine.tokenizer, document, request.language))
     if limit is not None and len(ids) >= limit // 2:  # no answer of its size would fit after it
         return 0, 0
     return kept.warm(engine.loaded, ids, should_stop), len(ids)
+
+
+def keep_prompt_head(engine: Engine, folder: Path | None) -> int:
+    """Hold the start every prompt shares (the system prompt, up to the user's code) in the engine's prefix
+    cache for good: read from `folder` where a start of the same model on the same kernels kept it, else
+    prefilled and kept there (`PrefixCache.keep_head`). Returns its length in tokens; 0 where the engine
+    keeps no prefixes, or where its prefill is not row-invariant (the start computed alone would not be,
+    bit for bit, the start computed inside a prompt)."""
+    kept, loaded = engine.prefix_cache, engine.loaded
+    if kept is None or not loaded.row_invariant:
+        return 0
+    # Two prompts that differ from their code on: the tokens they share are every prompt's start.
+    one, other = (engine.tokenize(file_prefix(engine.tokenizer, code, tag)) for code, tag in (("a", "py"), ("1", "")))
+    ids = one[: common_prefix(one, other, len(one))]
+    files = weight_files(loaded.name)
+    named_by = f"{fingerprint(loaded)}\0{json.dumps(ids)}".encode()
+    file = kept_file(folder, "head", files, "safetensors", named_by) if folder is not None and files else None
+    kept.keep_head(loaded, ids, file)
+    return len(ids)
 
 
 # A token of a code model's vocabulary covers a few characters (3-4 on code for Qwen2.5's); tokenizing the

@@ -1,4 +1,5 @@
-"""The one place that measures and crops KV caches (the target's and any draft model's).
+"""The one place that measures and crops KV caches (the target's and any draft model's), and writes one to
+a file and reads it back (the prompts' shared start, kept across starts: `PrefixCache.keep_head`).
 
 The speculative loop keeps this invariant after every step: the cache holds the keys and values of every
 committed token except the newest one, the *pending* token, whose keys and values are computed by the next
@@ -11,9 +12,14 @@ runs grow by the drafted tokens and the others do not, so `rollback` crops every
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, cast
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from specedit.engine.model.invariant import KV_BUCKET
 
@@ -145,6 +151,36 @@ def copy_prefix(cache: Cache, keep: int) -> Cache:
         keys, values = cast(Any, layer).keys, cast(Any, layer).values
         copy.update(keys[..., :keep, :].clone(), values[..., :keep, :].clone(), index)
     return copy
+
+
+def write(cache: Cache, ids: Sequence[int], path: Path) -> None:
+    """Save the keys and values of `ids`, the first positions `cache` holds, to the file `path` (safetensors,
+    the ids in its metadata) for `read`."""
+    if length(cache) < len(ids):
+        raise ValueError(f"cannot write {len(ids)} positions of a cache holding {length(cache)}")
+    tensors = {}
+    for index, layer in enumerate(cache.layers):
+        for name in ("keys", "values"):
+            tensors[f"{index}.{name}"] = getattr(layer, name)[..., : len(ids), :].contiguous()
+    save_file(tensors, path, metadata={"ids": json.dumps(list(ids))})
+
+
+@torch.inference_mode()  # as a forward makes them: a later forward appends to them in place
+def read(path: Path, cache: Cache) -> list[int]:
+    """Fill the empty `cache` with what `write` saved in `path`; returns the ids whose keys and values they
+    are. Raises `OSError` or safetensors' error for an unreadable file, `ValueError` for another kind."""
+    with safe_open(path, framework="pt") as stored:
+        ids = json.loads((stored.metadata() or {}).get("ids", "null"))
+        names = sorted(stored.keys())
+        layers = len(names) // 2
+        if not isinstance(ids, list) or names != sorted(f"{i}.{n}" for i in range(layers) for n in ("keys", "values")):
+            raise ValueError(f"{path} holds no cache that `write` saved")
+        for index in range(layers):
+            keys, values = stored.get_tensor(f"{index}.keys"), stored.get_tensor(f"{index}.values")
+            if keys.shape[-2] != len(ids) or values.shape != keys.shape:
+                raise ValueError(f"{path} holds {keys.shape[-2]} positions for {len(ids)} ids")
+            cache.update(keys, values, index)
+    return [int(token) for token in ids]
 
 
 def nbytes(cache: Cache) -> int:
