@@ -6,7 +6,8 @@ are random. Exactness tests run them in float64.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import torch
 
 from specedit.engine.loop.generate import Engine
 from specedit.engine.model.loading import LoadedModel
+from specedit.engine.ops.model_store import cache_dir
 from specedit.engine.prompts import SYSTEM_PROMPT
 
 ARCHITECTURES = ("gpt2", "qwen2", "llama")
@@ -212,3 +214,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _one_torch_thread() -> None:
     # Tiny models: a second thread only adds synchronisation (measured ~30x slower on 2 busy cores).
     torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _kept_files_of_this_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """What loads keep of the tests' models (`model.kept`: tokenizers, int8 weights, prompt starts, named
+    after the temporary folders the models are saved in) goes to a cache of this run's own, not the user's;
+    its models, compiled kernels and self-check verdicts are the user's (linked), for the real model's tier.
+    Processes the tests start inherit it."""
+    user, ours = cache_dir(), tmp_path_factory.mktemp("cache")
+    for shared in ("models", "kernels", "exactness"):
+        (user / shared).mkdir(parents=True, exist_ok=True)
+        (ours / shared).symlink_to(user / shared, target_is_directory=True)
+    before = os.environ.get("SPECEDIT_CACHE_DIR")
+    os.environ["SPECEDIT_CACHE_DIR"] = str(ours)
+    yield
+    if before is None:
+        del os.environ["SPECEDIT_CACHE_DIR"]
+    else:
+        os.environ["SPECEDIT_CACHE_DIR"] = before
