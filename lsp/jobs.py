@@ -277,6 +277,10 @@ class Rewrites:
         ending: tuple[str, Any] | None = None
         while ending is None:
             try:
+                # The writer plans an edit for what the last event wrote before the next is read: events
+                # that arrived in a burst (a fast model's steps) would otherwise all be read first, and
+                # the text written by the first of them shown only with the last.
+                await asyncio.sleep(0)
                 kind, value = await events.get()
             except asyncio.CancelledError:  # $/cancelRequest (or shutdown): end the job, still answer
                 _uncancel()
