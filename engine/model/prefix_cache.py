@@ -9,11 +9,11 @@ prefill is row-invariant (`invariant`), so a cache built in pieces is bit for bi
 and the answer with a reused prefix is the answer without it. `warm` extends a kept cache in idle time, in
 chunks, stopping as soon as it is told to (a real request is waiting).
 
-Every prompt starts alike: the system prompt, up to the user's code (`prompts.shared_start`). `keep_head`
-holds that start's cache for good, outside the budget (lent to requests as a copy), read from a file that
-an earlier start of the same model on the same kernels wrote (`model.kept`), so even a process's first
-request, a one-off `specedit rewrite`'s, prefills only its own part: 60 tokens of the default model's
-prompt, 0.3 s of a cold start steered to AVX2 (0.1 s with AVX-512 VNNI).
+Every prompt starts alike: the system prompt, up to the user's code (`loop.rewrite.keep_prompt_head`).
+`keep_head` holds that start's cache for good, outside the budget (lent to requests as a copy), read from
+a file that an earlier start of the same model on the same kernels wrote (`model.kept`), so even a
+process's first request, a one-off `specedit rewrite`'s, prefills only its own part: 61 tokens of the
+default model's prompt, 0.3 s of a cold start steered to AVX2 (0.1 s with AVX-512 VNNI).
 
 Memory per token of context: 2 (keys, values) x layers x KV heads x head dim x the dtype's bytes: 24.6 KB
 for Qwen2.5-Coder-0.5B in float32 (24 layers, 2 KV heads of 64), so about 250 MB for a 1,000-line file.
@@ -149,25 +149,25 @@ class PrefixCache:
         is logged). Returns whether it was read. `file` must be named after everything the cache depends
         on (the model's files, the kernels: `exactness.fingerprint`), as `loop.rewrite.keep_prompt_head`
         names it."""
+        read = False
         if file is not None and file.is_file():
             cache = loaded.new_cache()
             try:
-                if kv_cache.read(file, cache) == list(ids):
-                    self._head = _Entry(tuple(ids), cache, kv_cache.nbytes(cache), 0)
-                    return True
+                read = kv_cache.read(file, cache) == list(ids)
             except (OSError, ValueError, SafetensorError) as error:  # damaged: prefilled and written again
                 log.info("the prompts' start kept in %s not read (%s)", file, error)
-        cache = loaded.new_cache()
-        with torch.inference_mode():
-            loaded.forward(list(ids), cache, logits_to_keep=1)
+        if not read:
+            cache = loaded.new_cache()
+            with torch.inference_mode():
+                loaded.forward(list(ids), cache, logits_to_keep=1)
+            if file is not None:
+                try:
+                    write_atomically(file, lambda path: kv_cache.write(cache, ids, path))
+                except (OSError, SafetensorError) as error:  # no room, no right to write: prefilled next time
+                    log.info("the prompts' start not kept in %s: %s", file, error)
         kv_cache.compact(cache)
         self._head = _Entry(tuple(ids), cache, kv_cache.nbytes(cache), 0)
-        if file is not None:
-            try:
-                write_atomically(file, lambda path: kv_cache.write(cache, ids, path))
-            except (OSError, SafetensorError) as error:  # no room, no right to write: prefilled next time too
-                log.info("the prompts' start not kept in %s: %s", file, error)
-        return False
+        return read
 
     @property
     def keeps_prompts(self) -> bool:
