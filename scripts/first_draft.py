@@ -35,7 +35,7 @@ def main() -> None:
     args = parser.parse_args()
     lengths = [int(length) for length in args.lengths.split(",")]
     lines = args.cases.read_text(encoding="utf-8").splitlines()[args.first : args.first + args.limit]
-    engine = open_engine(EngineOptions(threads=args.threads, prefix_cache_mb=0))
+    engine = open_engine(EngineOptions(threads=args.threads))
     engine.prefix_cache = None  # every run prefills its whole prompt
     print(f"load average before: {os.getloadavg()[0]:.2f}")
     runs: dict[int, list[tuple[float, float]]] = {length: [] for length in lengths}

@@ -463,7 +463,7 @@ def bench_command(args: argparse.Namespace) -> int:
         raise UsageError("--background-load takes a number of processes, 0 or more")
     # Every method prefills its whole prompt, as llama-server does without its prompt cache: a cache kept
     # from the method before, or the prompts' shared start kept from an earlier start, would be a head start.
-    session = local_session(dataclasses.replace(engine_options(args), prefix_cache_mb=0))
+    session = local_session(engine_options(args))
     engine = session.load()
     engine.prefix_cache = None
     print(
