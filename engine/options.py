@@ -33,13 +33,16 @@ class EngineOptions:
         "a model folder, a .gguf file, a hub id or a known name (default: Qwen2.5-Coder-0.5B-Instruct, embedded)",
     )
     dtype: str = _option(
-        "auto", "auto (default): bf16 on CUDA and on CPUs with native bf16, else float32", choices=DTYPE_CHOICES
+        "auto",
+        "auto (default): float32 where the weights are int8, else bf16 on CUDA and on CPUs with native bf16, "
+        "else float32",
+        choices=DTYPE_CHOICES,
     )
     weights: str = _option(
         "auto",
         "the linear layers' weights on the CPU: int8 (a quarter of float32's bytes to read a step; its kernel is "
-        "compiled once), float (the dtype's), auto (default): int8 where the model runs in float32 on the CPU (AVX2, "
-        "AVX-512)",
+        "compiled once), float (the dtype's), auto (default): int8 on the CPU (AVX2, AVX-512, "
+        "AVX512-BF16; not with AMX or another dtype asked for)",
         choices=WEIGHTS_CHOICES,
     )
     device: str | None = _option(None, "cpu, cuda, cuda:1, ... (default: CUDA when available)")

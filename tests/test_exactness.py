@@ -21,9 +21,10 @@ from test_engine_exactness import NoisyOracleDrafter
 from test_invariant import auto_dtype, chunked_logits, wide_model
 
 from specedit.cli.main import main
+from specedit.engine.errors import ModelLoadError
 from specedit.engine.loop.generate import Engine, Generation
-from specedit.engine.model import exactness, invariant
-from specedit.engine.model.loading import LoadedModel, resolve_dtype
+from specedit.engine.model import exactness, invariant, kernels
+from specedit.engine.model.loading import LoadedModel, precision
 
 TESTS = Path(__file__).resolve().parent
 
@@ -148,16 +149,38 @@ def test_fewer_threads_are_offered_only_where_the_logits_stay_the_same() -> None
         torch.set_num_threads(threads)
 
 
-def test_native_bf16_follows_the_cpu_and_its_steering(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_precision_follows_the_cpu_and_its_steering(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--dtype auto`: float32 on int8 weights wherever the int8 kernel runs, AVX512-BF16 included; bf16 where
+    it runs on AMX's tiles, or where it is native and the weights stay float; float32 elsewhere."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.setattr(kernels, "available", lambda folder=None: None)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     monkeypatch.setattr(exactness, "cpu_class", lambda: "AVX512-BF16")
-    assert exactness.native_bf16() and resolve_dtype("auto", torch.device("cpu")) == torch.bfloat16
+    assert exactness.native_bf16() and not exactness.bf16_tiles()
+    assert precision("auto", "auto", cpu) == (torch.float32, True)
+    assert precision("auto", "float", cpu) == (torch.bfloat16, False)
+    assert precision("bfloat16", "auto", cpu) == (torch.bfloat16, False)
     for steered, native in (("AVX2", False), ("avx512_core", False), ("AVX512_CORE_BF16", True), ("ALL", True)):
         monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", steered)
         assert exactness.native_bf16() is native, steered
+    monkeypatch.setattr(exactness, "cpu_class", lambda: "AMX")
+    for steered, tiles in (("AVX512_CORE_BF16", False), ("AVX512_CORE_AMX", True), ("DEFAULT", True)):
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", steered)
+        assert exactness.native_bf16() and exactness.bf16_tiles() is tiles, steered
+        assert precision("auto", "auto", cpu) == ((torch.bfloat16, False) if tiles else (torch.float32, True))
+        assert precision("auto", "int8", cpu) == (torch.float32, True)  # asked for: int8 computes in float32
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    monkeypatch.setattr(kernels, "available", lambda folder=None: "specedit's kernels need a C++ compiler (g++)")
+    assert precision("auto", "auto", cpu) == (torch.bfloat16, False)  # no int8 kernel: native bf16 still
     monkeypatch.setattr(exactness, "cpu_class", lambda: "AVX2")
-    assert not exactness.native_bf16() and resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert not exactness.native_bf16() and precision("auto", "auto", cpu) == (torch.float32, False)
+    assert precision("auto", "auto", cuda) == (torch.bfloat16, False)
+    with pytest.raises(ModelLoadError, match="int8 weights run on the CPU only"):
+        precision("auto", "int8", cuda)
+    with pytest.raises(ModelLoadError, match="unknown dtype 'half'"):
+        precision("half", "auto", cpu)
 
 
 def test_doctor_reports_the_verdict(
@@ -181,9 +204,9 @@ STEERED_CHECK = textwrap.dedent(
     from test_engine_exactness import NoisyOracleDrafter
     from test_invariant import auto_dtype, chunked_logits, wide_model
     from specedit.engine.loop.generate import Engine
-    from specedit.engine.model.loading import resolve_dtype
+    from specedit.engine.model.loading import precision
 
-    print(json.dumps({"auto": str(resolve_dtype("auto", torch.device("cpu")))}))
+    print(json.dumps({"auto": str(precision("auto", "float", torch.device("cpu"))[0])}))
     for threads in (1, 2, 4):
         torch.set_num_threads(threads)
         for dtype in (torch.float32, torch.bfloat16):

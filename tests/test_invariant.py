@@ -15,7 +15,7 @@ from test_engine_exactness import NoisyOracleDrafter
 from specedit.engine.loop.generate import Engine
 from specedit.engine.model import exactness, invariant, kv_cache, loading, quantized
 from specedit.engine.model.decoder import Decoder
-from specedit.engine.model.loading import LoadedModel, load_model, resolve_dtype
+from specedit.engine.model.loading import LoadedModel, load_model, precision
 
 from conftest import ARCHITECTURES, CharTokenizer, build_model, tiny_engine
 
@@ -96,8 +96,9 @@ def wide_model(vocab_size: int, dtype: torch.dtype, *, settle: bool = True) -> L
 
 
 def auto_dtype() -> torch.dtype:
-    """What `--dtype auto` runs on this CPU: the dtype whose exactness the project promises here."""
-    return resolve_dtype("auto", torch.device("cpu"))
+    """What `--dtype auto` runs on this CPU with float weights (these models'): the dtype whose exactness
+    the project promises here."""
+    return precision("auto", "float", torch.device("cpu"))[0]
 
 
 def promised(loaded: LoadedModel) -> bool:

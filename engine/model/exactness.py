@@ -306,7 +306,16 @@ def kernel_description() -> str:
 
 def native_bf16() -> bool:
     """True where bf16 arithmetic is native (AVX512-BF16 or AMX) and oneDNN is not steered below it."""
+    return cpu_class() in ("AMX", "AVX512-BF16") and _onednn_reaches("BF16", "AMX")
+
+
+def bf16_tiles() -> bool:
+    """True where bf16 products run on AMX's tiles and oneDNN is not steered below them."""
+    return cpu_class() == "AMX" and _onednn_reaches("AMX")
+
+
+def _onednn_reaches(*isas: str) -> bool:
+    """Whether `ONEDNN_MAX_CPU_ISA` (unset, `ALL`, `DEFAULT` or an ISA's name) lets oneDNN run the
+    instructions of an ISA whose name holds one of `isas` ("AVX512_CORE_BF16", "AVX512_CORE_AMX")."""
     steered = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
-    if steered and steered not in ("ALL", "DEFAULT") and "BF16" not in steered and "AMX" not in steered:
-        return False
-    return cpu_class() in ("AMX", "AVX512-BF16")
+    return not steered or steered in ("ALL", "DEFAULT") or any(isa in steered for isa in isas)
