@@ -1,5 +1,5 @@
 """specedit's own kernels (engine.model.kernels): int8 weights (engine.model.quantized) compute what their
-dequantized weights say, the attention's products what torch's do, a row's result never depends on the
+dequantized weights say, the attention what torch's does, a row's result never depends on the
 forward around it, and a model on them keeps plain decoding's answer."""
 
 from __future__ import annotations
@@ -314,10 +314,11 @@ VARIANT_CHECK = textwrap.dedent(
     assert kernels.available() is None
     x = torch.randn(70, 96, generator=torch.Generator().manual_seed(7))
     layer = _layer(40, 96)
-    keys = torch.randn(3, 48, 96, generator=torch.Generator().manual_seed(8))
+    query, key, value = torch.randn(3, 6, 90, 48, generator=torch.Generator().manual_seed(8)) * 3
     linear = torch.cat([layer(x), layer(x[:3]), layer(x[:1])])
-    torch.save({"variant": kernels.variant(), "linear": linear, "bmm": kernels.bmm(x.expand(6, 70, 96), keys)},
-               sys.argv[2])
+    attention = torch.cat([kernels.attention(query[:, 20:], key[:2], value[:2], 20, 0.3),  # 3 heads a kv head
+                           kernels.attention(query[:, 89:], key[:2], value[:2], 89, 0.3)])
+    torch.save({"variant": kernels.variant(), "linear": linear, "attention": attention}, sys.argv[2])
     """
 )
 
@@ -326,7 +327,7 @@ VARIANT_CHECK = textwrap.dedent(
 def test_every_variant_of_the_kernels_gives_the_same_bits(tmp_path: Path) -> None:
     """Each output is one lane, computed the same way on 8-lane and 16-lane vectors, with VNNI's 4-product
     sums or AVX2's 2-product ones: every variant this CPU runs (`SPECEDIT_KERNELS`) gives the same bits,
-    every row count, both paths."""
+    every row count, both ops."""
     variants = kernels.runnable_variants()
     if len(variants) == 1:
         pytest.skip(f"torch runs {torch.backends.cpu.get_cpu_capability()} here: the AVX2 kernels only")
@@ -342,7 +343,7 @@ def test_every_variant_of_the_kernels_gives_the_same_bits(tmp_path: Path) -> Non
     assert [results[variant]["variant"] for variant in variants] == variants
     for variant in variants[1:]:
         assert torch.equal(results[variant]["linear"], results["avx2"]["linear"]), variant
-        assert torch.equal(results[variant]["bmm"], results["avx2"]["bmm"]), variant
+        assert torch.equal(results[variant]["attention"], results["avx2"]["attention"]), variant
 
 
 def test_the_weights_option_is_checked() -> None:

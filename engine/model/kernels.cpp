@@ -1,4 +1,4 @@
-// specedit's CPU kernels (built and loaded by model/kernels.py): products whose rows never depend on the
+// specedit's CPU kernels (built and loaded by model/kernels.py): results whose rows never depend on the
 // rows beside them.
 // - specedit::q8_linear(x, q, scales, offsets, bias) = x @ W^T + bias on int8 weights with a scale and an
 //   offset per group of 32 inputs, W[n, k] = scales[n, k / 32] * (q[n, k] - 128) + offsets[n, k / 32], q
@@ -6,9 +6,9 @@
 //   offsets (N/16, K/32, 16)), on activations quantized as it goes: per row and group of 32 inputs, levels
 //   a = round(x * 127 / max|x|) in -127..127, each standing for d = max|x| / 127;
 // - specedit::q8_quantize(w): those (q, scales, offsets) from (N, K) weights (model/quantized.py);
-// - specedit::f32_bmm(x, w), a batch of products on float32 weights, without bias: (B, M, K) by
-//   (B / G, N/16, K, 16) packed in panels of 16 outputs (attention's products, a head each, G heads
-//   sharing keys and values: model/invariant.py).
+// - specedit::attention(query, key, value, first, scale): causal attention of one sequence's queries on
+//   the keys and values of every position up to theirs, grouped-query heads (model/invariant.py): scores,
+//   softmax and weighted values in one pass a block of queries.
 // Activations and results are float32.
 //
 // Row-invariant by construction, which the engine's exactness rests on (see model/invariant.py): whatever
@@ -17,12 +17,13 @@
 //   integer levels is exact (in int32, however the instructions pair them); then each output is one chain
 //   of float32 fused multiply-adds over the groups in order, from zero: acc += that sum * (scale * d),
 //   acc += offset * (d * the sum of the row's levels), then the bias added;
-// - f32_bmm: each output is one chain of fused multiply-adds over k = 0..K-1 in order, from zero.
+// - attention: each query's scores are chains of fused multiply-adds over the head's width in order, its
+//   softmax runs over the keys up to its own position in their order, and so do its weighted values.
 // Only the blocking changes with the number of rows. q8_linear streams its weights once for a forward of a
 // few rows (the weights' bytes are the cost) and keeps a block of panels in the cache for the row blocks
 // of a larger one (the arithmetic is the cost): 4 byte products a lane per instruction (AVX-512 VNNI's
-// vpdpbusd), or 2 then 2 (AVX2's vpmaddubsw then vpmaddwd). f32_bmm: up to 4 rows stream the weights,
-// more run a register-blocked kernel (6 rows by 16 or 64 outputs) over them, as a float32 GEMM would.
+// vpdpbusd), or 2 then 2 (AVX2's vpmaddubsw then vpmaddwd). attention reads each key once for a block of
+// up to 64 queries, a query a lane.
 // Compiled for AVX2 (8 lanes a vector) or AVX-512 (16), with VNNI or without: each lane is an output,
 // computed the same way, bit for bit.
 #include <ATen/ATen.h>
@@ -64,6 +65,15 @@ inline IVec izero() { return _mm512_setzero_si512(); }
 inline IVec iload(const uint8_t* p) { return _mm512_loadu_si512(p); }
 inline IVec ibroadcast(int32_t v) { return _mm512_set1_epi32(v); }
 inline Vec to_float(IVec v) { return _mm512_cvtepi32_ps(v); }
+inline Vec splat(float v) { return _mm512_set1_ps(v); }
+inline Vec subtract(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
+inline Vec divide(Vec a, Vec b) { return _mm512_div_ps(a, b); }
+inline Vec kept_if_at_most(Vec a, Vec b, Vec value, Vec otherwise) {  // a <= b ? value : otherwise, a lane each
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LE_OQ), otherwise, value);
+}
+inline Vec power_of_two(Vec n) {  // 2^n for integral n in -126..127
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+}
 #if defined(__AVX512VNNI__)
 // VNNI: vpdpbusd sums 4 products of unsigned weights' levels u and signed activations' a into each lane,
 // exactly. Sum (u - 128) * a = that - 128 * sum a (`biased`: the group's correction, `centred`).
@@ -116,6 +126,15 @@ inline IVec izero() { return _mm256_setzero_si256(); }
 inline IVec iload(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 inline IVec ibroadcast(int32_t v) { return _mm256_set1_epi32(v); }
 inline Vec to_float(IVec v) { return _mm256_cvtepi32_ps(v); }
+inline Vec splat(float v) { return _mm256_set1_ps(v); }
+inline Vec subtract(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
+inline Vec divide(Vec a, Vec b) { return _mm256_div_ps(a, b); }
+inline Vec kept_if_at_most(Vec a, Vec b, Vec value, Vec otherwise) {
+  return _mm256_blendv_ps(otherwise, value, _mm256_cmp_ps(a, b, _CMP_LE_OQ));
+}
+inline Vec power_of_two(Vec n) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
 #if defined(__AVXVNNI__) || defined(__AVX512VNNI__)
 // AVX-VNNI (most laptops since 2021), or AVX-512 VNNI's instruction on 8 lanes: as on 16 lanes above.
 struct Prepared { IVec u; };
@@ -151,13 +170,6 @@ constexpr int64_t kGroup = 32;            // weights per scale and offset, along
 constexpr int64_t kPanel = 16;            // outputs per panel
 constexpr int kVectors = kPanel / kLanes;  // vectors per panel: 2 (AVX2) or 1 (AVX-512)
 constexpr int kDirectRows = 4;            // forwards of up to this many rows stream the weights once
-// f32_bmm's register block: 6 rows by 16 outputs on AVX2 (12 accumulators of its 16 registers), 6 rows
-// by 64 outputs on AVX-512 (24 of 32): enough multiply-adds in flight, few loads for each.
-constexpr int kBlockRows = 6;
-constexpr int kBlockPanels = kVectors == 2 ? 1 : 4;
-
-// ---- float32 weights (f32_bmm) ----
-
 // `body.template operator()<n>()` for the run-time count n in 1..N: a block's rows or panels as a template
 // argument, so that its loops unroll whole.
 template <int N, typename Body>
@@ -166,56 +178,6 @@ void by_count(int n, const Body& body) {
     if (n < N) return by_count<N - 1>(n, body);
   }
   body.template operator()<N>();
-}
-
-// R rows by P panels of float32 weights `v` (P x K x 16 floats, read as they are), register-blocked: the
-// one chain of multiply-adds per output.
-template <int R, int P>
-void block(const float* x, const float* v, int64_t K, float* out, int64_t N) {
-  Vec acc[R][P][kVectors];
-  UNROLL for (int r = 0; r < R; ++r)
-    UNROLL for (int p = 0; p < P; ++p)
-      UNROLL for (int h = 0; h < kVectors; ++h) acc[r][p][h] = zero();
-  for (int64_t k = 0; k < K; ++k) {
-    Vec w[P][kVectors];
-    UNROLL for (int p = 0; p < P; ++p)
-      UNROLL for (int h = 0; h < kVectors; ++h) w[p][h] = load(v + (p * K + k) * kPanel + h * kLanes);
-    UNROLL for (int r = 0; r < R; ++r) {
-      const Vec a = broadcast(x + r * K + k);
-      UNROLL for (int p = 0; p < P; ++p)
-        UNROLL for (int h = 0; h < kVectors; ++h) acc[r][p][h] = madd(a, w[p][h], acc[r][p][h]);
-    }
-  }
-  UNROLL for (int r = 0; r < R; ++r)
-    UNROLL for (int p = 0; p < P; ++p)
-      UNROLL for (int h = 0; h < kVectors; ++h) store(out + r * N + p * kPanel + h * kLanes, acc[r][p][h]);
-}
-
-// Panels [first, last) of float32 weights `w` for a forward of M rows: up to 4 rows, P panels at a time (R
-// rows x P panels x vectors = 8 accumulators) as the weights stream by; more, kBlockPanels at a time, the
-// rows in blocks of kBlockRows.
-void f32_panels(const float* x, int64_t M, const float* w, int64_t K, int64_t first, int64_t last, float* out,
-                int64_t N) {
-  const auto weights = [&](int64_t panel) { return w + panel * K * kPanel; };
-  if (M <= kDirectRows) {
-    return by_count<kDirectRows>(static_cast<int>(M), [&]<int R>() {
-      constexpr int P = std::max(1, 8 / (R * kVectors));
-      int64_t panel = first;
-      for (; panel + P <= last; panel += P) block<R, P>(x, weights(panel), K, out + panel * kPanel, N);
-      for (; panel < last; ++panel) block<R, 1>(x, weights(panel), K, out + panel * kPanel, N);
-    });
-  }
-  for (int64_t panel = first; panel < last; panel += kBlockPanels) {
-    const int panels = static_cast<int>(std::min<int64_t>(kBlockPanels, last - panel));
-    for (int64_t m = 0; m < M; m += kBlockRows) {
-      const int rows = static_cast<int>(std::min<int64_t>(kBlockRows, M - m));
-      by_count<kBlockPanels>(panels, [&]<int P>() {
-        by_count<kBlockRows>(rows, [&]<int R>() {
-          block<R, P>(x + m * K, weights(panel), K, out + m * N + panel * kPanel, N);
-        });
-      });
-    }
-  }
 }
 
 // ---- int8 weights (q8_linear) ----
@@ -377,29 +339,191 @@ at::Tensor q8_linear(const at::Tensor& input, const at::Tensor& q, const at::Ten
   return out.view(shape);
 }
 
-// A batch of products: input (B, M, K), weights (B / G, N/16, K, 16) -> (B, M, N), product b on weights
-// b / G (G inputs share weights: grouped-query attention's heads), each row computed alone (attention's
-// scores and weighted values, one product per head).
-at::Tensor f32_bmm(const at::Tensor& input, const at::Tensor& weights) {
-  TORCH_CHECK(input.scalar_type() == at::kFloat && input.dim() == 3, "f32_bmm: float32 (B, M, K) input");
-  TORCH_CHECK(weights.scalar_type() == at::kFloat && weights.dim() == 4 && weights.size(3) == kPanel &&
-                  weights.is_contiguous() && weights.size(2) == input.size(2) && weights.size(0) > 0 &&
-                  input.size(0) % weights.size(0) == 0,
-              "f32_bmm: float32 weights packed as (B / G, N/16, K, 16)");
-  const int64_t B = input.size(0), M = input.size(1), K = input.size(2), panels = weights.size(1);
-  const int64_t N = panels * kPanel, group = B / weights.size(0);
-  at::Tensor x = input.contiguous();
-  at::Tensor out = at::empty({B, M, N}, input.options());
-  if (M == 0 || B == 0) return out;
-  const float* xp = x.data_ptr<float>();
-  const float* wp = weights.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  at::parallel_for(0, B * panels, 8, [&](int64_t first, int64_t last) {
-    for (int64_t item = first; item < last;) {  // the items of one product at a time
-      const int64_t b = item / panels, stop = std::min(last, (b + 1) * panels);
-      f32_panels(xp + b * M * K, M, wp + (b / group) * panels * K * kPanel, K, item - b * panels, stop - b * panels,
-                 op + b * M * N, N);
-      item = stop;
+// ---- attention ----
+
+// e^x for x <= 0 (a score less the largest of its row), the same operations on every vector width: x = n ln 2
+// + r, n = round(x / ln 2), r by two multiply-adds (ln 2 in two parts), e^r by Cephes' polynomial, 2^n put
+// into the exponent. Within 2 ulp of e^x down to x = -87; below, it gives e^-87 (callers zero what they mask).
+inline Vec exp_nonpositive(Vec x) {
+  x = greater(x, splat(-87.0f));
+  const Vec n = rounded(mul(x, splat(1.44269504088896341f)));
+  Vec r = madd(n, splat(-0.693359375f), x);
+  r = madd(n, splat(2.12194440e-4f), r);
+  Vec y = splat(1.9875691500e-4f);
+  y = madd(y, r, splat(1.3981999507e-3f));
+  y = madd(y, r, splat(8.3334519073e-3f));
+  y = madd(y, r, splat(4.1665795894e-2f));
+  y = madd(y, r, splat(1.6666665459e-1f));
+  y = madd(y, r, splat(5.0000001201e-1f));
+  y = madd(y, mul(r, r), add(r, splat(1.0f)));
+  return mul(y, power_of_two(n));
+}
+
+constexpr int64_t kQueryBlock = 64;  // queries a task scores together: each key is read once for all of them
+
+struct AttentionArgs {
+  const float* q;  // (H, T, D), strides q_head, q_row; d contiguous
+  const float* k;  // (H_kv, >= first + T, D), strides k_head, k_row
+  const float* v;  // as k
+  int64_t q_head, q_row, k_head, k_row, v_head, v_row;
+  float* out;  // (T, H, D)
+  int64_t heads, kv_heads, rows, D, first;
+  float scale;
+};
+
+constexpr int kOutputVectors = 64 / kLanes;  // a query's outputs computed together: 64 floats
+
+// C vectors of the outputs of Q queries (lanes l .. l + Q - 1 of the block), from output d: each one chain of
+// multiply-adds over its keys 0 .. last[q] in order, of its e of the key (e[key * stride + q]) times the key's
+// values, then divided by its sum. Q queries at once share the loads of the values.
+template <int C, int Q>
+void weighted_values(const AttentionArgs& a, int64_t g, const int64_t* last, const float* e, int64_t stride,
+                     const float* sums, int64_t d, float* const* out) {
+  const float* values = a.v + g * a.v_head + d;
+  Vec acc[Q][C];
+  UNROLL for (int q = 0; q < Q; ++q)
+    UNROLL for (int c = 0; c < C; ++c) acc[q][c] = zero();
+  int64_t together = last[0];
+  UNROLL for (int q = 1; q < Q; ++q) together = std::min(together, last[q]);
+  for (int64_t j = 0; j <= together; ++j) {
+    Vec value[C];
+    UNROLL for (int c = 0; c < C; ++c) value[c] = load(values + j * a.v_row + c * kLanes);
+    UNROLL for (int q = 0; q < Q; ++q) {
+      const Vec weight = broadcast(e + j * stride + q);
+      UNROLL for (int c = 0; c < C; ++c) acc[q][c] = madd(weight, value[c], acc[q][c]);
+    }
+  }
+  UNROLL for (int q = 0; q < Q; ++q) {
+    for (int64_t j = together + 1; j <= last[q]; ++j) {
+      const Vec weight = broadcast(e + j * stride + q);
+      UNROLL for (int c = 0; c < C; ++c) acc[q][c] = madd(weight, load(values + j * a.v_row + c * kLanes), acc[q][c]);
+    }
+    UNROLL for (int c = 0; c < C; ++c) store(out[q] + c * kLanes, divide(acc[q][c], splat(sums[q])));
+  }
+}
+
+// Keys j .. j + U - 1 (their rows at k, `stride` apart, D wide) scored against V vectors of queries (qt: (D,
+// V lanes), transposed): per key and query one chain of multiply-adds over d in order, times the scale; a
+// key past a query's position (`at`) scores -infinity there. Each query's largest score kept, the scores
+// stored at scores[key][lane].
+template <int V, int U>
+void score_keys(const float* k, int64_t j, int64_t stride, int64_t D, const float* qt, const Vec* at, Vec* largest,
+                float* scores, float scale) {
+  constexpr int64_t L = V * kLanes;
+  Vec acc[U][V];
+  UNROLL for (int u = 0; u < U; ++u)
+    UNROLL for (int v = 0; v < V; ++v) acc[u][v] = zero();
+  for (int64_t d = 0; d < D; ++d) {
+    Vec q[V];
+    UNROLL for (int v = 0; v < V; ++v) q[v] = load(qt + d * L + v * kLanes);
+    UNROLL for (int u = 0; u < U; ++u) {
+      const Vec kd = broadcast(k + (j + u) * stride + d);
+      UNROLL for (int v = 0; v < V; ++v) acc[u][v] = madd(kd, q[v], acc[u][v]);
+    }
+  }
+  UNROLL for (int u = 0; u < U; ++u) {
+    const Vec index = splat(static_cast<float>(j + u));
+    UNROLL for (int v = 0; v < V; ++v) {
+      const Vec score = kept_if_at_most(index, at[v], mul(acc[u][v], splat(scale)),
+                                        splat(-std::numeric_limits<float>::infinity()));
+      largest[v] = greater(largest[v], score);
+      store(scores + (j + u) * L + v * kLanes, score);
+    }
+  }
+}
+
+// Queries [start, start + count) of kv head g's group (query i: head g * G + i / T, row i % T, at position
+// first + i % T), one a lane of V vectors: the scores of every key up to the block's last position, each one
+// chain of multiply-adds over d in order; per query, the largest score of the keys at or before its position,
+// e = exp(score - largest) of those (0 for the others) and their sum in the order of the keys; then its output,
+// one chain of multiply-adds over those keys in order per d, of e times the key's value, divided by that sum.
+// A query's arithmetic never involves another query: which block, lane or thread computes it changes nothing.
+template <int V>
+void attention_block(const AttentionArgs& a, int64_t g, int64_t start, int64_t count, std::vector<float>& qt,
+                     std::vector<float>& scores) {
+  constexpr int64_t L = V * kLanes;
+  const int64_t G = a.heads / a.kv_heads, D = a.D;
+  int64_t head[L], row[L];
+  float position[L];
+  int64_t keys = 0;
+  qt.assign(D * L, 0.0f);
+  for (int64_t l = 0; l < L; ++l) {
+    const int64_t i = start + std::min(l, count - 1);  // lanes past the block repeat its last query
+    head[l] = g * G + i / a.rows;
+    row[l] = i % a.rows;
+    position[l] = static_cast<float>(a.first + row[l]);
+    keys = std::max(keys, a.first + row[l] + 1);
+    const float* query = a.q + head[l] * a.q_head + row[l] * a.q_row;
+    for (int64_t d = 0; d < D; ++d) qt[d * L + l] = query[d];
+  }
+  scores.resize(keys * L);
+  Vec at[V], largest[V], total[V];
+  UNROLL for (int v = 0; v < V; ++v) {
+    at[v] = load(position + v * kLanes);
+    largest[v] = splat(-std::numeric_limits<float>::infinity());
+    total[v] = zero();
+  }
+  // U keys at a time: 8 or more chains of multiply-adds in flight
+  constexpr int U = std::max(1, 8 / V);
+  const float* k = a.k + g * a.k_head;
+  int64_t scored = 0;
+  for (; scored + U <= keys; scored += U) score_keys<V, U>(k, scored, a.k_row, D, qt.data(), at, largest, scores.data(), a.scale);
+  for (; scored < keys; ++scored) score_keys<V, 1>(k, scored, a.k_row, D, qt.data(), at, largest, scores.data(), a.scale);
+  for (int64_t j = 0; j < keys; ++j) {
+    const Vec index = splat(static_cast<float>(j));
+    UNROLL for (int v = 0; v < V; ++v) {
+      float* score = scores.data() + j * L + v * kLanes;
+      const Vec e = kept_if_at_most(index, at[v], exp_nonpositive(subtract(load(score), largest[v])), zero());
+      total[v] = add(total[v], e);
+      store(score, e);
+    }
+  }
+  float sums[L];
+  UNROLL for (int v = 0; v < V; ++v) store(sums + v * kLanes, total[v]);
+  int64_t last[L];
+  float* out[L];
+  for (int64_t l = 0; l < count; ++l) {
+    last[l] = a.first + row[l];
+    out[l] = a.out + (row[l] * a.heads + head[l]) * D;
+  }
+  for (int64_t d = 0; d < D; d += kOutputVectors * kLanes) {
+    float* at_d[L];
+    for (int64_t l = 0; l < count; ++l) at_d[l] = out[l] + d;
+    by_count<kOutputVectors>(static_cast<int>(std::min<int64_t>(kOutputVectors, (D - d) / kLanes)), [&]<int C>() {
+      constexpr int Q = C <= 4 ? 2 : 1;  // 8 chains of multiply-adds in flight, or C
+      int64_t l = 0;
+      for (; l + Q <= count; l += Q) weighted_values<C, Q>(a, g, last + l, scores.data() + l, L, sums + l, d, at_d + l);
+      for (; l < count; ++l) weighted_values<C, 1>(a, g, last + l, scores.data() + l, L, sums + l, d, at_d + l);
+    });
+  }
+}
+
+// Causal attention of one sequence's queries at positions first .. first + T - 1 (query (H, T, D), keys and
+// values (H_kv, >= first + T, D), any strides but d's, H a multiple of H_kv: grouped-query heads, head h
+// on kv head h / (H / H_kv)) -> (T, H, D). D a multiple of 16. Blocks of up to kQueryBlock queries a task.
+at::Tensor attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t first,
+                     double scale) {
+  for (const at::Tensor* t : {&query, &key, &value})
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->dim() == 3 && t->stride(2) == 1,
+                "attention: float32 (heads, positions, D) with D contiguous");
+  const int64_t H = query.size(0), T = query.size(1), D = query.size(2), H_kv = key.size(0);
+  TORCH_CHECK(D % 16 == 0 && key.size(2) == D && value.size(2) == D, "attention: D a multiple of 16, alike");
+  TORCH_CHECK(H_kv > 0 && H % H_kv == 0 && value.size(0) == H_kv, "attention: heads a multiple of kv heads");
+  TORCH_CHECK(first >= 0 && key.size(1) >= first + T && value.size(1) >= first + T,
+              "attention: keys and values for every position up to the last query's");
+  at::Tensor out = at::empty({T, H, D}, query.options());
+  if (T == 0) return out;
+  const AttentionArgs a{query.data_ptr<float>(), key.data_ptr<float>(), value.data_ptr<float>(),
+                        query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0),
+                        value.stride(1), out.data_ptr<float>(), H, H_kv, T, D, first, static_cast<float>(scale)};
+  const int64_t group = (H / H_kv) * T, blocks = (group + kQueryBlock - 1) / kQueryBlock;
+  at::parallel_for(0, H_kv * blocks, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> qt, scores;  // kept between calls: no new pages to touch
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t g = task / blocks, start = (task % blocks) * kQueryBlock;
+      const int64_t count = std::min(kQueryBlock, group - start);
+      by_count<kQueryBlock / kLanes>(static_cast<int>((count + kLanes - 1) / kLanes),
+                                     [&]<int V>() { attention_block<V>(a, g, start, count, qt, scores); });
     }
   });
   return out;
@@ -460,11 +584,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> q8_quantize(const at::Tensor& wei
 TORCH_LIBRARY(specedit, m) {
   m.def("q8_linear(Tensor input, Tensor q, Tensor scales, Tensor offsets, Tensor? bias) -> Tensor");
   m.def("q8_quantize(Tensor weight) -> (Tensor, Tensor, Tensor)");
-  m.def("f32_bmm(Tensor input, Tensor weights) -> Tensor");
+  m.def("attention(Tensor query, Tensor key, Tensor value, int first, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specedit, CPU, m) {
   m.impl("q8_linear", q8_linear);
   m.impl("q8_quantize", q8_quantize);
-  m.impl("f32_bmm", f32_bmm);
+  m.impl("attention", attention);
 }

@@ -9,9 +9,9 @@ or the CPU. Three ops:
 - `specedit::q8_linear`: a linear layer on int8 weights (`model.quantized`), its activations quantized to
   int8 as it goes, the products summed in integers;
 - `specedit::q8_quantize`: those int8 weights, scales and offsets from a layer's weights, in one pass;
-- `specedit::f32_bmm`: a batch of float32 products on weights packed the same way, for attention's
-  scores and weighted values (`bmm`), where the CPU's flash kernel is not row-invariant everywhere
-  (Intel Xeon steered to AVX2, 1 thread: a prefill of 61 rows at once and in two pieces differ; 2026-12).
+- `specedit::attention`: causal attention (`attention`: scores, softmax and weighted values in one pass),
+  where the CPU's flash kernel is not row-invariant everywhere (Intel Xeon steered to AVX2, 1 thread: a
+  prefill of 61 rows at once and in two pieces differ; 2026-12).
 
 They are compiled on first use with the machine's C++ compiler against the installed torch (about 10 s),
 into a folder keyed by the source, torch's version and the flags, and need an x86 CPU with AVX2 and FMA;
@@ -60,17 +60,11 @@ def loaded() -> bool:
     return _registered()
 
 
-def pack(weights: torch.Tensor) -> torch.Tensor:
-    """(..., N, K) float32 weights -> the kernels' panels (..., N/16, K, 16); N must be a multiple of 16."""
-    *batch, outputs, inputs = weights.shape
-    panels = weights.reshape(*batch, outputs // PANEL, PANEL, inputs)
-    return panels.transpose(-1, -2).contiguous()
-
-
-def bmm(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """x @ weights^T, a product per batch: (B, M, K) by (B / G, N, K) -> (B, M, N), row-invariantly; G
-    products in a row share weights (grouped-query attention's heads); N: a multiple of 16."""
-    output: torch.Tensor = torch.ops.specedit.f32_bmm(x, pack(weights))
+def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, first: int, scale: float) -> torch.Tensor:
+    """Causal attention of one sequence's queries at positions first .. first + T - 1: query (H, T, D), keys
+    and values (H_kv, first + T or more, D) (grouped-query heads: head h on kv head h // (H / H_kv)) -> (T, H,
+    D), row-invariantly. D: a multiple of 16; any strides but D's."""
+    output: torch.Tensor = torch.ops.specedit.attention(query, key, value, first, scale)
     return output
 
 
@@ -101,7 +95,7 @@ def variant_flags(name: str) -> tuple[str, ...]:
 
 
 def _registered() -> bool:
-    return hasattr(torch.ops.specedit, "f32_bmm")
+    return hasattr(torch.ops.specedit, "attention")
 
 
 @cache
