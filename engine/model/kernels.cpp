@@ -404,11 +404,11 @@ void weighted_values(const AttentionArgs& a, int64_t g, const int64_t* last, con
 
 // Keys j .. j + U - 1 (their rows at k, `stride` apart, D wide) scored against V vectors of queries (qt: (D,
 // V lanes), transposed): per key and query one chain of multiply-adds over d in order, times the scale; a
-// key past a query's position (`at`) scores -infinity there. Each query's largest score kept, the scores
+// key past a query's position (`until`) scores -infinity there. Each query's largest score kept, the scores
 // stored at scores[key][lane].
 template <int V, int U>
-void score_keys(const float* k, int64_t j, int64_t stride, int64_t D, const float* qt, const Vec* at, Vec* largest,
-                float* scores, float scale) {
+void score_keys(const float* k, int64_t j, int64_t stride, int64_t D, const float* qt, const Vec* until,
+                Vec* largest, float* scores, float scale) {
   constexpr int64_t L = V * kLanes;
   Vec acc[U][V];
   UNROLL for (int u = 0; u < U; ++u)
@@ -424,7 +424,7 @@ void score_keys(const float* k, int64_t j, int64_t stride, int64_t D, const floa
   UNROLL for (int u = 0; u < U; ++u) {
     const Vec index = splat(static_cast<float>(j + u));
     UNROLL for (int v = 0; v < V; ++v) {
-      const Vec score = kept_if_at_most(index, at[v], mul(acc[u][v], splat(scale)),
+      const Vec score = kept_if_at_most(index, until[v], mul(acc[u][v], splat(scale)),
                                         splat(-std::numeric_limits<float>::infinity()));
       largest[v] = greater(largest[v], score);
       store(scores + (j + u) * L + v * kLanes, score);
@@ -457,9 +457,9 @@ void attention_block(const AttentionArgs& a, int64_t g, int64_t start, int64_t c
     for (int64_t d = 0; d < D; ++d) qt[d * L + l] = query[d];
   }
   scores.resize(keys * L);
-  Vec at[V], largest[V], total[V];
+  Vec until[V], largest[V], total[V];  // a lane's last key, largest score, sum
   UNROLL for (int v = 0; v < V; ++v) {
-    at[v] = load(position + v * kLanes);
+    until[v] = load(position + v * kLanes);
     largest[v] = splat(-std::numeric_limits<float>::infinity());
     total[v] = zero();
   }
@@ -467,13 +467,15 @@ void attention_block(const AttentionArgs& a, int64_t g, int64_t start, int64_t c
   constexpr int U = std::max(1, 8 / V);
   const float* k = a.k + g * a.k_head;
   int64_t scored = 0;
-  for (; scored + U <= keys; scored += U) score_keys<V, U>(k, scored, a.k_row, D, qt.data(), at, largest, scores.data(), a.scale);
-  for (; scored < keys; ++scored) score_keys<V, 1>(k, scored, a.k_row, D, qt.data(), at, largest, scores.data(), a.scale);
+  for (; scored + U <= keys; scored += U)
+    score_keys<V, U>(k, scored, a.k_row, D, qt.data(), until, largest, scores.data(), a.scale);
+  for (; scored < keys; ++scored)
+    score_keys<V, 1>(k, scored, a.k_row, D, qt.data(), until, largest, scores.data(), a.scale);
   for (int64_t j = 0; j < keys; ++j) {
     const Vec index = splat(static_cast<float>(j));
     UNROLL for (int v = 0; v < V; ++v) {
       float* score = scores.data() + j * L + v * kLanes;
-      const Vec e = kept_if_at_most(index, at[v], exp_nonpositive(subtract(load(score), largest[v])), zero());
+      const Vec e = kept_if_at_most(index, until[v], exp_nonpositive(subtract(load(score), largest[v])), zero());
       total[v] = add(total[v], e);
       store(score, e);
     }
@@ -487,13 +489,14 @@ void attention_block(const AttentionArgs& a, int64_t g, int64_t start, int64_t c
     out[l] = a.out + (row[l] * a.heads + head[l]) * D;
   }
   for (int64_t d = 0; d < D; d += kOutputVectors * kLanes) {
-    float* at_d[L];
-    for (int64_t l = 0; l < count; ++l) at_d[l] = out[l] + d;
+    float* outputs[L];
+    for (int64_t l = 0; l < count; ++l) outputs[l] = out[l] + d;
     by_count<kOutputVectors>(static_cast<int>(std::min<int64_t>(kOutputVectors, (D - d) / kLanes)), [&]<int C>() {
       constexpr int Q = C <= 4 ? 2 : 1;  // 8 chains of multiply-adds in flight, or C
       int64_t l = 0;
-      for (; l + Q <= count; l += Q) weighted_values<C, Q>(a, g, last + l, scores.data() + l, L, sums + l, d, at_d + l);
-      for (; l < count; ++l) weighted_values<C, 1>(a, g, last + l, scores.data() + l, L, sums + l, d, at_d + l);
+      for (; l + Q <= count; l += Q)
+        weighted_values<C, Q>(a, g, last + l, scores.data() + l, L, sums + l, d, outputs + l);
+      for (; l < count; ++l) weighted_values<C, 1>(a, g, last + l, scores.data() + l, L, sums + l, d, outputs + l);
     });
   }
 }
