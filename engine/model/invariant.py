@@ -277,7 +277,7 @@ def _attention_on_own_kernels(
     query's scores, softmax and weighted values run over the keys up to its own position, in their order,
     whatever the queries beside it. (1, H, q, D) queries -> (1, q, H, D)."""
     head_dim = query.shape[3]
-    width = -(-head_dim // kernels.PANEL) * kernels.PANEL  # the kernel takes heads a multiple of 16 wide
+    width = -(-head_dim // kernels.HEAD_WIDTHS) * kernels.HEAD_WIDTHS  # heads widened to whole vectors
     if width != head_dim:  # zeros change no dot product; the extra output columns are dropped
         query, key, value = (F.pad(states, (0, width - head_dim)) for states in (query, key, value))
     output = kernels.attention(query[0], key[0], value[0], first, scale)  # (q, H, width)

@@ -446,7 +446,7 @@ void attention_block(const AttentionArgs& a, int64_t g, int64_t start, int64_t c
   int64_t head[L], row[L];
   float position[L];
   int64_t keys = 0;
-  qt.assign(D * L, 0.0f);
+  qt.resize(D * L);  // every lane written below
   for (int64_t l = 0; l < L; ++l) {
     const int64_t i = start + std::min(l, count - 1);  // lanes past the block repeat its last query
     head[l] = g * G + i / a.rows;

@@ -38,6 +38,7 @@ from specedit.engine.model.cpu import cpu_class, cpu_flags
 log = logging.getLogger(__name__)
 
 PANEL = 16  # outputs per packed panel
+HEAD_WIDTHS = 16  # `attention` takes heads a multiple of this wide: whole vectors of 8 or 16 lanes
 SOURCE = Path(__file__).with_name("kernels.cpp")
 # -ffp-contract=off: a multiply and an add stay two roundings unless the source fuses them itself.
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++20")
