@@ -17,7 +17,15 @@ context trusts, `SSL_CERT_FILE` included):
         and last {"type": "done", "outcome": RewriteOutcome, "replica": pid} or {"type": "done", "error_code",
         "error_message"}
     GET /status     Authorization: Bearer TOKEN   -> {"model", "models", "pid", "running", "cancelled"} (of one replica)
-    401 (no or wrong token: nothing runs), 400 (a request the engine cannot take), 404: {"error_code", "error_message"}
+    401 (no or wrong token: nothing runs), 400 (a body that is not JSON, nested too deep, of the wrong shape, or
+    a request the engine cannot take), 413 (a body over MAX_BODY_BYTES), 404: {"error_code", "error_message"}
+
+The token travels as a bearer header, in every request: whoever receives a request holds the token. HTTP
+cannot prove the server before it is sent (as the daemon's TCP handshake does, `protocol`), so over plain
+HTTP the door must stay on loopback (the default, 127.0.0.1), where no other machine sees it; anywhere
+else, put TLS in front (`--tls-cert`/`--tls-key`, or a proxy that terminates it), so that the client checks
+the server's certificate before the token leaves. Even on loopback, another local user who takes the port
+first (the cluster down, a restart) receives the token: on a shared machine, use TLS there too.
 
 A request names a model (Serve's multiplexing header) only to choose one of the deployment's other models
 (`models` in status); without it, the deployment's own model answers. Serve then prefers a replica that has
@@ -58,13 +66,29 @@ def error_body(code: str, message: str) -> dict[str, str]:
 
 
 def json_object(body: bytes) -> dict[str, Any]:
+    """`body` as a JSON object, or `ProtocolError("malformed_frame")` whatever is wrong with it, so that a
+    door answers 400, never 500: not JSON (`NaN` and `Infinity` included, which Python's parser takes), not
+    UTF-8, nested deeper than the parser recurses (a 200k-deep `[[[...]]]` is a `RecursionError`), an
+    integer over Python's digits limit (a plain `ValueError`), or strings with lone surrogates (`"\\ud800"`
+    parses, but is no text: the tokenizer would fail on it later, inside the engine).
+
+    >>> json_object(b'{"a": [1, null]}')
+    {'a': [1, None]}
+    """
     try:
-        value = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        value = json.loads(body, parse_constant=_not_a_number)
+        json.dumps(value, ensure_ascii=False).encode("utf-8")  # UnicodeEncodeError on a lone surrogate
+    except RecursionError:
+        raise ProtocolError("malformed_frame", "not JSON this door takes: nested too deep") from None
+    except ValueError as error:  # JSONDecodeError, UnicodeError, the digits limit, NaN
         raise ProtocolError("malformed_frame", f"not JSON: {error}") from None
     if not isinstance(value, dict):
         raise ProtocolError("malformed_frame", "not a JSON object")
     return value
+
+
+def _not_a_number(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
 
 
 # -------------------------------------------------------------------------------------------- the client

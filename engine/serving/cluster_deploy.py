@@ -82,15 +82,17 @@ class EngineReplica:
             return JSONResponse({**models, "pid": os.getpid(), **counts})
         if not (http.method == "POST" and path.endswith("/rewrite")):
             return JSONResponse(error_body("unknown_type", f"no {http.method} {path}"), status_code=404)
-        body = await http.body()
+        # Whatever the body is, a refusal is a 4xx in the door's error shape, never Starlette's bare 500:
+        # `json_object` turns every way JSON can be bad into a `ProtocolError`, and `from_wire` checks the
+        # shape against `RewriteRequest` (its own validation raises ValueError).
         try:
-            if len(body) > MAX_BODY_BYTES:
-                raise ProtocolError("frame_too_large", f"a request of {len(body)} bytes (at most {MAX_BODY_BYTES})")
+            body = await _body_within(http, MAX_BODY_BYTES)
             request = from_wire(RewriteRequest, json_object(body).get("request"))
             model = self._model_named(http.headers.get(MODEL_HEADER, ""))
-        except (ProtocolError, ValueError) as error:
+        except (ProtocolError, ValueError, TypeError) as error:
             code = error.code if isinstance(error, ProtocolError) else "bad_request"
-            return JSONResponse(error_body(code, str(error)), status_code=400)
+            status = 413 if code == "frame_too_large" else 400
+            return JSONResponse(error_body(code, str(error)), status_code=status)
         return StreamingResponse(self._events(model, request), media_type="application/x-ndjson")
 
     def _model_named(self, model: str) -> str | None:
@@ -167,6 +169,20 @@ class EngineReplica:
                     return
         finally:
             cancel.set()
+
+
+async def _body_within(http: Any, limit: int) -> bytes:
+    """The request's body, read no further than `limit` bytes (`ProtocolError("frame_too_large")` past it):
+    a client that declares or sends more costs the replica no more memory than the limit."""
+    declared = http.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ProtocolError("frame_too_large", f"a request of {int(declared)} bytes (at most {limit})")
+    body = bytearray()
+    async for chunk in http.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ProtocolError("frame_too_large", f"a request of more than {limit} bytes")
+    return bytes(body)
 
 
 @dataclass(frozen=True)
