@@ -284,6 +284,129 @@ def test_a_full_or_read_only_file_system_leaves_nothing_behind(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["add.py"]  # no backup, no temporary file
 
 
+def saved_meanwhile(source: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The user saves `source` while it is rewritten (so the result must be kept beside it, exit 9)."""
+    edited = ADD + "# saved by the user meanwhile\n"
+    run = LocalSession.run
+
+    def run_while_the_user_saves(self: LocalSession, *args: Any, **kwargs: Any) -> Any:
+        outcome = run(self, *args, **kwargs)
+        source.write_text(edited)
+        return outcome
+
+    monkeypatch.setattr(LocalSession, "run", run_while_the_user_saves)
+    return edited
+
+
+def kept_at(err: str) -> Path:
+    """The file the message says the result is in."""
+    return Path(err.split("the result is in ", 1)[1].split()[0].rstrip(";,"))
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o755], ids=oct)
+def test_the_result_kept_beside_has_the_originals_mode_whatever_the_umask(
+    tmp_path: Path,
+    memorising_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    mode: int,
+) -> None:
+    source = tmp_path / "add.py"
+    source.write_text(ADD)
+    source.chmod(mode)
+    saved_meanwhile(source, monkeypatch)
+    umask = os.umask(0o022)
+    try:
+        assert rewrite_in_place(source, model=memorising_model_dir) == 9
+    finally:
+        os.umask(umask)
+    kept = tmp_path / "add.py.specedit"
+    assert kept_at(capsys.readouterr().err) == kept and kept.read_text() == ADD_ANSWER
+    assert stat.S_IMODE(kept.stat().st_mode) == mode  # a private file's result stays private
+    assert leftovers(tmp_path) == []
+
+
+def test_a_symlink_planted_at_the_side_name_is_not_written_through(
+    tmp_path: Path, memorising_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, yours = tmp_path / "victim.py", tmp_path / "yours.txt"
+    source.write_text(ADD)
+    source.chmod(0o600)
+    yours.write_text("a file of yours\n")
+    (tmp_path / "victim.py.specedit").symlink_to(yours)
+    edited = saved_meanwhile(source, monkeypatch)
+    assert rewrite_in_place(source, model=memorising_model_dir) == 9
+    err = capsys.readouterr().err
+    assert yours.read_text() == "a file of yours\n"  # not written through the link
+    assert (tmp_path / "victim.py.specedit").is_symlink() and os.readlink(tmp_path / "victim.py.specedit") == str(yours)
+    kept = kept_at(err)  # the result is kept, where the message says
+    assert kept.parent == tmp_path and kept.name.startswith("victim.py.") and not kept.is_symlink()
+    assert kept.read_text() == ADD_ANSWER and stat.S_IMODE(kept.stat().st_mode) == 0o600
+    assert "symbolic link" in err and source.read_text() == edited
+    assert leftovers(tmp_path) == []
+
+
+@as_root
+def test_in_a_sticky_folder_another_users_link_at_the_side_name_is_not_written_through(
+    tmp_path: Path, memorising_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """/tmp's case: a world-writable sticky folder where `nobody` links victim.py.specedit to a file of ours
+    before our --in-place run ends with exit 9 (root is not held back by the sticky bit: only the code is)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    source, yours = shared / "victim.py", tmp_path / "yours.txt"
+    source.write_text(ADD)
+    yours.write_text("a file of yours\n")
+    link = shared / "victim.py.specedit"
+    link.symlink_to(yours)
+    os.lchown(link, NOBODY.pw_uid, NOBODY.pw_gid)
+    saved_meanwhile(source, monkeypatch)
+    assert rewrite_in_place(source, model=memorising_model_dir) == 9
+    err = capsys.readouterr().err
+    assert yours.read_text() == "a file of yours\n" and link.is_symlink()
+    assert kept_at(err).read_text() == ADD_ANSWER and kept_at(err).stat().st_uid == 0
+    assert leftovers(shared) == []
+
+
+def test_a_symlink_planted_at_the_backup_name_is_a_clear_error_and_nothing_is_replaced(
+    tmp_path: Path, memorising_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, yours = tmp_path / "add.py", tmp_path / "yours.txt"
+    source.write_text(ADD)
+    yours.write_text("a file of yours\n")
+    (tmp_path / "add.py.orig").symlink_to(yours)
+    assert rewrite_in_place(source, model=memorising_model_dir) == 10  # WriteError
+    err = capsys.readouterr().err
+    assert "add.py.orig" in err and "symbolic link" in err and "nothing was replaced" in err
+    assert source.read_text() == ADD and yours.read_text() == "a file of yours\n"
+    assert (tmp_path / "add.py.orig").is_symlink() and leftovers(tmp_path) == []
+    assert rewrite_in_place(source, model=memorising_model_dir, extra=("--no-backup",)) == 0  # the way out
+    assert source.read_text() == ADD_ANSWER and yours.read_text() == "a file of yours\n"
+
+
+@as_root
+def test_an_output_path_through_another_users_link_in_a_sticky_folder_is_refused(
+    tmp_path: Path, memorising_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Linux's fs.protected_symlinks rule, kept where the system has it off: a link in a sticky world-writable
+    folder is followed only when its owner is the user or the folder's owner."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    source, yours = tmp_path / "add.py", tmp_path / "yours.txt"
+    source.write_text(ADD)
+    yours.write_text("a file of yours\n")
+    planted = shared / "out.py"
+    planted.symlink_to(yours)
+    os.lchown(planted, NOBODY.pw_uid, NOBODY.pw_gid)
+    argv = ["rewrite", str(source), "-i", ADD_INSTRUCTION, "--model", str(memorising_model_dir), "-o", str(planted)]
+    assert main(argv) == 10
+    assert "symbolic link" in capsys.readouterr().err and yours.read_text() == "a file of yours\n"
+    os.lchown(planted, 0, 0)  # our own link is followed, as ever
+    assert main(argv) == 0 and yours.read_text() == ADD_ANSWER and planted.is_symlink()
+
+
 def test_a_fifo_is_refused_not_waited_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fifo = tmp_path / "pipe.py"
     os.mkfifo(fifo)
