@@ -2,7 +2,10 @@
 
 A file is replaced only if it still holds what the model read, in one rename of a complete, fsynced file
 beside it, with the original's owner, group and mode; through a symlink, the file it points to is
-replaced and the link stays. Nothing is left behind when a write fails (a full or read-only file system).
+replaced and the link stays (not through another user's link in /tmp, `_followed`). Nothing is left
+behind when a write fails (a full or read-only file system). Side files (`.specedit`, `.orig`, the
+temporaries) are made new in the file's folder (O_EXCL, O_NOFOLLOW) with the original's mode, and never
+written through a link: a name taken by one, or by another user's file, is left alone.
 """
 
 from __future__ import annotations
