@@ -37,7 +37,15 @@ from specedit.engine.requests import Phase, RewriteRequest, StepInfo, WarmReques
 from specedit.engine.serving.client import EngineAddress, EngineClient, ensure_daemon
 from specedit.engine.serving.config import DaemonConfig
 from specedit.engine.serving.daemon import Daemon, serve
-from specedit.engine.serving.protocol import PROTOCOL_VERSION, encode_frame, recv_payload, to_wire
+from specedit.engine.serving.protocol import (
+    HANDSHAKE_NONCE_BYTES,
+    PROTOCOL_VERSION,
+    encode_frame,
+    handshake_proof,
+    is_handshake_proof,
+    recv_payload,
+    to_wire,
+)
 from specedit.engine.session import LocalSession, RemoteSession
 
 from conftest import MEMORISED_REWRITES
@@ -124,8 +132,9 @@ def raw_connect(address: str | Path) -> socket.socket:
     return sock
 
 
-def hello(token: str | None = None) -> dict[str, Any]:
-    return {"type": "hello", "version": PROTOCOL_VERSION, "token": token, "client": "test"}
+def hello(nonce: bytes | None = None) -> dict[str, Any]:
+    """A hello: over a unix socket without a nonce; over TCP with one (the daemon then sends its challenge)."""
+    return {"type": "hello", "version": PROTOCOL_VERSION, "nonce": nonce, "client": "test"}
 
 
 def rewrite_message(request_id: str, request: RewriteRequest) -> dict[str, Any]:
@@ -573,28 +582,65 @@ def test_a_model_that_does_not_load_ends_the_daemon(short_dir: Path) -> None:
 
 
 def test_tcp_needs_the_right_token(short_dir: Path, random_engine: Engine) -> None:
+    """Over TCP both sides prove they hold the token (`protocol`'s handshake), and the token never crosses:
+    a client with the wrong one refuses the daemon's proof; a peer that cannot prove it holds the token
+    is refused before any request of it runs."""
+    token, wrong = "s3cret-token", "s3cret-tokeN"
     token_file = short_dir / "token"
-    token_file.write_text("s3cret-token\n")
-    (short_dir / "wrong").write_text("s3cret-tokeN\n")
+    token_file.write_text(token + "\n")
+    (short_dir / "wrong").write_text(wrong + "\n")
     for path in (token_file, short_dir / "wrong"):
         path.chmod(0o600)  # a token others can read is refused
     config = DaemonConfig(host="127.0.0.1", port=0, token_file=token_file, options=ONE_THREAD)
     with daemon_thread(config, random_engine) as daemon:
         assert daemon.address.startswith("tcp://127.0.0.1:")
         host, port = "127.0.0.1", int(daemon.address.rsplit(":", 1)[1])
-        with pytest.raises(EngineUnavailableError, match="refused: wrong or missing token"):
+        with pytest.raises(EngineUnavailableError, match="did not prove it holds the token") as refused:
             EngineClient.connect(daemon.address, token_file=short_dir / "wrong")
-        for first_message in (hello(None), hello("s3cret-tokeN"), {"type": "status"}):
+        assert refused.value.exit_code == 7
+
+        def wrong_proofs(nonce: bytes, theirs: bytes) -> list[bytes]:
+            return [b"", os.urandom(32), handshake_proof(wrong, "client", nonce, theirs)]
+
+        for attempt in range(3):  # a peer without the token answers the challenge: refused, its rewrite not run
             with socket.create_connection((host, port), timeout=TIMEOUT) as sock:
-                sock.sendall(encode_frame(first_message))
+                nonce = os.urandom(HANDSHAKE_NONCE_BYTES)
+                sock.sendall(encode_frame(hello(nonce)))
+                challenge = receive(sock)
+                assert challenge is not None and challenge["type"] == "challenge"
+                assert is_handshake_proof(challenge["proof"], token, "server", nonce, challenge["nonce"])
+                assert token.encode() not in encode_frame(challenge)  # (only proofs cross, never the token)
+                proof = wrong_proofs(nonce, challenge["nonce"])[attempt]
+                sock.sendall(encode_frame({"type": "proof", "proof": proof}))
+                sock.sendall(encode_frame(rewrite_message("r1", random_model_request(3))))  # sent at once
                 reply = receive(sock)
-                assert reply is not None and reply["code"] in ("unauthorized", "hello_required")
+                assert reply is not None and reply["code"] == "unauthorized"
                 assert receive(sock) is None
+        old_hello = {"type": "hello", "version": 5, "token": token, "client": "specedit 0.1 (protocol 5)"}
+        for first_messages in (
+            [hello(None)],  # no nonce over TCP
+            [hello(b"short")],
+            [old_hello],  # told the version, not a missing field
+            [{"type": "status"}],
+            [{"type": "proof", "proof": os.urandom(32)}],  # a proof without a challenge
+            [hello(os.urandom(HANDSHAKE_NONCE_BYTES)), rewrite_message("r2", random_model_request(3))],  # no proof
+        ):
+            with socket.create_connection((host, port), timeout=TIMEOUT) as sock:
+                for message in first_messages:
+                    sock.sendall(encode_frame(message))
+                replies = []
+                while (reply := receive(sock)) is not None:
+                    replies.append(reply)
+                assert replies and replies[-1]["type"] == "error", replies
+                assert replies[-1]["code"] in ("unauthorized", "hello_required", "version_mismatch"), replies
+                if first_messages[0] is old_hello:
+                    assert replies[-1]["code"] == "version_mismatch"
         with socket.create_connection((host, port), timeout=TIMEOUT) as sock:  # big frames wait for the hello
             sock.sendall(struct.pack(">I", 1 << 20))
             reply = receive(sock)
             assert reply is not None and reply["code"] == "frame_too_large"
         with EngineClient.connect(daemon.address, token_file=token_file) as client:
+            assert client.status()["served"] == {}  # none of the refused peers' rewrites ran
             assert client.rewrite(random_model_request(3)).stats["generated_tokens"] == 3
 
 

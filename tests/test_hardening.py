@@ -195,6 +195,94 @@ def test_a_full_listen_backlog_is_waited_out(short_dir: Path) -> None:
         listener.close()
 
 
+TCP_TOKEN = "the-daemon-token-7f3a9c"
+SECRET_CODE = "API_KEY = 'only-in-the-users-file'\n"
+
+
+class RecordingListener:
+    """What another local user can start on the daemon's TCP port once it is free (a daemon that exited on
+    its idle timeout) or before it: a plain socket server that keeps every byte it receives and answers
+    each hello with `answer(hello)` (what an old daemon would say, or a forged challenge), then waits for
+    the client's next frame, keeps it, and hangs up."""
+
+    def __init__(self, answer: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        self.answer = answer
+        self.received = bytearray()
+        self.types: list[str] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.2)
+        self.address = f"tcp://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                connection, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            with connection:
+                connection.settimeout(5.0)
+                buffer = FrameBuffer(DEFAULT_MAX_FRAME_SIZE)
+                with contextlib.suppress(OSError, ProtocolError):
+                    while chunk := connection.recv(1 << 16):
+                        self.received += chunk
+                        buffer.feed(chunk)
+                        while (payload := buffer.next_payload()) is not None:
+                            message = decode_payload(payload)
+                            assert isinstance(message, dict)
+                            self.types.append(str(message.get("type")))
+                            if message.get("type") != "hello":
+                                raise OSError("got what it was after: hang up")
+                            connection.sendall(encode_frame(self.answer(message)))
+
+    def close(self) -> None:
+        self._stopping.set()
+        self._thread.join(5)
+        self._listener.close()
+
+
+def old_daemons_welcome(hello: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "hello_ok", "version": PROTOCOL_VERSION, "pid": 1}
+
+
+def a_forged_challenge(hello: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "challenge", "nonce": os.urandom(32), "proof": os.urandom(32)}
+
+
+def an_empty_proof(hello: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "challenge", "nonce": os.urandom(32), "proof": b""}
+
+
+@pytest.mark.parametrize("answer", [old_daemons_welcome, a_forged_challenge, an_empty_proof], ids=lambda f: f.__name__)
+def test_an_impostor_on_the_tcp_port_gets_neither_the_token_nor_the_code(
+    short_dir: Path, answer: Callable[[dict[str, Any]], dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    token_file = short_dir / "token"
+    token_file.write_text(TCP_TOKEN + "\n")
+    token_file.chmod(0o600)
+    source = short_dir / "secret.py"
+    source.write_text(SECRET_CODE)
+    impostor = RecordingListener(answer)
+    try:
+        with (
+            pytest.raises(EngineUnavailableError, match="did not prove it holds the token") as refused,
+            EngineClient.connect(impostor.address, token_file=token_file, timeout=5.0) as client,
+        ):
+            client.rewrite(RewriteRequest(SECRET_CODE, "Rename the key."))
+        assert refused.value.exit_code == 7
+        # The command line, as a user would run it: exit 7, and nothing of the file goes out either.
+        argv = ["rewrite", str(source), "-i", "Rename the key.", "--engine", impostor.address]
+        assert main([*argv, "--engine-token-file", str(token_file)]) == 7
+        assert "did not prove it holds the token" in capsys.readouterr().err
+    finally:
+        impostor.close()
+    assert impostor.types == ["hello", "hello"]  # nothing after the hello: not the token, not the request
+    assert TCP_TOKEN.encode() not in impostor.received and b"only-in-the-users-file" not in impostor.received
+    assert source.read_text() == SECRET_CODE
+
+
 # --- 2. no lost edits on disk ------------------------------------------------------------------------
 
 
@@ -490,7 +578,7 @@ def test_a_nil_frame_is_malformed_not_a_hang_up(short_dir: Path, tiny_model_dir:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(10)
             sock.connect(str(config.socket_path))
-            hello = {"type": "hello", "version": PROTOCOL_VERSION, "token": None, "client": "a\nforged line"}
+            hello = {"type": "hello", "version": PROTOCOL_VERSION, "nonce": None, "client": "a\nforged line"}
             sock.sendall(encode_frame(hello))
             buffer = FrameBuffer(1 << 20)
             replies = []

@@ -6,8 +6,10 @@
 Front ends use it through `session.RemoteSession`.
 
 Addresses: a filesystem path for a unix socket (`unix://PATH` also works), `tcp://HOST:PORT` for TCP,
-which needs the daemon's token (`token_file=`). Like `protocol`, this module imports neither torch nor
-the engine, so a thin client (the CLI with `--engine`) starts in milliseconds.
+which needs the daemon's token (`token_file=`). Over TCP the client sends nothing but its hello until the
+daemon has proved it holds the token (`protocol`'s handshake); the token itself is never sent. Like
+`protocol`, this module imports neither torch nor the engine, so a thin client (the CLI with `--engine`)
+starts in milliseconds.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import fcntl
 import itertools
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -35,12 +38,14 @@ from specedit.engine.requests import Phase, RewriteOutcome, RewriteRequest, Step
 from specedit.engine.serving.config import DaemonConfig, check_own_socket, peer_uid, prepare_state_dir, read_token
 from specedit.engine.serving.protocol import (
     DEFAULT_MAX_FRAME_SIZE,
+    HANDSHAKE_NONCE_BYTES,
     PROTOCOL_VERSION,
     Cancel,
     ClientMessage,
     DaemonMessage,
     FrameBuffer,
     Hello,
+    Proof,
     ProtocolError,
     Rewrite,
     Status,
@@ -50,6 +55,8 @@ from specedit.engine.serving.protocol import (
     encode_frame,
     error_from,
     from_wire,
+    handshake_proof,
+    is_handshake_proof,
     parse_daemon_message,
     to_wire,
 )
@@ -130,9 +137,11 @@ class EngineClient:
         client_name: str | None = None,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
     ) -> EngineClient:
-        """Connect and say hello; `EngineUnavailableError` when nobody answers or the daemon refuses."""
+        """Connect and say hello (over TCP: the handshake, `_authenticate`); `EngineUnavailableError` when
+        nobody answers, the daemon refuses, or what answers over TCP does not prove it holds the token."""
         where = address if isinstance(address, EngineAddress) else EngineAddress.parse(address)
-        token = read_token(Path(token_file)) if token_file is not None else None
+        token_path = Path(token_file) if token_file is not None else None
+        token = read_token(token_path) if token_path is not None else None
         if where.tcp and token is None:
             raise EngineUnavailableError(f"{where} is a TCP address: give the daemon's token file")
         try:
@@ -141,9 +150,13 @@ class EngineClient:
             raise EngineUnavailableError(f"no engine daemon answers at {where}: {error.strerror or error}") from None
         client = cls(sock, where, 0, max_frame_size)
         try:
+            deadline = time.monotonic() + timeout
             name = client_name or f"{Path(sys.argv[0]).name or 'python'} pid {os.getpid()}"
-            client._send(Hello(type="hello", version=PROTOCOL_VERSION, token=token, client=name))
-            reply = client._next(time.monotonic() + timeout)
+            nonce = secrets.token_bytes(HANDSHAKE_NONCE_BYTES) if where.tcp else None
+            client._send(Hello(type="hello", version=PROTOCOL_VERSION, nonce=nonce, client=name))
+            reply = client._next(deadline)
+            if nonce is not None and token is not None and token_path is not None:  # TCP
+                reply = client._authenticate(reply, token, nonce, token_path, deadline)
             if reply["type"] == "error":
                 raise EngineUnavailableError(f"the engine daemon at {where} refused: {reply['message']}")
             if reply["type"] != "hello_ok":
@@ -153,6 +166,25 @@ class EngineClient:
             client.close()
             raise
         return client
+
+    def _authenticate(
+        self, reply: DaemonMessage, token: str, nonce: bytes, token_file: Path, deadline: float
+    ) -> DaemonMessage:
+        """TCP: check the daemon's answer to the hello proves it holds the token, and only then prove ours;
+        the daemon's answer to that. Anything else (another user's listener on the port: an old daemon's
+        welcome, a forged proof) ends the connection with nothing more sent."""
+        if reply["type"] == "error":
+            return reply  # a refusal: said as such by the caller
+        if reply["type"] != "challenge" or not is_handshake_proof(
+            reply["proof"], token, "server", nonce, reply["nonce"]
+        ):
+            raise EngineUnavailableError(
+                f"the process listening on {self.address} did not prove it holds the token in {token_file}: it is "
+                "not your engine daemon (another user's process on the port?), or that daemon has another token; "
+                "refusing to send it your code"
+            )
+        self._send(Proof(type="proof", proof=handshake_proof(token, "client", nonce, reply["nonce"])))
+        return self._next(deadline)
 
     # -- requests
 

@@ -30,11 +30,11 @@ import asyncio
 import contextlib
 import dataclasses
 import fcntl
-import hmac
 import itertools
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import stat
@@ -53,8 +53,10 @@ from specedit.engine.requests import RewriteOutcome, RewriteRequest, StepInfo, W
 from specedit.engine.serving.config import LOOPBACK_HOSTS, DaemonConfig, peer_uid, prepare_state_dir, read_token
 from specedit.engine.serving.protocol import (
     END_OF_STREAM,
+    HANDSHAKE_NONCE_BYTES,
     HELLO_MAX_FRAME_SIZE,
     PROTOCOL_VERSION,
+    Challenge,
     ClientMessage,
     DaemonMessage,
     Done,
@@ -74,6 +76,8 @@ from specedit.engine.serving.protocol import (
     encode_frame,
     error_code_for,
     from_wire,
+    handshake_proof,
+    is_handshake_proof,
     parse_client_message,
     read_payload,
     to_wire,
@@ -263,6 +267,7 @@ class _Connection:
         self.number = number
         self.writer = writer
         self.greeted = False
+        self.nonces: tuple[bytes, bytes] | None = None  # TCP, between the challenge and the proof: (hello's, ours)
         self.client = "?"
         self.jobs: dict[str, _Job] = {}
         self.dropped = False  # the peer is gone (or going): nothing more is written
@@ -321,7 +326,7 @@ class Daemon:
         self.config = config
         self._listener = listener
         self._session = session
-        self._token = token.encode() if token is not None else None
+        self._token = token
         self._state = "ready" if session.engine is not None else "loading"
         self._failure: tuple[ErrorCode, str] | None = None
         self._exit_code = 0
@@ -445,7 +450,7 @@ class Daemon:
 
     def _peer_allowed(self, writer: asyncio.StreamWriter) -> bool:
         """Unix sockets: the peer must run as our user (the 0600 file mode already says so; this is
-        a second check). TCP peers prove themselves with the token in their hello."""
+        a second check). TCP peers prove they hold the token in the handshake (`_hello`, `_proof`)."""
         sock = writer.get_extra_info("socket")
         if self.config.tcp or sock is None:
             return True
@@ -465,6 +470,12 @@ class Daemon:
                         payload = await read_payload(reader, limit)
                 if payload is END_OF_STREAM:
                     return
+                asked = _version_of_another_hello(payload)  # before its fields are checked: they change with it
+                if asked is not None:
+                    connection.error(
+                        "version_mismatch", f"protocol {asked} asked; this daemon speaks {PROTOCOL_VERSION}"
+                    )
+                    return
                 message = parse_client_message(payload)
             except asyncio.TimeoutError:
                 connection.error("hello_required", f"no hello within {HELLO_TIMEOUT:.0f} s")
@@ -482,7 +493,9 @@ class Daemon:
     def _dispatch(self, connection: _Connection, message: ClientMessage) -> bool:
         """Act on one message; False to close the connection."""
         if message["type"] == "hello":
-            return self._hello(connection, message["version"], message["token"], message["client"])
+            return self._hello(connection, message["nonce"], message["client"])
+        if message["type"] == "proof":
+            return self._proof(connection, message["proof"])
         if not connection.greeted:
             connection.error("hello_required", "the first message must be hello")
             return False
@@ -502,24 +515,49 @@ class Daemon:
             self._begin_stop()
         return True
 
-    def _hello(self, connection: _Connection, version: int, token: str | None, client: str) -> bool:
+    def _hello(self, connection: _Connection, nonce: bytes | None, client: str) -> bool:
+        """A unix socket's peer (its uid checked) is welcome at once; over TCP, the daemon proves it holds
+        the token (`challenge`) and waits for the client's proof (`_proof`) before it takes anything."""
         if connection.greeted:
             connection.error("bad_message", "hello twice")
             return True
-        if version != PROTOCOL_VERSION:
-            connection.error("version_mismatch", f"protocol {version} asked; this daemon speaks {PROTOCOL_VERSION}")
+        if connection.nonces is not None:
+            connection.error("bad_message", "hello twice, before the proof")
             return False
-        if self._token is not None and not (
-            token is not None and hmac.compare_digest(token.encode("utf-8", "replace"), self._token)
-        ):
-            log.warning("connection %d: wrong or missing token", connection.number)
+        connection.client = "".join(c if c.isprintable() else "?" for c in client[:200])  # no forged log lines
+        if self._token is None:
+            self._welcome(connection)
+            return True
+        if nonce is None or len(nonce) != HANDSHAKE_NONCE_BYTES:
+            log.warning("connection %d (%s): a hello without a nonce over TCP", connection.number, connection.client)
+            connection.error("unauthorized", f"over TCP a hello carries a nonce of {HANDSHAKE_NONCE_BYTES} bytes")
+            return False
+        ours = secrets.token_bytes(HANDSHAKE_NONCE_BYTES)
+        connection.nonces = (nonce, ours)
+        proof = handshake_proof(self._token, "server", nonce, ours)
+        connection.send(Challenge(type="challenge", nonce=ours, proof=proof))
+        return True
+
+    def _proof(self, connection: _Connection, proof: bytes) -> bool:
+        """TCP: the client's proof that it holds the token, checked in constant time; only then is it a client."""
+        if connection.greeted:
+            connection.error("bad_message", "a proof after hello_ok")
+            return True
+        if self._token is None or connection.nonces is None:
+            connection.error("hello_required", "a proof answers the challenge to a hello")
+            return False
+        if not is_handshake_proof(proof, self._token, "client", *connection.nonces):
+            log.warning("connection %d (%s): wrong proof (not the token)", connection.number, connection.client)
             connection.error("unauthorized", "wrong or missing token")
             return False
+        self._welcome(connection)
+        return True
+
+    def _welcome(self, connection: _Connection) -> None:
         connection.greeted = True
-        connection.client = "".join(c if c.isprintable() else "?" for c in client[:200])  # no forged log lines
+        connection.nonces = None
         log.info("connection %d: hello from %s", connection.number, connection.client)
         connection.send(HelloOk(type="hello_ok", version=PROTOCOL_VERSION, pid=os.getpid()))
-        return True
 
     def _drop(self, connection: _Connection) -> None:
         """A connection closed: cancel what it asked for."""
@@ -777,6 +815,17 @@ class QuietLoopErrors:
         log.warning(
             "%s%s%s", message, f": {error}" if error is not None else "", f" (and {repeated} more)" * bool(repeated)
         )
+
+
+def _version_of_another_hello(payload: object) -> int | None:
+    """The version a hello asks for, if it is not ours, whatever else the hello holds (a version-5 client's
+    has a token and no nonce): refused as such, not as a message with the wrong fields."""
+    if not isinstance(payload, dict) or payload.get("type") != "hello":
+        return None
+    version = payload.get("version")
+    if isinstance(version, int) and not isinstance(version, bool) and version != PROTOCOL_VERSION:
+        return version
+    return None
 
 
 def _bare_done(request_id: str, *, outcome: RewriteOutcome | None = None, error: tuple[str, str] | None = None) -> Done:

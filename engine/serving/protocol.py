@@ -4,7 +4,9 @@ A frame is a 4-byte big-endian payload length, then the payload: one msgpack map
 The length is checked against the receiver's maximum *before* anything is allocated for the payload.
 
     client                                   daemon
-    hello {version, token, client}     ->
+    hello {version, nonce, client}     ->
+                                       <-    challenge {nonce, proof}          (TCP only: the daemon's proof)
+    proof {proof}                      ->                                      (TCP only: the client's)
                                        <-    hello_ok {version, pid}          (or error + close)
     rewrite {id, request}              ->
                                        <-    queued {id, position, loading}   (again when it moves up, or loaded)
@@ -20,6 +22,18 @@ The length is checked against the receiver's maximum *before* anything is alloca
                                        <-    stop_ok {}                        (then the daemon shuts down)
                                        <-    error {code, message, id}         (a message it could not take)
 
+Over TCP, both sides prove they hold the daemon's token, and the token itself never crosses the connection
+(another local user can listen on the port first, or once a daemon left it on its idle timeout): the hello
+carries a fresh client nonce; the daemon answers with its own nonce and `handshake_proof(token, "server",
+client nonce, daemon nonce)`; the client checks that proof (in constant time) before it sends anything
+else, so an impostor gets the hello and nothing more, then sends `handshake_proof(token, "client", ...)`,
+which the daemon checks before it takes any request. Over a unix socket there is no challenge (the
+hello's nonce is None): the socket's folder and file modes and the peer's uid guard it instead.
+What the handshake does not do: encrypt, or bind the proofs to an address. Whoever holds the port and can
+reach a daemon with the same token elsewhere could relay the handshake and read what follows; and each
+connection hands out a proof that makes the token guessable offline if it is weak: use a random token
+(`openssl rand -hex 32`), and TLS in front (with --allow-remote) beyond the machine.
+
 Every message type is declared once, below, as a TypedDict; the runtime check (`parse_client_message`,
 `parse_daemon_message`) is derived from those declarations, so the two cannot drift. Every field is
 always present (None where it does not apply); extra fields are ignored, for forward compatibility.
@@ -33,6 +47,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
+import hmac
 import socket
 import struct
 import types
@@ -52,11 +68,12 @@ from specedit.engine.errors import (
     SpeceditError,
 )
 
-PROTOCOL_VERSION = 5  # 2: requests, steps and outcomes as their dataclasses (`to_wire`); 3: warm, document;
-# 4: a request's `merge`; 5: `queued` says whether the model is loading
+PROTOCOL_VERSION = 6  # 2: requests, steps and outcomes as their dataclasses (`to_wire`); 3: warm, document;
+# 4: a request's `merge`; 5: `queued` says whether the model is loading; 6: TCP's challenge-response (no token)
 # A request holds at most MAX_INPUT_BYTES (1 MB) each of original, instruction and sketch (`requests`).
 DEFAULT_MAX_FRAME_SIZE = 4 * 1024 * 1024
-HELLO_MAX_FRAME_SIZE = 64 * 1024  # before the hello is accepted (TCP: before the token is checked)
+HELLO_MAX_FRAME_SIZE = 64 * 1024  # before the hello is accepted (TCP: until the client's proof checks out)
+HANDSHAKE_NONCE_BYTES = 32  # each side's fresh random nonce over TCP; of a fixed size, so proofs parse one way
 _HEADER = struct.Struct(">I")
 HEADER_SIZE = _HEADER.size
 
@@ -68,7 +85,7 @@ ErrorCode = Literal[
     "bad_message",  # a known type with missing or mistyped fields
     "hello_required",  # the first message was not `hello`; the connection is closed
     "version_mismatch",  # the hello's protocol version is not ours; the connection is closed
-    "unauthorized",  # a wrong or missing token over TCP, or another user's process; closed
+    "unauthorized",  # over TCP a missing nonce or a wrong proof (not the token); another user's process; closed
     "duplicate_id",  # a rewrite id already queued or running on this connection
     "bad_request",  # a rewrite the engine cannot take (e.g. both instruction and sketch)
     "input",  # the error hierarchy's children, by name (see `ERROR_CLASSES`)
@@ -101,8 +118,15 @@ class ProtocolError(Exception):
 class Hello(TypedDict):
     type: Literal["hello"]
     version: int
-    token: str | None  # required over TCP, ignored over a unix socket (its file mode guards it)
+    nonce: bytes | None  # TCP: HANDSHAKE_NONCE_BYTES fresh random bytes; None over a unix socket
     client: str  # who is asking, for the daemon's log: "specedit-lsp 0.1.0 pid 123"
+
+
+class Proof(TypedDict):
+    """TCP: the client's answer to the daemon's `challenge`, sent only once the daemon's proof checked out."""
+
+    type: Literal["proof"]
+    proof: bytes  # handshake_proof(token, "client", hello's nonce, challenge's nonce)
 
 
 class Rewrite(TypedDict):
@@ -132,6 +156,14 @@ class Stop(TypedDict):
 
 
 # --------------------------------------------------------------------------------- daemon -> client
+
+
+class Challenge(TypedDict):
+    """TCP: the daemon's answer to a hello: its proof that it holds the token, and its nonce for the client's."""
+
+    type: Literal["challenge"]
+    nonce: bytes  # HANDSHAKE_NONCE_BYTES fresh random bytes
+    proof: bytes  # handshake_proof(token, "server", hello's nonce, this nonce)
 
 
 class HelloOk(TypedDict):
@@ -195,8 +227,8 @@ class Error(TypedDict):
     id: str | None  # the request it is about, when there is one
 
 
-ClientMessage = Hello | Rewrite | Cancel | Warm | Status | Stop
-DaemonMessage = HelloOk | Queued | Started | Text | Step | Done | WarmOk | StatusOk | StopOk | Error
+ClientMessage = Hello | Proof | Rewrite | Cancel | Warm | Status | Stop
+DaemonMessage = Challenge | HelloOk | Queued | Started | Text | Step | Done | WarmOk | StatusOk | StopOk | Error
 Message = ClientMessage | DaemonMessage
 
 
@@ -210,8 +242,8 @@ def _schemas(*declarations: type) -> dict[str, dict[str, Any]]:
     return schemas
 
 
-_CLIENT_SCHEMAS = _schemas(Hello, Rewrite, Cancel, Warm, Status, Stop)
-_DAEMON_SCHEMAS = _schemas(HelloOk, Queued, Started, Text, Step, Done, WarmOk, StatusOk, StopOk, Error)
+_CLIENT_SCHEMAS = _schemas(Hello, Proof, Rewrite, Cancel, Warm, Status, Stop)
+_DAEMON_SCHEMAS = _schemas(Challenge, HelloOk, Queued, Started, Text, Step, Done, WarmOk, StatusOk, StopOk, Error)
 CLIENT_MESSAGE_TYPES = tuple(_CLIENT_SCHEMAS)
 DAEMON_MESSAGE_TYPES = tuple(_DAEMON_SCHEMAS)
 
@@ -289,6 +321,36 @@ def from_wire(cls: type[Record], value: object) -> Record:
             raise ProtocolError("bad_message", f"{cls.__name__}: field {field.name!r} has the wrong type")
         fields[field.name] = item
     return cls(**fields)
+
+
+# -------------------------------------------------------------------------------- the TCP handshake
+
+
+def handshake_proof(token: str, side: Literal["server", "client"], client_nonce: bytes, daemon_nonce: bytes) -> bytes:
+    """HMAC-SHA256(token, label || client nonce || daemon nonce): what one side of a TCP connection shows to
+    prove it holds the token without sending it. The label names the side and the protocol, so that one
+    side's proof cannot be played back as the other's, nor across versions; the two fresh nonces (of a
+    fixed size) keep a proof from being played back on another connection.
+
+    >>> len(handshake_proof("t", "server", bytes(32), bytes(32)))
+    32
+    >>> handshake_proof("t", "server", bytes(32), bytes(32)) != handshake_proof("t", "client", bytes(32), bytes(32))
+    True
+    """
+    label = f"specedit {PROTOCOL_VERSION} {side}\0".encode()
+    return hmac.new(token.encode("utf-8"), label + client_nonce + daemon_nonce, hashlib.sha256).digest()
+
+
+def is_handshake_proof(
+    proof: object, token: str, side: Literal["server", "client"], client_nonce: bytes, daemon_nonce: object
+) -> bool:
+    """Whether `proof` is `side`'s proof for these nonces (both of HANDSHAKE_NONCE_BYTES), compared in
+    constant time: a peer learns nothing from how long a wrong one takes to refuse."""
+    if not (isinstance(proof, bytes) and isinstance(daemon_nonce, bytes)):
+        return False
+    if len(client_nonce) != HANDSHAKE_NONCE_BYTES or len(daemon_nonce) != HANDSHAKE_NONCE_BYTES:
+        return False
+    return hmac.compare_digest(proof, handshake_proof(token, side, client_nonce, daemon_nonce))
 
 
 # ---------------------------------------------------------------------------------------- errors
