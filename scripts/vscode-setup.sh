@@ -29,7 +29,17 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
     log "apt-get install ${missing[*]}"
-    $SUDO apt-get update -qq
+    # apt checks the lists' signatures as the user _apt, with a temporary file in TMPDIR (or /tmp); where
+    # _apt cannot write there (a CI run's /tmp once: "Couldn't create temporary file /tmp/apt.conf.*"),
+    # the update fails with exit 100. Then again as root, in a folder of our own, and, failing that, on
+    # the lists the machine already has.
+    apt_tmp="$CACHE/apt-tmp"
+    if ! $SUDO apt-get update -qq; then
+        log "apt-get update failed; again as root with TMPDIR=$apt_tmp"
+        mkdir -p "$apt_tmp"
+        $SUDO env TMPDIR="$apt_tmp" apt-get -o APT::Sandbox::User=root update -qq \
+            || log "apt-get update failed again; installing from the package lists already here"
+    fi
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 command -v node >/dev/null || { echo "vscode-setup: Node.js 20 is needed (apt-get install nodejs npm)" >&2; exit 1; }
