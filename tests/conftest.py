@@ -7,6 +7,7 @@ are random. Exactness tests run them in float64.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -208,6 +209,17 @@ def memorising_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Fast tests first, the real model last: a failure shows up early, before the slow tier runs."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is not None)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _machine_temp_folder_left_as_it_was() -> Iterator[None]:
+    """No test changes the mode of the machine's temporary folder: a test that once made /tmp 0755 (to let
+    another user reach a socket folder in it) left it closed to every other user, and the next apt-get
+    update on that machine (as the user _apt) failed."""
+    before = stat.S_IMODE(os.stat("/tmp").st_mode)
+    yield
+    after = stat.S_IMODE(os.stat("/tmp").st_mode)
+    assert after == before, f"the tests changed /tmp's mode from {before:o} to {after:o}"
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -69,7 +69,12 @@ def short_dir() -> Iterator[Path]:
 def impostor(folder: Path, *, bind_as_root: bool = False) -> Callable[[], None]:
     """A process of `nobody` that listens on `folder/engine.sock` and answers every hello with hello_ok
     (as a daemon would, to receive the code). Returns a function that ends it."""
-    folder.parent.chmod(0o755)  # nobody must be able to reach the folder
+    # nobody must be able to reach the folder: its parent (the test's own short folder, 0700) gets search
+    # and read for others, no bit taken away (a parent that is /tmp keeps its 1777: a chmod to 0755 here
+    # once left the machine's /tmp closed to every other user, apt's _apt included)
+    mode = folder.parent.stat().st_mode
+    if mode & 0o005 != 0o005:
+        folder.parent.chmod(stat.S_IMODE(mode) | 0o055)
     ready_read, ready_write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: become nobody, listen, answer
