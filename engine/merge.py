@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import re
 from collections import Counter
 from dataclasses import dataclass
 
@@ -62,6 +63,7 @@ from rapidfuzz import fuzz
 from rapidfuzz.distance import Indel
 
 from specedit.engine.merge_checks import check_merge, counts, is_elision
+from specedit.engine.patches import SketchFormat, apply_patch, detect, parse_patch
 
 # rapidfuzz's ratio (0-100) from which a chunk's line next to an anchor is taken for a change of the
 # original's line there (it replaces it) rather than a new one (it goes in beside it). Chosen on the
@@ -91,6 +93,11 @@ MAX_REPEATS = 8
 # (812, Rust's left out): 0.4 settles 12 of 31 such doubts, 10 rightly; 0.5 settles 15, 12 rightly; taking
 # the least change whatever the margin settles 23, 15 rightly.
 CLEARLY_LESS = 0.4
+# Lines that say something, each a change of one of the `EDGE_LINES` lines at a sketch's edge, that a
+# sketch without its first or last marker may replace at the file's start or end (`_edge_reading`).
+FEW_LINES = 3
+EDGE_LINES = 3
+_WORD = re.compile(r"\w+")
 
 
 @dataclass(frozen=True)
@@ -143,19 +150,64 @@ class _Outcome:
 
 
 @functools.lru_cache(maxsize=8)
-def merge_sketch(original: str, sketch: str) -> SketchMerge:
+def merge_sketch(original: str, sketch: str, sketch_format: SketchFormat = "auto") -> SketchMerge:
     """`sketch` merged into `original` where its chunks say where they go (see the module docstring); in
     the original's line endings. Kept for the last few requests: the session asks before choosing the
-    model, the model's prompt asks again for its draft, and the command line before loading anything."""
+    model, the model's prompt asks again for its draft, and the command line before loading anything.
+    A sketch written as a patch (a unified diff, SEARCH/REPLACE blocks, a V4A patch: `patches`, found in
+    its text with `auto`) is applied by its hunks' lines instead, and checked the same way.
+
+    A sketch with markers that has none at its start (or end) is read two ways there: as eliding what
+    comes before its first chunk (after its last), and as starting (ending) the file there. A chat model
+    often leaves out the first and last markers ("here is the updated method:"), and the second reading
+    then deletes every line it was not shown; so the first is the merge, and the second only where the
+    first cannot place the chunks (the end alone, the start alone, then both; the checks still refuse a
+    merge that deletes code the sketch does not show), or where the sketch's edge is a change of the
+    file's, or a doubt between them (`_edge_reading`)."""
     crlf = "\r\n" in original
     original = original.replace("\r\n", "\n")
     sketch = sketch.replace("\r\n", "\n")
+    written_as = detect(sketch, original) if sketch_format == "auto" else sketch_format
+    if written_as != "lazy":
+        text, unresolved = apply_patch(original, parse_patch(sketch, written_as))
+        if not unresolved and not (check := check_merge(original, sketch, text, written_as)).ok:
+            unresolved = (f"the merge fails its checks: {check.describe()}",)
+        return SketchMerge(text.replace("\n", "\r\n") if crlf else text, unresolved)
     lines = _lines(original)
-    keys = [line.strip() for line in lines]  # compared for anchors and likeness
-    raw = [line.rstrip() for line in lines]  # compared with their indentation, at a chunk's edges
     sketch_lines = _lines(sketch)
     chunks = _chunks(sketch_lines)
+    said = [line for line in sketch_lines if line.strip()]
+    marked = any(is_elision(line) for line in said)
+    open_start, open_end = marked and not is_elision(said[0]), marked and not is_elision(said[-1])
 
+    @functools.cache
+    def read(edges: tuple[bool, bool]) -> SketchMerge:
+        """The merge with the sketch's first chunk starting the file (`edges[0]`), its last ending it."""
+        return _reading(original, sketch, lines, sketch_lines, _at_edges(chunks, *edges))
+
+    edges = (False, False)
+    if not read(edges).resolved:
+        tries = [(False, open_end), (open_start, False), (open_start, open_end)]
+        edges = next((tried for tried in tries if any(tried) and read(tried).resolved), edges)
+    merge = read(edges)
+    for side, other in (("start", (True, edges[1])), ("end", (edges[0], True))):
+        if not (open_start if side == "start" else open_end) or other == edges or not merge.resolved:
+            continue
+        if read(other).resolved and read(other).text != merge.text:
+            take, doubt = _edge_reading(side, chunks, original, merge.text, read(other).text)
+            if take:
+                edges, merge = other, read(other)
+            elif doubt:
+                merge = SketchMerge(merge.text, (doubt,))
+    return SketchMerge(merge.text.replace("\n", "\r\n") if crlf else merge.text, merge.unresolved)
+
+
+def _reading(
+    original: str, sketch: str, lines: list[str], sketch_lines: list[str], chunks: list[_Chunk]
+) -> SketchMerge:
+    """The merge of `chunks` into the original's `lines` (newlines only), checked."""
+    keys = [line.strip() for line in lines]  # compared for anchors and likeness
+    raw = [line.rstrip() for line in lines]  # compared with their indentation, at a chunk's edges
     merged: list[str] = []
     unresolved: list[str] = []
     cursor = 0  # the original's lines before it are placed (copied or replaced)
@@ -165,10 +217,13 @@ def merge_sketch(original: str, sketch: str) -> SketchMerge:
         if place:
             merged += lines[cursor : place.start] + place.lines
             cursor = place.stop
-    if chunks and chunks[-1].at_end and cursor == len(lines):
+    said = [line for line in sketch_lines if line.strip()]
+    open_end = bool(said) and not is_elision(said[-1]) and any(is_elision(line) for line in said)
+    if chunks and (chunks[-1].at_end or open_end) and not "".join(lines[cursor:]).strip():
         # The chunk ending the file ends it with the blank lines the sketch ends with, if it shows any (a
         # copied answer loses them), else the original's.
         merged += ["\n"] * (_blank_end(sketch_lines) or _blank_end(lines))
+        cursor = len(lines)
     merged += lines[cursor:]
     text = "".join(merged)
     if not original.endswith("\n"):
@@ -176,10 +231,90 @@ def merge_sketch(original: str, sketch: str) -> SketchMerge:
     if not unresolved and (doubled := _doubled_anew(merged, lines, sketch_lines)):
         unresolved.append(f"the merge has {doubled[0]!r} and the lines after it twice in a row")
     if not unresolved:
-        check = check_merge(original, sketch, text)
+        check = check_merge(original, sketch, text, "lazy")
         if not check.ok:
             unresolved.append(f"the merge fails its checks: {check.describe()}")
-    return SketchMerge(text.replace("\n", "\r\n") if crlf else text, tuple(unresolved))
+    return SketchMerge(text, tuple(unresolved))
+
+
+def _at_edges(chunks: list[_Chunk], starts: bool, ends: bool) -> list[_Chunk]:
+    """The chunks with the first one starting the file (`starts`), the last one ending it (`ends`)."""
+    if not chunks:
+        return chunks
+    edged = [*chunks]
+    edged[0] = _Chunk(edged[0].lines, starts, edged[0].at_end)
+    edged[-1] = _Chunk(edged[-1].lines, edged[-1].at_start, ends)
+    return edged
+
+
+def _edge_reading(side: str, chunks: list[_Chunk], original: str, elided: str, edged: str) -> tuple[bool, str]:
+    """Of two readings of a sketch without its first (`side` "start") or last marker that both place it
+    (`merge_sketch`), whether the one where the sketch's edge is the file's is taken, and else why they
+    leave a doubt, if they do.
+
+    The edged one is taken where what it drops (and the elided one keeps) is one to `FEW_LINES` lines that
+    say something, each one a change of a line at that edge of the sketch (`return values` at the file's
+    end, where the sketch ends `return [x for x in values if ...]`), and where it keeps every line that
+    says something that the other keeps, and more (the other put the chunk in place of a block like it
+    earlier in the file); where they differ only in lines that say nothing (brackets, blank lines), the
+    one that changes the original less (a class's closing `}` kept after the method a sketch ends with;
+    `x = 1` not written twice when the sketch starts with it). Where each keeps lines the other drops and
+    the sketch's lines at that edge are the file's lines at its edge (`_same_edge`), the sketch says
+    where it is: the edged one. Else, where the sketch's line at that edge is the original's (found
+    inside the file), what comes before (after) it is kept: the elided one. Where that line is new code,
+    nothing in the sketch says whether it goes beside the lines there or replaces them: a doubt."""
+    kept = Counter(line.strip() for line in elided.splitlines() if counts(line))
+    kept -= Counter(line.strip() for line in edged.splitlines() if counts(line))
+    keys = {line.strip() for line in original.splitlines()}
+    said = [line.strip() for chunk in chunks for line in chunk.lines if counts(line)]
+    edge = said[:EDGE_LINES] if side == "start" else said[-EDGE_LINES:]
+    if sum(kept.values()) <= FEW_LINES and kept and all(any(_changed_into(old, new) for new in edge) for old in kept):
+        return True, ""
+    lost = Counter(line.strip() for line in edged.splitlines() if counts(line))
+    lost -= Counter(line.strip() for line in elided.splitlines() if counts(line))
+    if not kept:  # the edged one keeps all the other does: it is taken if it keeps more, else the least change
+        return bool(lost) or Indel.distance(original, edged) < Indel.distance(original, elided), ""
+    if _beside_changes(kept, said, keys) or (lost and _same_edge(side, chunks, original)):
+        return True, ""
+    if not said or edge[0 if side == "start" else -1] in keys:
+        return False, ""
+    new = edge[0 if side == "start" else -1]
+    return False, (
+        f"the sketch has no marker at its {side}, and {new!r} is new code: whether it goes beside the "
+        f"{sum(kept.values())} lines of the original there or replaces them, nothing in it says"
+    )
+
+
+def _beside_changes(kept: Counter[str], said: list[str], keys: set[str]) -> bool:
+    """Whether the lines one reading keeps and the other drops (`kept`) are the old lines of the sketch's
+    changed lines, each of a different new line of the sketch, or lines the sketch itself holds: that
+    reading put the sketch's lines beside those they change (three `HTTPError(..., self.content)` kept
+    below their `self.reason` rewrites)."""
+    changes = [line for line in said if line not in keys]
+    old = [line for line in kept.elements() if line not in said]
+    for line in old:
+        alike = next((number for number, change in enumerate(changes) if _alike(change, line)), None)
+        if alike is None:
+            return False
+        del changes[alike]
+    return bool(old)
+
+
+def _same_edge(side: str, chunks: list[_Chunk], original: str) -> bool:
+    """Whether the sketch's lines at its start (`side`) or end are the original's first (last) lines: as
+    many of them as hold two lines that say something, compared stripped, blank lines left out."""
+    said = [line.strip() for line in (chunks[0] if side == "start" else chunks[-1]).lines if line.strip()]
+    file = [line.strip() for line in original.splitlines() if line.strip()]
+    if side == "end":
+        said, file = said[::-1], file[::-1]
+    same = _common_length(said, file)
+    return sum(map(counts, said[:same])) >= 2
+
+
+def _changed_into(old: str, new: str) -> bool:
+    """Whether the original's line `old` may have become the sketch's `new`: alike, or its words all in it."""
+    words = set(_WORD.findall(old))
+    return old == new or _alike(new, old) or (len(words) >= 2 and words <= set(_WORD.findall(new)))
 
 
 def _placed(chunks: list[_Chunk], lines: list[str], keys: list[str], raw: list[str]) -> _Outcome:
@@ -274,15 +409,14 @@ def _chunks(sketch_lines: list[str]) -> list[_Chunk]:
             runs.append([])
         else:
             runs[-1].append(line)
-    last = len(runs) - 1
     chunks = []
-    for number, run in enumerate(runs):
+    for run in runs:
         while run and not run[0].strip():
             run.pop(0)
         while run and not run[-1].strip():
             run.pop()
-        if run:  # a sketch without markers is a part of the file (or all of it): it neither starts nor ends it
-            chunks.append(_Chunk(run, number == 0 and last > 0, number == last and last > 0))
+        if run:  # a chunk without a marker before (after) it is read both ways: see `merge_sketch`
+            chunks.append(_Chunk(run, False, False))
     return chunks
 
 
@@ -722,7 +856,9 @@ def _common_length(a: list[str], b: list[str]) -> int:
 
 def _reindented(chunk_lines: list[str], anchors: list[_Anchor], lines: list[str]) -> list[str]:
     """The chunk's lines, with the indentation its anchors lack in front of each, when every anchored line
-    that says something lacks the same (a method shown without its class's indentation)."""
+    that says something lacks the same (a method shown without its class's indentation); indented with
+    tabs where the original's anchored lines are and the chunk's have spaces for them (`_retabbed`)."""
+    chunk_lines = _retabbed(chunk_lines, anchors, lines)
     shifts = set()
     for anchor in anchors:
         for k in range(anchor.size):
@@ -734,3 +870,26 @@ def _reindented(chunk_lines: list[str], anchors: list[_Anchor], lines: list[str]
     if len(shifts) != 1 or not (shift := shifts.pop()):
         return chunk_lines
     return [shift + line if line.strip() else line for line in chunk_lines]
+
+
+def _retabbed(chunk_lines: list[str], anchors: list[_Anchor], lines: list[str]) -> list[str]:
+    """The chunk's lines with their leading spaces as tabs, `width` spaces a tab, where every anchored line
+    of the original is indented with tabs and the chunk's with `width` spaces for each (a chat answer's
+    code block turns a Go file's tabs into spaces); else as they are."""
+    widths = set()
+    for anchor in anchors:
+        for k in range(anchor.size):
+            new, old = chunk_lines[anchor.chunk + k], lines[anchor.original + k]
+            new_indent, old_indent = new[: len(new) - len(new.lstrip())], old[: len(old) - len(old.lstrip())]
+            if not counts(new) or not old_indent:
+                continue
+            if old_indent.strip("\t") or new_indent.strip(" ") or len(new_indent) % len(old_indent):
+                return chunk_lines
+            widths.add(len(new_indent) // len(old_indent))
+    if len(widths) != 1 or (width := widths.pop()) < 2:
+        return chunk_lines
+    retabbed = []
+    for line in chunk_lines:
+        spaces = len(line) - len(line.lstrip(" "))
+        retabbed.append("\t" * (spaces // width) + " " * (spaces % width) + line[spaces:] if line.strip() else line)
+    return retabbed

@@ -7,10 +7,9 @@ A chat model's edit sketch shows the changed parts of a file and stands for the 
 - lacks a line the sketch adds (a line of the sketch that is neither a marker nor in the original);
 - drops a line of the original that no part of the sketch covers: a chunk of the sketch (its lines between
   two markers) covers the lines of the original from the first one its lines match (exactly, or alike
-  enough for rapidfuzz: a changed line) to the last, and may change or delete anything there; a chunk
-  before the first marker covers from the file's start, one after the last to its end (a sketch without
-  markers, the whole file or a part, covers what its lines span); outside every span the original must
-  survive.
+  enough for rapidfuzz: a changed line) to the last, and may change or delete anything there; outside
+  every span the original must survive, at the file's start and end too (a chunk with no marker before
+  it does not cover the file's start: chat models leave the first and last markers out).
 
 Lines are compared stripped (the model may re-indent), and only lines with a few letters or digits count
 (`}`, `end`, blank lines are too common to say anything).
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from rapidfuzz import fuzz, process
 
 from specedit.engine.errors import MergeError
+from specedit.engine.patches import SYNTAX, SketchFormat, as_sketch, detect, parse_patch
 
 # A comment line that stands for code left out, or a line that is only an ellipsis: "// ... existing code
 # ...", "# ... (same as before)", "/* rest of the file unchanged */", "-- ...". Not a comment that merely
@@ -38,9 +38,13 @@ _ELIDES = re.compile(  # what an elision says, with an ellipsis beside it
 )
 _ELIDES_ALONE = re.compile(  # what says it without one
     r"existing code|same as before|(?:code|file|rest|everything else|remainder) (?:is |stays |remains )?"
-    r"unchanged|unchanged (?:code|lines)|rest of (?:the )?(?:code|file|class|function|module|methods)"
+    r"unchanged|unchanged (?:code|lines)|rest of (?:the )?(?:code|file|class|function|module|methods)|"
+    r"^(?:unchanged|omitted|elided|snip|snipped)$"  # `// (unchanged)`, `# [omitted]`
 )
 MAX_ELISION_WORDS = 8
+# Lines that say something a merge may drop before the first line a chunk spans, or after the last: no
+# more than the sketch's new first or last lines replace (a silent deletion beyond it is not a merge).
+EDGE_DROPS = 2
 MIN_ALNUM = 3  # a line counts when it has at least this many letters or digits
 FUZZY_SCORE = 50  # rapidfuzz's ratio (0-100) from which a changed line is taken to stand for an original one
 
@@ -64,7 +68,7 @@ class MergeCheck:
         """One line per kind of problem, with the first few lines quoted."""
         parts = []
         for what, lines in (
-            ("still holds elision markers", self.markers),
+            ("still holds elision markers or patch syntax", self.markers),
             ("leaves out lines the sketch adds", self.missing),
             ("drops code the sketch did not touch", self.dropped),
         ):
@@ -91,8 +95,18 @@ def is_elision(line: str) -> bool:
     return bool(_ELIDES_ALONE.search(words))
 
 
-def check_merge(original: str, sketch: str, answer: str) -> MergeCheck:
-    """What keeps `answer` from being a merge of `sketch` into `original` (nothing: `.ok`)."""
+def check_merge(original: str, sketch: str, answer: str, sketch_format: SketchFormat = "auto") -> MergeCheck:
+    """What keeps `answer` from being a merge of `sketch` into `original` (nothing: `.ok`). A patch (a
+    unified diff, SEARCH/REPLACE blocks, a V4A patch: `patches`) is checked as the lazy sketches it stands
+    for: its hunks' new lines between markers say what the answer must hold, their old lines which lines
+    of the original it may change or delete (a `-` line is shown, and so deleted on purpose). An answer
+    holding a patch's syntax that the original has not (`@@ -2,7 +2,7 @@`, `<<<<<<< SEARCH`) wrote the
+    patch instead of applying it."""
+    written_as = detect(sketch, original) if sketch_format == "auto" else sketch_format
+    spans = sketch  # what says which lines of the original the edit may change or delete
+    if written_as != "lazy":
+        patch = parse_patch(sketch, written_as)
+        sketch, spans = as_sketch(patch, "new"), as_sketch(patch, "old")
     original_lines = _counted(original)
     original_set = set(original_lines)
     answer_lines = _counted(answer)
@@ -100,24 +114,56 @@ def check_merge(original: str, sketch: str, answer: str) -> MergeCheck:
     check = MergeCheck()
     original_all = {line.strip() for line in original.splitlines()}
     check.markers = [
-        line.strip() for line in answer.splitlines() if is_elision(line) and line.strip() not in original_all
+        line.strip()
+        for line in answer.splitlines()
+        if (is_elision(line) or SYNTAX.match(line)) and line.strip() not in original_all
     ]
-    sketch_lines = [line.strip() for line in sketch.splitlines()]
     check.missing = [
         line
         for line in _counted(sketch)
         if not is_elision(line) and line not in original_set and line not in answer_set
     ]
-    covered = _covered(original_lines, _chunks(sketch_lines))
+    covered, (new_before, new_after) = _covered(original_lines, _chunks([line.strip() for line in spans.splitlines()]))
+    first, last = min(covered, default=len(original_lines)), max(covered, default=-1)
+    starts, ends = _reaches_edges(spans, original)
+    if covered and starts:
+        covered.update(range(first))
+    if covered and ends:
+        covered.update(range(last + 1, len(original_lines)))
     matcher = difflib.SequenceMatcher(None, original_lines, answer_lines, autojunk=False)
-    for tag, start, stop, _, _ in matcher.get_opcodes():
-        if tag in ("delete", "replace"):
-            check.dropped += [
-                original_lines[i]
-                for i in range(start, stop)
-                if i not in covered and original_lines[i] not in answer_set
-            ]
+    dropped = [
+        i
+        for tag, start, stop, _, _ in matcher.get_opcodes()
+        if tag in ("delete", "replace")
+        for i in range(start, stop)
+        if i not in covered and original_lines[i] not in answer_set
+    ]
+    # Past the last line a chunk spans (before the first), as many lines may go as the sketch has new lines
+    # past its last line found in the original (before its first), up to `EDGE_DROPS`: they replace the
+    # file's last lines there (`return {"hello": "world"}` by `raise HTTPError(404)`), not a function after.
+    for edge, new in (([i for i in dropped if i < first], new_before), ([i for i in dropped if i > last], new_after)):
+        if len(edge) <= min(new, EDGE_DROPS):
+            dropped = [i for i in dropped if i not in edge]
+    check.dropped = [original_lines[i] for i in dropped]
     return check
+
+
+def _reaches_edges(sketch: str, original: str) -> tuple[bool, bool]:
+    """Whether the sketch, with no marker before its first line (after its last), starts (ends) with the
+    original's own first (last) lines, two at least, compared with their indentation: a chunk that ends
+    `      }` / `    }` / `  }` / `}` as the file does says it reaches the file's end (and spans what it
+    deletes there, between its last line that says something and those brackets). A method's `  end`
+    beside a class's `end` is not the same line."""
+    said = [line.rstrip() for line in sketch.splitlines() if line.strip()]
+    file = [line.rstrip() for line in original.splitlines() if line.strip()]
+
+    def reaches(sketch_edge: list[str], file_edge: list[str]) -> bool:
+        same = 0
+        while same < min(len(sketch_edge), len(file_edge)) and sketch_edge[same] == file_edge[same]:
+            same += 1
+        return bool(sketch_edge) and not is_elision(sketch_edge[0]) and same >= 2
+
+    return reaches(said, file), reaches(said[::-1], file[::-1])
 
 
 def _counted(text: str) -> list[str]:
@@ -130,54 +176,56 @@ def counts(line: str) -> bool:
     return sum(c.isalnum() for c in line) >= MIN_ALNUM
 
 
-def _chunks(sketch_lines: list[str]) -> list[tuple[list[str], bool, bool]]:
-    """The sketch's runs of lines between elision markers (lines that count only), each with whether it
-    starts the file (no marker before it) and ends it (none after)."""
+def _chunks(sketch_lines: list[str]) -> list[list[str]]:
+    """The sketch's runs of lines between elision markers (lines that count only)."""
     runs: list[list[str]] = [[]]
     for line in sketch_lines:
         if is_elision(line):
             runs.append([])
         elif counts(line):
             runs[-1].append(line)
-    last = len(runs) - 1
-    if last == 0:  # no marker: the whole file, or a part of it with the rest implied (a method alone)
-        return [(runs[0], False, False)] if runs[0] else []
-    return [(run, number == 0, number == last) for number, run in enumerate(runs) if run]
+    return [run for run in runs if run]
 
 
-def _covered(original_lines: list[str], chunks: list[tuple[list[str], bool, bool]]) -> set[int]:
+def _covered(original_lines: list[str], chunks: list[list[str]]) -> tuple[set[int], tuple[int, int]]:
     """Indices of the original's lines that some chunk spans: from the first line of the original that one
     of the chunk's lines matches (in order, exactly; else the most alike, at least `FUZZY_SCORE`, between
-    the places of its matched neighbours) to the last; a chunk that starts the sketch spans from the
-    original's start, one that ends it to the original's end (a chunk with no line in the original spans
-    nothing). Each chunk is matched in the whole original
-    and, where the chunks before it were found, after them (a line its neighbours share, `Use: "test",`,
-    must not pull it back to an earlier place); it spans both."""
+    the places of its matched neighbours) to the last (a chunk with no line in the original spans
+    nothing). A chunk without a marker before (after) it spans no more than that: a chat model leaves the
+    first and last markers out, and a merge that deletes the file's start (end) it was not shown is not a
+    merge. Each chunk is matched in the whole original and, where the chunks before it were found, after
+    them (a line its neighbours share, `Use: "test",`, must not pull it back to an earlier place); it spans
+    both. With them, how many lines of the first chunk come before its first line found, and of the last
+    after its last (the fewest of its matches)."""
     covered: set[int] = set()
+    new_before, new_after = 0, 0
     after = 0  # past the last line the chunk before matched
-    for chunk, at_start, at_end in chunks:
+    for number, chunk in enumerate(chunks):
         lows = (0, after) if after else (0,)
         spans = [_span(original_lines, chunk, low, unique) for low in lows for unique in (False, True)]
-        for span in spans:
-            if span is not None:
-                first = 0 if at_start else span[0]
-                last = len(original_lines) - 1 if at_end else span[1]
-                covered.update(range(first, last + 1))
+        found = [span for span in spans if span is not None]
+        for span in found:
+            covered.update(range(span[0], span[1] + 1))
+        if found and number == 0:
+            new_before = min(span[2] for span in found)
+        if found and number == len(chunks) - 1:
+            new_after = min(span[3] for span in found)
         ordered = [span[1] for span in spans[-2:] if span is not None]  # found after the chunk before
         if ordered:
             after = min(ordered) + 1
-    return covered
+    return covered, (new_before, new_after)
 
 
-def _span(original_lines: list[str], chunk: list[str], low: int, unique: bool) -> tuple[int, int] | None:
-    """The first and last lines of `original_lines[low:]` that `chunk`'s lines match (see `_covered`); with
+def _span(original_lines: list[str], chunk: list[str], low: int, unique: bool) -> tuple[int, int, int, int] | None:
+    """The first and last lines of `original_lines[low:]` that `chunk`'s lines match (see `_covered`), and
+    how many of the chunk's lines come before the first of its lines matched and after the last; with
     `unique`, only lines the original has once start a match (`return ret;` must not pull it elsewhere)."""
     rest = original_lines[low:]
     seen = Counter(rest)
     junk = (lambda line: seen[line] != 1) if unique else None
     matcher = difflib.SequenceMatcher(junk, rest, chunk, autojunk=False)
     matched = {block.b + k: block.a + k for block in matcher.get_matching_blocks() for k in range(block.size)}
-    anchors = list(matched.values())
+    anchors = dict(matched)  # position in the chunk: line of `rest`
     for position, line in enumerate(chunk):
         if position in matched:
             continue
@@ -186,5 +234,8 @@ def _span(original_lines: list[str], chunk: list[str], low: int, unique: bool) -
         stop = min((matched[p] for p in matched if p > position), default=len(rest))
         found = process.extractOne(line, rest[start:stop], scorer=fuzz.ratio, score_cutoff=FUZZY_SCORE)
         if found is not None:
-            anchors.append(start + found[2])
-    return (low + min(anchors), low + max(anchors)) if anchors else None
+            anchors[position] = start + found[2]
+    if not anchors:
+        return None
+    first, last = min(anchors.values()), max(anchors.values())
+    return low + first, low + last, min(anchors), len(chunk) - 1 - max(anchors)

@@ -30,6 +30,24 @@ SKETCH_INSTRUCTION = (
     "`... existing code ...` stand for unchanged code, which must be kept exactly as it is.\n\nEdit sketch:"
 )
 
+# A sketch written as a patch (`patches`): what its syntax means, and the fence's language tag.
+PATCH_INSTRUCTIONS = {
+    "udiff": (
+        "Apply this unified diff to the code: lines starting with `-` are taken out, lines starting "
+        "with `+` are put in, the others are context. Its line numbers may be wrong.",
+        "diff",
+    ),
+    "search-replace": (
+        "Apply these SEARCH/REPLACE blocks to the code: each SEARCH part's lines are replaced by its REPLACE part's.",
+        "",
+    ),
+    "v4a": (
+        "Apply this patch to the code: lines starting with `-` are taken out, lines starting with `+` "
+        "are put in, the others are context; an `@@` line names what the change comes after.",
+        "",
+    ),
+}
+
 _LANGUAGES = {
     ".py": "python",
     ".pyi": "python",
@@ -91,6 +109,7 @@ class RewritePrompt:
     instruction: str | None = None
     sketch: str | None = None
     language: str = ""
+    sketch_format: str = "lazy"  # how the sketch is written: lazy, or a patch's format (`PATCH_INSTRUCTIONS`)
 
     def __post_init__(self) -> None:
         if (self.instruction is None) == (self.sketch is None):
@@ -99,7 +118,10 @@ class RewritePrompt:
     def user_message(self) -> str:
         """The code first (what requests on it share), then the request."""
         parts = [self.code_block()]
-        if self.sketch is not None:
+        if self.sketch is not None and self.sketch_format in PATCH_INSTRUCTIONS:
+            instruction, tag = PATCH_INSTRUCTIONS[self.sketch_format]
+            parts.append(f"{instruction}\n\nPatch:\n{_block(_fence_for(self.sketch), tag, self.sketch)}")
+        elif self.sketch is not None:
             parts.append(f"{SKETCH_INSTRUCTION}\n{_block(_fence_for(self.sketch), self.language, self.sketch)}")
         else:
             parts.append(str(self.instruction))

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from specedit.engine.patches import SKETCH_FORMATS, SketchFormat, detect
 from specedit.engine.prompts import RewritePrompt
 
 # auto: copy, then the configured fallback; copy: the copy drafter alone; fallback: the fallback alone
@@ -64,6 +65,7 @@ class RewriteRequest:
     sampling: SamplingConfig = SamplingConfig()
     max_new_tokens: int | None = None  # None: room for the original twice over, within the context
     merge: MergeMethod = "auto"  # for a sketch
+    sketch_format: SketchFormat = "auto"  # how the sketch is written (`patches`); auto: found in its text
 
     def __post_init__(self) -> None:
         for name in ("original", "instruction", "sketch"):
@@ -72,9 +74,18 @@ class RewriteRequest:
             raise ValueError(f"draft must be one of {DRAFT_METHODS}, got {self.draft!r}")
         if self.merge not in MERGE_METHODS:
             raise ValueError(f"merge must be one of {MERGE_METHODS}, got {self.merge!r}")
+        if self.sketch_format not in SKETCH_FORMATS:
+            raise ValueError(f"sketch_format must be one of {SKETCH_FORMATS}, got {self.sketch_format!r}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
-        RewritePrompt(self.original, self.instruction, self.sketch, self.language)  # validates
+        self.prompt()  # validates
+
+    def prompt(self) -> RewritePrompt:
+        """What the model is asked (line endings as given): the sketch's format found in its text with `auto`."""
+        written_as = self.sketch_format
+        if self.sketch is not None and written_as == "auto":
+            written_as = detect(self.sketch, self.original)
+        return RewritePrompt(self.original, self.instruction, self.sketch, self.language, written_as)
 
 
 @dataclass(frozen=True)

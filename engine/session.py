@@ -120,7 +120,7 @@ def merged_by_lines(request: RewriteRequest, on_text: TextCallback | None) -> Re
     from specedit.engine.merge import merge_sketch
 
     started = time.perf_counter()
-    merged = merge_sketch(request.original, request.sketch)
+    merged = merge_sketch(request.original, request.sketch, request.sketch_format)
     if not merged.resolved:
         log.info("the model merges the sketch: %s", "; ".join(merged.unresolved))
         return None

@@ -336,7 +336,7 @@ class Rewrites:
         status: protocol.Status
         message = ""
         if outcome.complete and job.stop_reason is None and job.request.sketch is not None:
-            check = check_merge(job.request.original, job.request.sketch, outcome.text)
+            check = check_merge(job.request.original, job.request.sketch, outcome.text, job.request.sketch_format)
             if not check.ok:
                 return await self._not_a_merge(job, doc, outcome, check)
         if outcome.complete and job.stop_reason is None:

@@ -582,3 +582,85 @@ def test_a_remote_session_merges_by_lines_without_asking_a_daemon(tmp_path: Path
     assert outcome.text == merged_text and streamed == [merged_text] and outcome.stats["merge"] == "lines"
     with pytest.raises(EngineUnavailableError):
         session.run(RewriteRequest(ECHOED_SKETCH[0], sketch=ECHOED_SKETCH[1]))
+
+
+# --- Sketches as chat models write them: no marker at the start or the end ------------------------------
+
+RUBY_SPEC = "".join(
+    [
+        "require 'spec_helper'\n\ndescribe Calculator do\n",
+        *(
+            f"  it 'adds {n}' do\n    calculator = Calculator.new\n"
+            f"    expect(calculator.add({n}, 1)).to eq({n + 1})\n  end\n\n"
+            for n in range(1, 8)
+        ),
+        "end\n",
+    ]
+)
+
+
+def test_a_missing_last_marker_keeps_what_follows() -> None:
+    """A leading marker and one changed `it` block, no marker after it ("here is the updated test:"): the
+    blocks after it stay. Read as "the file ends here", the merge would delete five tests nobody showed."""
+    sketch = (
+        "# ... existing code ...\n  it 'adds 2' do\n    calculator = Calculator.new\n"
+        "    expect(calculator.add(2, 1)).to eq(3)\n    expect(calculator.add(2, 2)).to eq(4)\n  end\n"
+    )
+    kept = "    expect(calculator.add(2, 1)).to eq(3)\n"
+    expected = RUBY_SPEC.replace(kept, kept + "    expect(calculator.add(2, 2)).to eq(4)\n")
+    assert merged(RUBY_SPEC, sketch) == expected
+
+
+def test_a_missing_first_marker_keeps_what_comes_before() -> None:
+    sketch = (
+        "  it 'adds 6' do\n    calculator = Calculator.new(strict: true)\n"
+        "    expect(calculator.add(6, 1)).to eq(7)\n  end\n# ... existing code ...\n"
+    )
+    old = "  it 'adds 6' do\n    calculator = Calculator.new\n"
+    expected = RUBY_SPEC.replace(old, old.replace("new", "new(strict: true)"))
+    assert merged(RUBY_SPEC, sketch) == expected
+
+
+def test_a_whole_function_without_markers_replaces_that_function() -> None:
+    original = "import math\n\n\ndef area(r):\n    return 3.14 * r * r\n\n\n"
+    original += "def volume(r):\n    return 4 / 3 * 3.14 * r**3\n"
+    sketch = "def area(r):\n    return math.pi * r * r\n"
+    assert merged(original, sketch) == original.replace("3.14 * r * r", "math.pi * r * r")
+
+
+def test_the_closing_brace_after_the_last_method_is_kept() -> None:
+    """A sketch ending with the changed last method of a class, no marker after it: the class's `}` stays
+    (the method's own `}` is not the class's)."""
+    original = "class Url {\n    function a() {\n        return 1;\n    }\n\n"
+    original += "    function scheme() {\n        return 'http';\n    }\n}\n"
+    sketch = "// ...\n    function scheme() {\n        return strtolower($this->scheme);\n    }\n"
+    assert merged(original, sketch) == original.replace("return 'http';", "return strtolower($this->scheme);")
+
+
+def test_new_code_at_an_open_end_is_a_doubt() -> None:
+    """The sketch ends with new code and no marker: whether it goes beside the file's last line or
+    replaces it, nothing says. Neither reading is written: the model decides."""
+    original = "import sys\n\n\ndef files(paths):\n    for p in paths:\n        print(p)\n"
+    sketch = "# ... existing code ...\n    for p in paths:\n        yield str(p)\n"
+    merge = merge_sketch(original, sketch)
+    assert not merge.resolved and "no marker at its end" in merge.unresolved[0]
+
+
+def test_a_sketch_that_ends_as_the_file_ends_reaches_its_end() -> None:
+    """Three changed branches and the file's own last lines, no marker after them: the sketch's end is the
+    file's, so the branches are rewritten where they end the file, not put in beside an earlier copy."""
+    branch = "        elif code < {0}:\n            error = Error('%s' % (code, self.{1}))\n            raise error\n"
+    block = "".join(branch.format(n, "{0}") for n in (400, 500, 600))
+    original = "def check(self, code):\n" + block.format("content")
+    original += "\n\ndef raise_for(self, code):\n" + block.format("content")
+    sketch = "# ... existing code ...\ndef raise_for(self, code):\n" + block.format("reason")
+    expected = original[: original.rindex("def raise_for")] + "def raise_for(self, code):\n" + block.format("reason")
+    assert merged(original, sketch) == expected
+
+
+def test_tabs_written_as_spaces_are_tabs_again() -> None:
+    """A chat answer's code block turns a Go file's tabs into spaces: the merge writes tabs where the
+    file has them."""
+    original = "func main() {\n\tx := 1\n\tif x > 0 {\n\t\tfmt.Println(x)\n\t}\n}\n"
+    sketch = "func main() {\n    x := 1\n    if x > 0 {\n        fmt.Println(x + 1)\n    }\n}\n"
+    assert merged(original, sketch) == original.replace("Println(x)", "Println(x + 1)")

@@ -95,6 +95,20 @@ def test_a_sketch_without_markers_covers_what_it_spans() -> None:
     assert not check_merge(original, sketch, sketch).ok  # the answer lost class Hello
 
 
+def test_a_chunk_without_a_marker_after_it_does_not_cover_the_files_end() -> None:
+    """A chat model leaves the last marker out ("here is the updated method:"): a merge that deletes what
+    follows the chunk was never asked for. Up to `EDGE_DROPS` lines past it may go (a sketch's new last
+    line replacing the file's)."""
+    original = "def a():\n    return 1\n\n\ndef b():\n    return 2\n\n\ndef c():\n    return 3\n"
+    sketch = "# ... existing code ...\ndef b():\n    return 20\n"
+    assert check_merge(original, sketch, original.replace("return 2", "return 20")).ok
+    answer = "def a():\n    return 1\n\n\ndef b():\n    return 20\n"  # def c() deleted
+    check = check_merge(original, sketch, answer)
+    assert not check.ok and check.dropped == ["def c():", "return 3"] and "drops code" in check.describe()
+    longer = original + "\n\ndef d():\n    return 4\n"
+    assert not check_merge(longer, sketch, answer).ok
+
+
 @pytest.mark.parametrize(
     "line",
     [
@@ -106,6 +120,11 @@ def test_a_sketch_without_markers_covers_what_it_spans() -> None:
         "<!-- ... -->",
         "# ... other methods ...",
         "// rest of code unchanged",
+        "// (unchanged)",
+        "/* ... */",
+        "// ... keep existing code ...",
+        "# ... rest of the file unchanged ...",
+        "    // ...",
     ],
 )
 def test_elision_markers(line: str) -> None:

@@ -35,6 +35,7 @@ from specedit.cli.serve_command import add_serve_parser, serve_command
 from specedit.engine.errors import FileChangedError, IncompleteOutputError, InputError, SpeceditError
 from specedit.engine.merge_checks import check_merge
 from specedit.engine.options import EngineOptions, add_engine_arguments
+from specedit.engine.patches import SKETCH_FORMATS
 from specedit.engine.requests import DRAFT_METHODS, MERGE_METHODS
 from specedit.engine.serving.config import INPROCESS
 from specedit.lsp.command import add_lsp_parser, lsp_command
@@ -62,7 +63,19 @@ def build_parser() -> argparse.ArgumentParser:
     rewrite.add_argument("paths", nargs="+", metavar="PATH", help="files to rewrite; - reads standard input")
     what = rewrite.add_mutually_exclusive_group(required=True)
     what.add_argument("-i", "--instruction", help="what to change, in plain language")
-    what.add_argument("--sketch", metavar="FILE", help="an edit sketch with '... existing code ...' elisions to merge")
+    what.add_argument(
+        "--sketch",
+        metavar="FILE",
+        help="an edit to merge, as a chat model writes it: a sketch with '... existing code ...' elisions, a "
+        "unified diff, SEARCH/REPLACE blocks or a V4A patch",
+    )
+    rewrite.add_argument(
+        "--sketch-format",
+        default="auto",
+        choices=SKETCH_FORMATS,
+        help="how the --sketch is written (default auto: found in its text): lazy (elided with comments), udiff, "
+        "search-replace (aider's blocks), v4a (OpenAI's apply_patch)",
+    )
     rewrite.add_argument(
         "--merge",
         default="auto",
@@ -282,7 +295,9 @@ def rewrite_command(args: argparse.Namespace) -> int:
         from specedit.engine.merge import merge_sketch
 
         by_lines = sketch is not None and args.merge == "auto"
-        by_lines = by_lines and all(merge_sketch(region.region, sketch or "").resolved for _, region in jobs)
+        by_lines = by_lines and all(
+            merge_sketch(region.region, sketch or "", args.sketch_format).resolved for _, region in jobs
+        )
         session = local_session(dataclasses.replace(options, prefix_cache_mb=0), load=not by_lines)
     all_stats: list[dict[str, Any]] = []
     results: list[tuple[SourceText, str]] = []
@@ -297,6 +312,7 @@ def rewrite_command(args: argparse.Namespace) -> int:
             sampling=sampling,
             max_new_tokens=args.max_new_tokens,
             merge=args.merge,
+            sketch_format=args.sketch_format,
         )
         if stream_to_stdout and len(jobs) > 1:
             write_stdout(f"==> {source.name} <==\n")
@@ -322,7 +338,8 @@ def rewrite_command(args: argparse.Namespace) -> int:
                     "budget without finishing the code; no file was written (raise --max-new-tokens)"
                 )
             if request.sketch is not None:  # an echoed sketch or lost code is never written
-                check_merge(region.region, request.sketch, result.text).raise_if_not_ok(source.name)
+                check = check_merge(region.region, request.sketch, result.text, request.sketch_format)
+                check.raise_if_not_ok(source.name)
         except SpeceditError:
             if args.stats:  # what the failed rewrite cost is still reported
                 write_stats(args.stats, all_stats)
@@ -579,6 +596,7 @@ def merges_only(cases: list[Any], json_path: Path | None) -> int:
             said = "left to the model: " + "; ".join(merge["unresolved"])
         else:
             said = "exact" if lines["exact"] else "whitespace only" if lines["whitespace_only"] else "wrong"
+            said += ", loses code the edit kept" if lines["loses_code"] else ""
         print(f"{case.id[:48]:<48} {said[:160]}", flush=True)
         records.append({"id": case.id, "language": case.language, "methods": {}, "merge": merge})
     merges = summarise_merges(records)
@@ -596,7 +614,8 @@ def print_merges(merges: dict[str, Any]) -> None:
             print(
                 f"  {name:<16} answered {figures['answered']:>3}: exact {figures['exact']}, whitespace only "
                 f"{figures['whitespace_only']}, caught by the checks {figures['caught']}, wrong and let through "
-                f"{figures['let_through']}; median {figures['median_seconds']} s"
+                f"{figures['let_through']} ({figures['let_through_losing_code']} of them losing code the edit kept); "
+                f"median {figures['median_seconds']} s"
             )
     if "specedit_on_resolved" in merges:
         resolved = merges["specedit_on_resolved"]

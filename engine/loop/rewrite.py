@@ -10,6 +10,7 @@ everything else calls `rewrite`, through a `session.Session`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -87,11 +88,10 @@ def prepare_rewrite(engine: Engine, request: RewriteRequest) -> PreparedRewrite:
     """The prompt, its ids and the budget of `request` (`ContextLengthError` when it does not fit)."""
     # The model sees "\n" line endings; the answer gets the original's back (CRLF files stay CRLF).
     crlf = "\r\n" in request.original
-    prompt = RewritePrompt(
-        request.original.replace("\r\n", "\n"),
-        request.instruction,
-        request.sketch.replace("\r\n", "\n") if request.sketch is not None else None,
-        request.language,
+    prompt = dataclasses.replace(
+        request.prompt(),
+        original=request.original.replace("\r\n", "\n"),
+        sketch=request.sketch.replace("\r\n", "\n") if request.sketch is not None else None,
     )
     _refuse_early_if_too_long(engine, request, prompt.original)
     prompt_text = build_prompt(engine.tokenizer, prompt)
@@ -102,7 +102,7 @@ def prepare_rewrite(engine: Engine, request: RewriteRequest) -> PreparedRewrite:
     if prompt.sketch is not None:
         # The sketch merged by its lines is the first draft: a model that agrees with it writes it at copy
         # speed; where it does not (or a chunk could not be placed), the original and the sketch's new code.
-        sketch_merge = merge_sketch(prompt.original, prompt.sketch)
+        sketch_merge = merge_sketch(prompt.original, prompt.sketch, request.sketch_format)
         source_ids = engine.tokenize(sketch_merge.text) + original_ids + engine.tokenize(prompt.sketch)
     max_new_tokens = _budget(engine, request, len(prompt_ids), len(original_ids))
     return PreparedRewrite(request, prompt, prompt_text, prompt_ids, source_ids, max_new_tokens, crlf, sketch_merge)

@@ -50,7 +50,7 @@ from specedit.engine.errors import ContextLengthError
 from specedit.engine.loop.generate import Engine
 from specedit.engine.loop.rewrite import PreparedRewrite, prepare_rewrite, run_rewrite
 from specedit.engine.merge import merge_sketch
-from specedit.engine.merge_checks import check_merge
+from specedit.engine.merge_checks import check_merge, counts
 from specedit.engine.model.invariant import stock_kernels
 from specedit.engine.ops.llama_server import LlamaServerRunner
 from specedit.engine.ops.method_run import MethodRun, Timer
@@ -270,10 +270,21 @@ def merge_record(case: BenchCase, runs: dict[str, MethodRun]) -> dict[str, Any]:
         record[name] = {
             "exact": text == case.after,
             "whitespace_only": text != case.after and text.split() == case.after.split(),
+            "loses_code": _loses_code(case.before, case.after, text),
             "check": "ok" if check.ok else check.describe(),
             "seconds": round(wall, 4),
         }
     return record
+
+
+def _loses_code(before: str, after: str, answer: str) -> bool:
+    """Whether `answer` lacks a line of the original that the real edit kept (lines that say something,
+    compared stripped, counted): the worst wrong merge, code deleted that nobody asked to delete."""
+
+    def said(text: str) -> Counter[str]:
+        return Counter(line.strip() for line in text.splitlines() if counts(line))
+
+    return bool((said(before) & said(after)) - said(answer))
 
 
 def summarise_merges(cases: list[dict[str, Any]]) -> dict[str, Any]:
@@ -293,6 +304,7 @@ def summarise_merges(cases: list[dict[str, Any]]) -> dict[str, Any]:
             "whitespace_only": sum(v["whitespace_only"] for v in verdicts),
             "caught": sum(v["check"] != "ok" for v in verdicts),
             "let_through": sum(v["check"] == "ok" and not v["exact"] and not v["whitespace_only"] for v in verdicts),
+            "let_through_losing_code": sum(v["check"] == "ok" and v.get("loses_code", False) for v in verdicts),
             "median_seconds": _median(v["seconds"] for v in verdicts),
         }
     resolved = [

@@ -68,8 +68,9 @@ from specedit.engine.errors import (
     SpeceditError,
 )
 
-PROTOCOL_VERSION = 6  # 2: requests, steps and outcomes as their dataclasses (`to_wire`); 3: warm, document;
-# 4: a request's `merge`; 5: `queued` says whether the model is loading; 6: TCP's challenge-response (no token)
+PROTOCOL_VERSION = 7  # 2: requests, steps and outcomes as their dataclasses (`to_wire`); 3: warm, document;
+# 4: a request's `merge`; 5: `queued` says whether the model is loading; 6: TCP's challenge-response (no token);
+# 7: a request's `sketch_format`
 # A request holds at most MAX_INPUT_BYTES (1 MB) each of original, instruction and sketch (`requests`).
 DEFAULT_MAX_FRAME_SIZE = 4 * 1024 * 1024
 HELLO_MAX_FRAME_SIZE = 64 * 1024  # before the hello is accepted (TCP: until the client's proof checks out)

@@ -1,0 +1,355 @@
+"""Edits as models also write them: unified diffs, aider's SEARCH/REPLACE blocks, OpenAI's V4A patches.
+
+Beside a lazy sketch (`merge.py`: the changed parts, `// ... existing code ...` for the rest), a chat model
+answers "change this file" with one of three edit formats, each a list of *hunks*: the lines the
+original has there (context and the lines taken out) and the lines that replace them.
+
+- `udiff`: a unified diff (`--- a/x.py` / `+++ b/x.py`, `@@ -12,7 +12,8 @@`, then ` `, `-` and `+` lines).
+  Models get the numbers and counts wrong, write `@@ ... @@`, or leave a blank context line without its
+  space: the numbers are only a hint where the lines occur more than once, and a hunk ends where its lines do.
+- `search-replace`: aider's blocks (`<<<<<<< SEARCH`, the lines to find, `=======`, their replacement,
+  `>>>>>>> REPLACE`), each applied to the file as the blocks before it left it, in any order.
+- `v4a`: OpenAI's `apply_patch` format (`*** Begin Patch`, `*** Update File: x.py`, hunks after `@@` or
+  `@@ def f():` naming a line they come after, ` `/`-`/`+` lines, `*** End Patch`).
+
+A hunk is placed where its old lines are, compared without trailing spaces (a chat answer has none), else
+without any indentation (its new lines then take the original's); where they are more than once, the
+diff's line number (shifted as the hunks before it were), or V4A's `@@` line, picks the place; else the
+patch is a doubt. A patch that cannot be placed leaves the merge to the model (`merge.merge_sketch`),
+whose answer is checked against the patch's lazy sketch (`as_sketch`: each hunk's new lines, between
+markers) like any other (`merge_checks`).
+
+>>> apply_patch("a\\nb\\nc\\n", parse_patch("@@ -1,3 +1,3 @@\\n a\\n-b\\n+B\\n c\\n", "udiff"))
+('a\\nB\\nc\\n', ())
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+SketchFormat = Literal["auto", "lazy", "udiff", "search-replace", "v4a"]
+SKETCH_FORMATS: tuple[SketchFormat, ...] = ("auto", "lazy", "udiff", "search-replace", "v4a")
+PatchFormat = Literal["udiff", "search-replace", "v4a"]
+
+_HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+_ANY_HUNK_HEADER = re.compile(r"^@@(?: .*)?$")
+_SEARCH = re.compile(r"^<{5,9} ?SEARCH\b")
+_DIVIDER = re.compile(r"^={5,9}\s*$")
+_REPLACE = re.compile(r"^>{5,9} ?REPLACE\b")
+_V4A_FILE = re.compile(r"^\*\*\* (Update|Add|Delete) File: (.+?)\s*$")
+# The lines of a patch's own syntax: a merge that holds them (and an original that does not) wrote the
+# patch into the file instead of applying it.
+SYNTAX = re.compile(
+    r"^(?:@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@|@@ \.\.\. @@|<{7} SEARCH|>{7} REPLACE|\*\*\* Begin Patch|"
+    r"\*\*\* End Patch|\*\*\* Update File: |--- a/|\+\+\+ b/)"
+)
+
+
+@dataclass(frozen=True)
+class Hunk:
+    old: tuple[str, ...]  # the lines the original has there (context and lines taken out), without newlines
+    new: tuple[str, ...]  # the lines that replace them
+    context: tuple[int | None, ...] = ()  # per new line, the old line it is (a context line), or None
+    line: int | None = None  # where the patch says `old` starts (1-based), if it says
+    scope: str | None = None  # a line `old` comes after (V4A's `@@ def f():`), if it names one
+
+
+@dataclass(frozen=True)
+class Patch:
+    format: PatchFormat
+    files: tuple[tuple[str | None, tuple[Hunk, ...]], ...]  # (path, hunks) per file, in the patch's order
+
+
+def detect(sketch: str, original: str = "") -> Literal["lazy", "udiff", "search-replace", "v4a"]:
+    """The format `sketch` is written in: a patch's syntax where it has some that the original has not
+    (editing a diff file is not a diff), else a lazy sketch."""
+    lines = sketch.splitlines()
+    own = set(original.splitlines())
+
+    def has(pattern: re.Pattern[str]) -> bool:
+        return any(pattern.match(line) and line not in own for line in lines)
+
+    if any(line.strip() == "*** Begin Patch" for line in lines if line not in own) or has(_V4A_FILE):
+        return "v4a"
+    if has(_SEARCH) and has(_REPLACE):
+        return "search-replace"
+    changes = any(line[:1] in "+-" and line[:3] not in ("+++", "---") for line in lines)
+    if changes and (has(_HUNK_HEADER) or has(_ANY_HUNK_HEADER) or _has_file_headers(lines, own)):
+        return "udiff"
+    return "lazy"
+
+
+def _has_file_headers(lines: list[str], own: set[str]) -> bool:
+    return any(a.startswith("--- ") and b.startswith("+++ ") and a not in own for a, b in itertools.pairwise(lines))
+
+
+def parse_patch(text: str, format: PatchFormat) -> Patch:
+    """The hunks of `text`, a patch in `format`, per file."""
+    lines = [line.rstrip("\r") for line in text.replace("\r\n", "\n").split("\n")]
+    if format == "udiff":
+        return Patch(format, _parse_udiff(lines))
+    if format == "search-replace":
+        return Patch(format, _parse_search_replace(lines))
+    return Patch(format, _parse_v4a(lines))
+
+
+def _parse_udiff(lines: list[str]) -> tuple[tuple[str | None, tuple[Hunk, ...]], ...]:
+    files: list[tuple[str | None, list[Hunk]]] = []
+    hunk: _Lines | None = None  # the hunk being read
+
+    def close() -> None:
+        nonlocal hunk
+        if hunk is not None and (made := hunk.hunk()):
+            if not files:
+                files.append((None, []))
+            files[-1][1].append(made)
+        hunk = None
+
+    for number, line in enumerate(lines):
+        following = lines[number + 1] if number + 1 < len(lines) else ""
+        if line.startswith("--- ") and following.startswith("+++ "):
+            close()
+            continue
+        if line.startswith("+++ ") and number > 0 and lines[number - 1].startswith("--- "):
+            path = line[4:].split("\t")[0].strip()
+            files.append((path[2:] if path.startswith(("a/", "b/")) else path, []))
+            continue
+        if _ANY_HUNK_HEADER.match(line):
+            close()
+            numbers = _HUNK_HEADER.match(line)
+            hunk = _Lines(line=int(numbers.group(1)) if numbers else None)
+            continue
+        if hunk is None:
+            continue
+        if line.startswith("\\"):  # "\ No newline at end of file"
+            continue
+        if not hunk.add(line):  # the diff has ended (a fence, a sentence after it)
+            close()
+    close()
+    return tuple((path, tuple(hunks)) for path, hunks in files if hunks)
+
+
+def _parse_search_replace(lines: list[str]) -> tuple[tuple[str | None, tuple[Hunk, ...]], ...]:
+    files: list[tuple[str | None, list[Hunk]]] = []
+    path: str | None = None
+    part: list[str] | None = None  # the block's lines being read
+    search: list[str] = []
+    for line in lines:
+        if _SEARCH.match(line):
+            part, search = [], []
+            continue
+        if part is None:
+            if line.strip() and not line.startswith("```"):
+                path = line.strip()  # the line naming the file, before the block
+            continue
+        if _DIVIDER.match(line) and not search:
+            search, part = part, []
+            search.append("")  # a marker that the divider was seen (removed below)
+            continue
+        if _REPLACE.match(line):
+            old = tuple(search[:-1]) if search else ()
+            if not files or files[-1][0] != path:
+                files.append((path, []))
+            files[-1][1].append(Hunk(old, tuple(part), _aligned(old, tuple(part))))
+            part, search = None, []
+            continue
+        part.append(line)
+    return tuple((name, tuple(hunks)) for name, hunks in files)
+
+
+def _parse_v4a(lines: list[str]) -> tuple[tuple[str | None, tuple[Hunk, ...]], ...]:
+    files: list[tuple[str | None, list[Hunk]]] = []
+    hunk = _Lines()
+    updating = False
+
+    def close(scope: str | None = None) -> None:
+        nonlocal hunk
+        if updating and (made := hunk.hunk()):
+            files[-1][1].append(made)
+        hunk = _Lines(scope=scope)
+
+    for line in lines:
+        header = _V4A_FILE.match(line)
+        if header:
+            close()
+            updating = header.group(1) == "Update"
+            if updating:
+                files.append((header.group(2), []))
+            continue
+        if line.startswith("***"):  # Begin / End Patch, End of File, Move to
+            close()
+            continue
+        if not updating:
+            continue
+        if line.startswith("@@"):
+            close(line[2:].strip() or None)
+        else:
+            hunk.add(line)
+    close()
+    return tuple((path, tuple(hunks)) for path, hunks in files if hunks)
+
+
+@dataclass
+class _Lines:
+    """A diff's hunk as it is read: its ` `, `-` and `+` lines."""
+
+    line: int | None = None
+    scope: str | None = None
+    old: list[str] = field(default_factory=list)
+    new: list[str] = field(default_factory=list)
+    context: list[int | None] = field(default_factory=list)
+
+    def add(self, line: str) -> bool:
+        """Takes one line of the hunk; False for a line that is none (the hunk has ended)."""
+        if line.startswith(" ") or line == "":  # context (a blank one often without its space)
+            self.context.append(len(self.old))
+            self.old.append(line[1:])
+            self.new.append(line[1:])
+        elif line.startswith("-"):
+            self.old.append(line[1:])
+        elif line.startswith("+"):
+            self.context.append(None)
+            self.new.append(line[1:])
+        else:
+            return False
+        return True
+
+    def hunk(self) -> Hunk | None:
+        while self.context and self.context[-1] is not None and not self.old[-1].strip():  # a blank line after it
+            self.old.pop(), self.new.pop(), self.context.pop()
+        if not (self.old or self.new):
+            return None
+        return Hunk(tuple(self.old), tuple(self.new), tuple(self.context), self.line, self.scope)
+
+
+def apply_patch(original: str, patch: Patch) -> tuple[str, tuple[str, ...]]:
+    """`patch` applied to `original` (newlines only): the text, and why a hunk could not be placed (empty:
+    every hunk was). A patch of several files is applied as the one file of them whose hunks all place."""
+    results = [_apply_file(original, hunks, patch.format) for _, hunks in patch.files]
+    placed = [text for text, why in results if not why]
+    if not results:
+        return original, ("the patch holds no change",)
+    if len(placed) == 1:
+        return placed[0], ()
+    if len(results) == 1:
+        return results[0]
+    names = ", ".join(str(path) for path, _ in patch.files)
+    return original, (f"the patch edits {len(results)} files ({names}), and {len(placed)} of them fit this one",)
+
+
+def _apply_file(original: str, hunks: tuple[Hunk, ...], format: PatchFormat) -> tuple[str, tuple[str, ...]]:
+    lines = original.split("\n")
+    ends_in_newline = lines[-1] == ""
+    if ends_in_newline:
+        lines.pop()
+    cursor, shift = 0, 0  # diffs come in order: each hunk after the one before; the numbers' error so far
+    for number, hunk in enumerate(hunks, 1):
+        if not hunk.old:
+            return original, (f"hunk {number} says nothing of where it goes (no lines of the original)",)
+        low = 0 if format == "search-replace" else cursor  # aider's blocks each search the whole file
+        found = _find(lines, hunk, low, shift)
+        if isinstance(found, str) and low > 0:  # hunks out of order
+            found = _find(lines, hunk, 0, shift)
+        if isinstance(found, str):
+            return original, (f"hunk {number} (starting {_first_said(hunk.old)!r}): {found}",)
+        start, new = found
+        if hunk.line is not None:
+            shift = start + 1 - hunk.line
+        lines[start : start + len(hunk.old)] = new
+        cursor = start + len(new)
+    return "\n".join(lines) + ("\n" if ends_in_newline else ""), ()
+
+
+def _find(lines: list[str], hunk: Hunk, low: int, shift: int) -> tuple[int, list[str]] | str:
+    """Where `hunk.old` is in `lines` at or after `low`, and the lines that replace it there; or why not."""
+    size = len(hunk.old)
+    for compare in (str.rstrip, str.strip):  # trailing spaces first, then any indentation
+        wanted = [compare(line) for line in hunk.old]
+        keys = [compare(line) for line in lines]
+        places = [at for at in range(low, len(lines) - size + 1) if keys[at : at + size] == wanted]
+        if not places:
+            continue
+        if len(places) > 1:
+            places = _narrowed(lines, hunk, places, shift)
+        if len(places) != 1:
+            return f"its lines are in the file {len(places)} times, and nothing in the patch says which"
+        start = places[0]
+        found, new = lines[start : start + size], list(hunk.new)
+        if compare is str.strip:
+            new = _indented_like(found, hunk.old, new)
+        return start, _keeping_context(found, hunk, new)
+    return "its lines are not in the file"
+
+
+def _narrowed(lines: list[str], hunk: Hunk, places: list[int], shift: int) -> list[int]:
+    """Of several places for a hunk, the one its patch points at: the first after V4A's `@@` line, or the
+    nearest to the diff's line number (shifted by how far the hunks before it were off)."""
+    if hunk.scope is not None:
+        scope = hunk.scope.strip()
+        scopes = [at for at, line in enumerate(lines) if line.strip() == scope]
+        after = [place for place in places if any(at < place for at in scopes)]
+        if scopes and after:
+            nearest = min(after, key=lambda place: place - max(at for at in scopes if at < place))
+            return [nearest]
+    if hunk.line is not None:
+        hinted = hunk.line - 1 + shift
+        distances = sorted((abs(place - hinted), place) for place in places)
+        if distances[0][0] < distances[1][0]:
+            return [distances[0][1]]
+    return places
+
+
+def _indented_like(found: list[str], old: tuple[str, ...], new: list[str]) -> list[str]:
+    """`new`, indented by what the file's lines add to (or take from) the hunk's old lines, where that is
+    the same for every line that says something (a hunk written without its class's indentation)."""
+    shifts = {
+        (len(have) - len(have.lstrip())) - (len(had) - len(had.lstrip()))
+        for have, had in zip(found, old, strict=True)
+        if have.strip()
+    }
+    if len(shifts) != 1 or not (shift := shifts.pop()):
+        return new
+    if shift > 0:
+        unit = next((have[:shift] for have in found if have.strip() and len(have) - len(have.lstrip()) >= shift), "")
+        return [unit + line if line.strip() else line for line in new]
+    return [line[-shift:] if line[:-shift].strip() == "" else line.lstrip() for line in new]
+
+
+def _keeping_context(found: list[str], hunk: Hunk, new: list[str]) -> list[str]:
+    """`new` with the file's own text for the hunk's context lines (a patch drops trailing spaces; the
+    lines it adds or changes are its own)."""
+    return [found[at] if at is not None else line for line, at in zip(new, hunk.context, strict=True)]
+
+
+def _aligned(old: tuple[str, ...], new: tuple[str, ...]) -> tuple[int | None, ...]:
+    """Per line of `new`, the line of `old` it is unchanged, or None: aligned without trailing spaces (a
+    block whose search the file has with them), and equal as written (a change of its spaces is one)."""
+    matcher = difflib.SequenceMatcher(
+        None, [line.rstrip() for line in old], [line.rstrip() for line in new], autojunk=False
+    )
+    context: list[int | None] = [None] * len(new)
+    for block in matcher.get_matching_blocks():
+        for k in range(block.size):
+            if old[block.a + k] == new[block.b + k]:
+                context[block.b + k] = block.a + k
+    return tuple(context)
+
+
+def _first_said(lines: tuple[str, ...]) -> str:
+    return next((line.strip() for line in lines if line.strip()), "")
+
+
+def as_sketch(patch: Patch, side: Literal["old", "new"]) -> str:
+    """The lazy sketch one side of a patch stands for: each hunk's `new` (or `old`) lines, a marker between
+    them and around them (what `merge_checks` checks a model's answer against). Of several files, those
+    of the first."""
+    hunks = patch.files[0][1] if patch.files else ()
+    parts = ["...\n"]
+    for hunk in hunks:
+        parts += [line + "\n" for line in (hunk.new if side == "new" else hunk.old)]
+        parts.append("...\n")
+    return "".join(parts)
