@@ -60,6 +60,13 @@ class MergeError(SpeceditError):
     exit_code = 11
 
 
+class EmptyAnswerError(SpeceditError):
+    """The model answered nothing (or only whitespace) for a region that has code: such an answer would empty
+    it, so nothing is written or applied (unless asked for: `RewriteRequest.allow_empty`)."""
+
+    exit_code = 12
+
+
 class WriteError(SpeceditError):
     """The result could not be written (a read-only or full file system, no permission): nothing was
     replaced, and no file was left behind."""

@@ -1,17 +1,17 @@
 """What a rewrite asks for and what it reports: plain frozen dataclasses, with no torch import.
 
-One request (`RewriteRequest`), one step report (`StepInfo`) and one result (`RewriteOutcome`), the same
-in process and on both sides of the daemon's socket (`serving.protocol` sends them field for field). The
+One request (`RewriteRequest`) and one result (`RewriteOutcome`), the same in process and on both sides of
+every transport (`wire` sends them field for field; the events between them are `events`'). The
 language server, the daemon's clients and the command line import these; keeping torch out of them lets
 an editor's language server start in a fraction of a second when the model runs in the shared daemon.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from specedit.engine.errors import EmptyAnswerError, IncompleteOutputError, MergeError, SpeceditError
 from specedit.engine.patches import SKETCH_FORMATS, SketchFormat, detect
 from specedit.engine.prompts import RewritePrompt
 
@@ -66,6 +66,7 @@ class RewriteRequest:
     max_new_tokens: int | None = None  # None: room for the original twice over, within the context
     merge: MergeMethod = "auto"  # for a sketch
     sketch_format: SketchFormat = "auto"  # how the sketch is written (`patches`); auto: found in its text
+    allow_empty: bool = False  # an empty answer for a region that has code is written (else it is refused)
 
     def __post_init__(self) -> None:
         for name in ("original", "instruction", "sketch"):
@@ -111,54 +112,11 @@ def _check_size(name: str, value: str | None) -> None:
         raise ValueError(f"the {name} is larger than {MAX_INPUT_BYTES:,} bytes; rewrite a smaller region")
 
 
-@dataclass(frozen=True)
-class StepInfo:
-    """One speculative step, reported after it committed: for progress, tests and profiling."""
-
-    step: int  # 1, 2, ...: the target forwards so far
-    committed_length: int  # prompt + output tokens
-    cache_length: int  # always committed_length - 1: the newest token is pending
-    drafted: int  # this step's draft length
-    accepted: int  # this step's accepted draft tokens
-    generated_tokens: int  # output tokens so far (a step commits accepted + 1, or fewer at EOS or a stop)
-    drafted_total: int  # drafted tokens over all steps so far
-    accepted_total: int  # accepted tokens over all steps so far
-    seconds: float  # since the rewrite started running (prefill included)
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted_total / self.drafted_total if self.drafted_total else 0.0
-
-
-@dataclass
-class DecodingRate:
-    """Tokens per second of decoding alone, for progress: the tokens since the first step over the time
-    since (the model's load and the prefill come before it)."""
-
-    first: tuple[float, int] | None = None  # when the first step was seen (perf_counter), and its tokens
-
-    def step(self, info: StepInfo) -> None:
-        if self.first is None:
-            self.first = (time.perf_counter(), info.generated_tokens)
-
-    def rate(self, generated_tokens: int) -> float | None:
-        """None until a tenth of a second has passed since the first step."""
-        if self.first is None or time.perf_counter() - self.first[0] < 0.1:
-            return None
-        return (generated_tokens - self.first[1]) / (time.perf_counter() - self.first[0])
-
-
-@dataclass(frozen=True)
-class Phase:
-    """Where a rewrite is before its first step: the model loading, waiting behind `ahead` other
-    rewrites, or started (its prompt being prefilled, then its steps)."""
-
-    name: Literal["loading", "queued", "started"]
-    ahead: int = 0
-
-
 FinishReason = Literal["eos", "stop", "length", "cancelled"]
-OutcomeStatus = Literal["complete", "incomplete", "cancelled"]
+# complete: the answer to write. The others write nothing: incomplete (the token budget ran out before the
+# code was finished), cancelled, not_a_merge (the answer to a sketch is not a merge of it: `merge_checks`),
+# empty (nothing, or only whitespace, for a region that has code). The session judges (`session.judged`).
+OutcomeStatus = Literal["complete", "incomplete", "cancelled", "not_a_merge", "empty"]
 
 
 def status_of(finish_reason: FinishReason) -> OutcomeStatus:
@@ -171,12 +129,14 @@ def status_of(finish_reason: FinishReason) -> OutcomeStatus:
 
 @dataclass(frozen=True)
 class RewriteOutcome:
-    """How a rewrite ended, wherever it ran. Errors are raised, not returned."""
+    """How a rewrite ended, wherever it ran. Errors are raised, not returned; an answer that must not be
+    written is an outcome too, with the reason (`problem`) and the error a front end reports (`error`)."""
 
     text: str  # the rewritten region, in the original's line endings
-    status: OutcomeStatus  # incomplete: the token budget ran out before the code was finished
+    status: OutcomeStatus
     finish_reason: FinishReason | None  # None: cancelled before it ran
-    stats: dict[str, Any]  # `Stats.to_dict()`; through the daemon also queue_seconds (and steps_after_cancel)
+    stats: dict[str, Any]  # `Stats.to_dict()`, with queue_seconds (and steps_after_cancel) where it waited
+    problem: str = ""  # why an answer is not to be written (incomplete, not_a_merge, empty)
 
     @classmethod
     def finished(cls, text: str, finish_reason: FinishReason, stats: dict[str, Any]) -> RewriteOutcome:
@@ -189,3 +149,12 @@ class RewriteOutcome:
     @property
     def complete(self) -> bool:
         return self.status == "complete"
+
+    def error(self) -> SpeceditError | None:
+        """The error a front end reports for an answer it must not write (None: complete or cancelled)."""
+        errors: dict[str, type[SpeceditError]] = {
+            "incomplete": IncompleteOutputError,
+            "not_a_merge": MergeError,
+            "empty": EmptyAnswerError,
+        }
+        return errors[self.status](self.problem) if self.status in errors else None

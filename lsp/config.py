@@ -19,7 +19,7 @@ from typing import Any
 from specedit.engine.options import EngineOptions, setting_names
 from specedit.engine.requests import DRAFT_METHODS, DraftMethod
 from specedit.engine.serving.config import INPROCESS
-from specedit.engine.session import LocalSession, Session, remote_session
+from specedit.engine.session import Session, local_session, remote_session
 from specedit.lsp.protocol import DELIVERIES, Delivery
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ def open_session(settings: Settings) -> Session:
     """Where this server's rewrites run: in process, in the daemon at `settings.engine`, or in the shared
     daemon (started with this server's engine options when none runs; it exits by itself once idle)."""
     if settings.engine == INPROCESS:
-        return LocalSession(settings.engine_options)
+        return local_session(settings.engine_options)
     return remote_session(
         settings.engine,
         token_file=settings.engine_token_file,

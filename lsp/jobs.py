@@ -22,9 +22,9 @@ from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
 from specedit.engine.errors import EngineUnavailableError, ModelLoadError, SpeceditError
-from specedit.engine.merge_checks import MergeCheck, check_merge
+from specedit.engine.events import DecodingRate, Phase, Step, Text
 from specedit.engine.prompts import language_for_path
-from specedit.engine.requests import DecodingRate, Phase, RewriteOutcome, RewriteRequest, StepInfo
+from specedit.engine.requests import RewriteOutcome, RewriteRequest
 from specedit.engine.session import Session
 from specedit.lsp import protocol
 from specedit.lsp.config import Settings
@@ -50,10 +50,10 @@ class LiveStats:
 
     started: float = field(default_factory=time.perf_counter)
     phase: Phase | None = None
-    last: StepInfo | None = None
+    last: Step | None = None
     decoding: DecodingRate = field(default_factory=DecodingRate)
 
-    def step(self, info: StepInfo) -> None:
+    def step(self, info: Step) -> None:
         self.decoding.step(info)
         self.last = info
 
@@ -91,7 +91,6 @@ class RewriteJob:
     stop_reason: protocol.Status | None = None  # cancelled or superseded
     running: bool = True
     stats: LiveStats = field(default_factory=LiveStats)
-    steps_after_cancel: int = 0
     reported: int = 0  # hunks sent as partial results so far
     last_report: float = 0.0
     final_intent: Intent | None = None
@@ -237,68 +236,39 @@ class Rewrites:
 
     async def run(self, job: RewriteJob, *, server_progress: bool = False) -> protocol.RewriteResult:
         """Run `job` on the server's session to its end; its result, errors included."""
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-
-        def put(kind: str, value: Any) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, (kind, value))
-
-        def on_step(info: StepInfo) -> None:
-            if job.cancel.is_set():
-                job.steps_after_cancel += 1  # the engine checks before every step: at most one
-            put("step", info)
-
-        def on_phase(phase: Phase) -> None:
-            put("phase", phase)
-
         try:
             session = self._session()
         except SpeceditError as error:
             job.running = False
             return self._error_result(job, error)
-
-        def work() -> None:
-            try:
-                outcome = session.run(
-                    job.request,
-                    on_text=lambda text: put("text", text),
-                    on_step=on_step,
-                    on_phase=on_phase,
-                    cancel=job.cancel,
-                )
-                put("done", outcome)
-            except BaseException as error:  # reported to the client; the server carries on
-                put("error", error)
-
-        threading.Thread(target=work, name=f"specedit-{job.id}", daemon=True).start()
+        events = session.stream(job.request, cancel=job.cancel)
         await self._begin_progress(job, server_progress)
         ticker = asyncio.ensure_future(self._tick(job))
 
-        ending: tuple[str, Any] | None = None
+        ending: RewriteOutcome | BaseException | None = None
         while ending is None:
             try:
-                # The writer plans an edit for what the last event wrote before the next is read: events
-                # that arrived in a burst (a fast model's steps) would otherwise all be read first, and
-                # the text written by the first of them shown only with the last.
-                await asyncio.sleep(0)
-                kind, value = await events.get()
+                event = await anext(events)
             except asyncio.CancelledError:  # $/cancelRequest (or shutdown): end the job, still answer
                 _uncancel()
                 job.stop("cancelled")
                 continue
-            if kind == "text":
-                self._on_text(job, value)
-            elif kind == "step":
-                job.stats.step(value)
+            except Exception as error:  # reported to the client; the server carries on
+                ending = error
+                break
+            if isinstance(event, Text):
+                self._on_text(job, event.delta)
+            elif isinstance(event, Step):
+                job.stats.step(event)
                 self._report(job)
-            elif kind == "phase":
-                job.stats.phase = value
+            elif isinstance(event, Phase):
+                job.stats.phase = event
                 self._report(job, force=True)
             else:
-                ending = (kind, value)
+                ending = event.outcome
         job.running = False
         ticker.cancel()
-        if ending[0] == "error" or not ending[1].complete or job.stop_reason is not None:
+        if not isinstance(ending, RewriteOutcome) or not ending.complete or job.stop_reason is not None:
             self._stop_writing(job)  # its provisional text goes; a complete one's is replaced by its end
         while True:
             try:
@@ -327,18 +297,15 @@ class Rewrites:
         if hunks:
             self._report(job, force=True)
 
-    async def _conclude(self, job: RewriteJob, ending: tuple[str, Any]) -> protocol.RewriteResult:
-        kind, value = ending
-        if kind == "error":
-            return self._error_result(job, value)
-        outcome: RewriteOutcome = value
+    async def _conclude(self, job: RewriteJob, ending: RewriteOutcome | BaseException) -> protocol.RewriteResult:
+        if isinstance(ending, BaseException):
+            return self._error_result(job, ending)
+        outcome = ending
         doc = self._documents.get(job.uri)
         status: protocol.Status
         message = ""
-        if outcome.complete and job.stop_reason is None and job.request.sketch is not None:
-            check = check_merge(job.request.original, job.request.sketch, outcome.text, job.request.sketch_format)
-            if not check.ok:
-                return await self._not_a_merge(job, doc, outcome, check)
+        if job.stop_reason is None and (error := outcome.error()) is not None and outcome.status != "incomplete":
+            return await self._not_written(job, doc, outcome, error)
         if outcome.complete and job.stop_reason is None:
             try:
                 hunks = job.core.finish(outcome.text)
@@ -353,7 +320,7 @@ class Rewrites:
             self._report(job, force=True)
             status = "complete"
         elif outcome.status == "incomplete":
-            status, message = "error", "the model used its whole token budget without finishing the code"
+            status, message = "error", outcome.problem
         else:
             status = job.stop_reason or "cancelled"
 
@@ -371,22 +338,22 @@ class Rewrites:
         if doc is not None and job.core.region.ids(HunkState.APPLIED):
             result["written"] = self._written(job, doc)
         if job.stop_reason is not None:
-            result["stepsAfterCancel"] = job.steps_after_cancel
+            result["stepsAfterCancel"] = outcome.stats.get("steps_after_cancel", 0)
         if job.uri not in self._documents:
             self.jobs.pop(job.id, None)
         return result
 
-    async def _not_a_merge(
-        self, job: RewriteJob, doc: DocumentState | None, outcome: RewriteOutcome, check: MergeCheck
+    async def _not_written(
+        self, job: RewriteJob, doc: DocumentState | None, outcome: RewriteOutcome, error: SpeceditError
     ) -> protocol.RewriteResult:
-        """An answer to a sketch that is not a merge is never left in the document: nothing more is written,
-        and what a live rewrite wrote already is restored; no hunk is offered."""
+        """An answer not to write (no merge of its sketch, or empty: `session.judged`) is never left in the
+        document: nothing more is written, and what a live rewrite wrote already is restored; no hunk is
+        offered."""
         self._stop_writing(job)
         if doc is not None:
             await self._drop(job, doc, sorted(job.core.region.hunks))
             await self._waiting.until(lambda: not doc.pending_intents(job.core) or job.uri not in self._documents)
-        message = f"the answer is not a merge of the edit sketch: {check.describe()}; nothing was applied"
-        return {"jobId": job.id, "status": "error", "message": message, "stats": outcome.stats}
+        return {"jobId": job.id, "status": "error", "message": str(error), "stats": outcome.stats}
 
     def _stop_writing(self, job: RewriteJob) -> None:
         """The job writes no more into its document: what it wrote provisionally is taken out."""
@@ -573,7 +540,7 @@ def _progress_message(stats: dict[str, Any], phase: Phase | None, rate: float | 
         return f"starting · {seconds:.0f} s"
     if stats["phase"] == "loading":
         return f"loading the model · {seconds:.0f} s"
-    if stats["phase"] == "queued" and phase is not None:
+    if stats["phase"] == "queued" and phase is not None and phase.ahead > 0:
         return f"waiting for {phase.ahead} other rewrite{'s' if phase.ahead != 1 else ''} · {seconds:.0f} s"
     if stats["phase"] != "writing":
         return f"reading the file · {seconds:.0f} s"

@@ -7,7 +7,7 @@ cluster (`ray.init`, `deploy` as `specedit cluster deploy` does it, plain HTTP o
 replica of 2 threads, then with two replicas of one thread each. Each is given the same rewrites at 1, 2, 4
 and 8 concurrent clients (whole-file rewrites of the 20 short HumanEvalFix functions of
 `wholefile30.jsonl`, answers of a few hundred tokens), through the sessions the command line and the
-editors use (`RemoteSession`, `HttpSession`). Each level has cases of its own (4, 4, 4, 8: a prompt seen
+editors use (a session on a daemon's or a cluster's backend). Each level has cases of its own (4, 4, 4, 8: a prompt seen
 before would be prefilled from the engine's prompt cache), the same ones on every engine. For each level:
 rewrites and generated tokens per minute (over the level's wall time), and the first streamed text's
 latency (from sending the request to the first piece of the answer on the client: what an editor can show
@@ -42,9 +42,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_cases import read  # noqa: E402
 
+from specedit.engine.events import Event, Text  # noqa: E402
 from specedit.engine.options import EngineOptions  # noqa: E402
 from specedit.engine.requests import RewriteRequest  # noqa: E402
-from specedit.engine.session import RemoteSession, Session  # noqa: E402
+from specedit.engine.session import Session, remote_session  # noqa: E402
 
 TOKEN = "load-run-token-0123456789abcdef"
 ONE_TOKEN = RewriteRequest(original="def add(a, b):\n    return a + b\n", instruction="Rename add.", max_new_tokens=1)
@@ -74,11 +75,11 @@ def timed(session: Session, request: RewriteRequest) -> dict[str, Any]:
     sent = time.perf_counter()
     first: list[float] = []
 
-    def on_text(_: str) -> None:
-        if not first:
+    def on_event(event: Event) -> None:
+        if isinstance(event, Text) and not first:
             first.append(time.perf_counter() - sent)
 
-    outcome = session.run(request, on_text=on_text)
+    outcome = session.run(request, on_event)
     return {
         "wall": time.perf_counter() - sent,
         "first_text": first[0] if first else None,
@@ -160,7 +161,7 @@ def daemon_run(requests: list[RewriteRequest], levels: list[int]) -> dict[str, A
         try:
             while not socket.exists():
                 time.sleep(0.2)
-            return run_engine("daemon, 2 threads", RemoteSession(str(socket)), requests, levels)
+            return run_engine("daemon, 2 threads", remote_session(str(socket)), requests, levels)
         finally:
             daemon.terminate()
             daemon.wait(60)
@@ -170,7 +171,6 @@ def cluster_runs(requests: list[RewriteRequest], levels: list[int], port: int) -
     import ray
     from ray import serve
 
-    from specedit.engine.serving.cluster import HttpSession
     from specedit.engine.serving.cluster_deploy import ClusterConfig, deploy
 
     reports = []
@@ -192,7 +192,7 @@ def cluster_runs(requests: list[RewriteRequest], levels: list[int], port: int) -
                 )
                 address = deploy(config)
                 name = f"cluster, {replicas} replica(s) x {threads} thread(s)"
-                reports.append(run_engine(name, HttpSession(address, token_file=token.name), requests, levels))
+                reports.append(run_engine(name, remote_session(address, token_file=token.name), requests, levels))
                 serve.delete(config.name)
     finally:
         serve.shutdown()

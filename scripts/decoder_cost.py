@@ -20,7 +20,7 @@ from transformers import DynamicCache
 from specedit.engine.model import kv_cache
 from specedit.engine.model.loading import DECODER_VARIABLE
 from specedit.engine.options import EngineOptions
-from specedit.engine.session import load_target
+from specedit.engine.serving.local import load_target
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ from specedit.engine.loop import drafting
 from specedit.engine.loop.rewrite import rewrite
 from specedit.engine.options import EngineOptions
 from specedit.engine.requests import RewriteRequest
-from specedit.engine.session import open_engine
+from specedit.engine.serving.local import open_engine
 
 
 def main() -> None:

@@ -48,12 +48,11 @@ def region_case(case: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def answer(args: argparse.Namespace) -> int:
-    from specedit.engine.merge_checks import check_merge
     from specedit.engine.options import EngineOptions
     from specedit.engine.requests import RewriteRequest
-    from specedit.engine.session import LocalSession
+    from specedit.engine.session import local_session
 
-    session = LocalSession(EngineOptions(model=args.model, threads=args.threads))
+    session = local_session(EngineOptions(model=args.model, threads=args.threads))
     written = 0
     with args.cases.open(encoding="utf-8") as cases, args.out.open("w", encoding="utf-8") as out:
         for line in cases:
@@ -84,9 +83,8 @@ def answer(args: argparse.Namespace) -> int:
                 "merge": outcome.stats.get("merge"),
                 "seconds": round(time.monotonic() - started, 2),
             }
-            if request.sketch is not None:
-                check = check_merge(request.original, request.sketch, outcome.text)
-                record["merge_check"] = "ok" if check.ok else check.describe()
+            if request.sketch is not None:  # the session judged the answer: `not_a_merge` says why
+                record["merge_check"] = "ok" if outcome.status != "not_a_merge" else outcome.problem
             out.write(json.dumps(record) + "\n")
             out.flush()
             written += 1

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from specedit.engine.events import Event, Phase, Step, Text
 from specedit.engine.loop.generate import Engine
 from specedit.engine.model.loading import LoadedModel
 from specedit.engine.ops.model_store import cache_dir
@@ -162,6 +163,9 @@ ECHOED_SKETCH = (
     "# ... existing code ...\n\ndef sub(a, b):\n    return a - b\n\n# ... existing code ...\n",
     "# ... existing code ...\n\ndef sub(a, b):\n    return a - b\n\n# ... existing code ...\n",
 )
+# A rewrite the model answers with nothing at all (its code block closed at once): what a damaged model
+# does, and what must never empty a file. (original, instruction, answer)
+EMPTY_ANSWER = ("total = 0\nfor x in xs:\n    total += x\n", "Explain this code.", "")
 # An edit sketch its lines merge (`engine.merge`), with no model: (original, sketch, merged).
 LINES_SKETCH = (
     ECHOED_SKETCH[0],
@@ -176,7 +180,7 @@ def train_memorising_model(tokenizer: Any, *, steps: int = 200) -> Any:
     sequences = []
     prompts = [
         (RewritePrompt(original.replace("\r\n", "\n"), instruction, None, "python"), answer)
-        for original, instruction, answer in MEMORISED_REWRITES
+        for original, instruction, answer in [*MEMORISED_REWRITES, EMPTY_ANSWER]
     ]
     original, sketch, answer = ECHOED_SKETCH
     prompts.append((RewritePrompt(original, None, sketch, "python"), answer))
@@ -204,6 +208,25 @@ def memorising_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     train_memorising_model(tokenizer).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def events_to(
+    *,
+    text: Callable[[str], object] | None = None,
+    step: Callable[[Step], object] | None = None,
+    phase: Callable[[Phase], object] | None = None,
+) -> Callable[[Event], None]:
+    """An event callback (`Session.run`, `EngineClient.rewrite`) that hands each kind to its own."""
+
+    def route(event: Event) -> None:
+        if isinstance(event, Text) and text is not None:
+            text(event.delta)
+        elif isinstance(event, Step) and step is not None:
+            step(event)
+        elif isinstance(event, Phase) and phase is not None:
+            phase(event)
+
+    return route
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

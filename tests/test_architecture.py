@@ -102,3 +102,58 @@ def test_clients_start_without_torch() -> None:
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.strip() == "[]"
+
+
+# The rooms, highest first (STYLE.md, 9): a module imports only from its own room and the rooms below it.
+# A module is in the room of the longest prefix that names it.
+ROOMS = (
+    (
+        "front ends",
+        (
+            "specedit.cli",
+            "specedit.lsp",
+            "specedit.engine.ops",
+            "specedit.engine.serving.daemon",
+            "specedit.engine.serving.cluster_deploy",
+            "specedit.engine.http",
+        ),
+    ),
+    ("the session", ("specedit.engine.session",)),
+    ("backends and their transports", ("specedit.engine.serving",)),
+    ("the loop and the merge", ("specedit.engine.loop", "specedit.engine.merge", "specedit.engine.merge_checks")),
+    ("drafters", ("specedit.drafters",)),
+    ("the model", ("specedit.engine.model", "specedit.engine.loop.sampling")),
+    ("records", ("specedit.engine",)),  # requests, events, the wire, errors, options, prompts, patches
+)
+
+
+def room_of(module: str) -> int:
+    """The index of `module`'s room in ROOMS (0 is the highest)."""
+    matches = [
+        (len(prefix), number)
+        for number, (_, prefixes) in enumerate(ROOMS)
+        for prefix in prefixes
+        if module == prefix or module.startswith(prefix + ".")
+    ]
+    assert matches, f"{module} is in no room"
+    return max(matches)[1]
+
+
+def test_room_of() -> None:
+    assert ROOMS[room_of("specedit.engine.serving.daemon")][0] == "front ends"
+    assert ROOMS[room_of("specedit.engine.serving.local")][0] == "backends and their transports"
+    assert ROOMS[room_of("specedit.engine.loop.sampling")][0] == "the model"
+    assert ROOMS[room_of("specedit.engine.events")][0] == "records"
+
+
+def test_rooms_read_in_one_direction() -> None:
+    """Front ends above the session, the session above the backends and the loop, the loop above the
+    drafters and the model: a module that imports from a room above its own is in the wrong room."""
+    found = modules()
+    upward = [
+        f"{name} ({ROOMS[room_of(name)][0]}) imports {target} ({ROOMS[room_of(target)][0]})"
+        for name, path in found.items()
+        for target in imports_of(path, name, set(found))
+        if room_of(target) < room_of(name)
+    ]
+    assert not upward, "\n".join(upward)

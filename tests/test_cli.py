@@ -14,7 +14,8 @@ import pytest
 
 from specedit.cli.main import main
 from specedit.cli.progress import RewriteProgress
-from specedit.engine.requests import Phase, StepInfo
+from specedit.engine.errors import EmptyAnswerError
+from specedit.engine.events import Phase, Step
 
 from conftest import MEMORISED_REWRITES
 
@@ -371,19 +372,19 @@ def test_interrupt_leaves_the_file_untouched(tmp_path: Path, tiny_model_dir: Pat
 def test_the_status_line_says_what_a_rewrite_waits_for_then_its_decoding_rate() -> None:
     progress = RewriteProgress("a.py", enabled=False)
     assert progress.describe(0.4) == "reading the file · 0.4 s"
-    progress.phase(Phase("loading"))
+    progress.show(Phase("loading"))
     assert progress.describe(3.2) == "loading the model · 3 s"
-    progress.phase(Phase("queued", 2))
+    progress.show(Phase("queued", 2))
     assert progress.describe(4.0) == "waiting for 2 other rewrite(s) · 4 s"
-    progress.phase(Phase("started"))
+    progress.show(Phase("started"))
 
-    def step(number: int, generated: int) -> StepInfo:
-        return StepInfo(number, 100 + generated, 99 + generated, 4, 3, generated, 4 * number, 3 * number, 1.0)
+    def step(number: int, generated: int) -> Step:
+        return Step(number, 100 + generated, 99 + generated, 4, 3, generated, 4 * number, 3 * number, 1.0)
 
-    progress.step(step(1, 10))
+    progress.show(step(1, 10))
     assert progress.describe(5.0) == "10 tokens, … tok/s, draft acceptance 75%, 5.0 s"
     progress._decoding.first = (time.perf_counter() - 2.0, 10)  # two seconds after the first step
-    progress.step(step(2, 30))
+    progress.show(step(2, 30))
     assert progress.describe(7.0).startswith("30 tokens, 10.0 tok/s, draft acceptance 75%")  # the load is not in it
 
 
@@ -420,3 +421,19 @@ def test_on_a_terminal_the_status_line_goes_to_stderr_and_the_rewrite_to_stdout(
     assert process.wait(60) == 0
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown.decode(errors="replace"))
     assert re.search(r"loading the model · \d+ s", text) and re.search(r"\d+\s+tokens,", text), text[-2000:]
+
+
+def test_an_empty_answer_is_never_written(tmp_path: Path, memorising_model_dir: Path) -> None:
+    """A model that closes its answer at once would empty the file, exit 0: it is refused (exit 12, the file
+    as it was, no backup left); asked for with --allow-empty, it is written."""
+    from conftest import EMPTY_ANSWER
+
+    original, instruction, _ = EMPTY_ANSWER
+    source = tmp_path / "total.py"
+    source.write_text(original)
+    command = ["rewrite", str(source), "-i", instruction, "--model", str(memorising_model_dir), "--no-progress"]
+    assert main([*command, "--in-place"]) == EmptyAnswerError.exit_code == 12
+    assert source.read_text() == original and sorted(p.name for p in tmp_path.iterdir()) == ["total.py"]
+    assert main([*command, "-o", str(tmp_path / "out.py")]) == 12 and not (tmp_path / "out.py").exists()
+    assert main([*command, "--in-place", "--allow-empty"]) == 0
+    assert source.read_text() == "" and (tmp_path / "total.py.orig").read_text() == original

@@ -2,8 +2,8 @@
 
 One cluster for the module (`ray.init(num_cpus=2)`), the engine deployed on it as `specedit cluster
 deploy` does it (`deploy`), with two replicas of the tiny random model, over HTTPS with a self-signed
-certificate the clients trust through `SSL_CERT_FILE`; clients are `HttpSession`s, as the command line and
-the language server use them (`--engine https://HOST:PORT`).
+certificate the clients trust through `SSL_CERT_FILE`; clients are sessions on `ClusterBackend`s, as the command
+line and the language server use them (`--engine https://HOST:PORT`).
 """
 
 from __future__ import annotations
@@ -23,16 +23,19 @@ from typing import Any
 import pytest
 
 from specedit.engine.errors import EngineUnavailableError, InputError
+from specedit.engine.events import Phase, Step
 from specedit.engine.options import EngineOptions
-from specedit.engine.requests import Phase, RewriteRequest, StepInfo
-from specedit.engine.serving.protocol import to_wire
-from specedit.engine.session import LocalSession, remote_session
+from specedit.engine.requests import RewriteRequest
+from specedit.engine.session import Session, local_session, remote_session
+from specedit.engine.wire import to_wire
 
 ray = pytest.importorskip("ray", reason="the cluster extra: pip install -e '.[cluster]' (scripts/setup.sh does)")
 serve = pytest.importorskip("ray.serve")
 
-from specedit.engine.serving.cluster import HttpSession  # noqa: E402
+from specedit.engine.serving.cluster import ClusterBackend  # noqa: E402
 from specedit.engine.serving.cluster_deploy import ClusterConfig, deploy  # noqa: E402
+
+from conftest import events_to  # noqa: E402
 
 TOKEN = "cluster-test-token-0123456789"
 ORIGINAL = "def add(a, b):\n    return a + b\n"
@@ -116,12 +119,12 @@ def test_a_rewrite_through_the_cluster_is_the_in_process_one(
     cluster: str, token_file: Path, options: EngineOptions
 ) -> None:
     session = remote_session(cluster, token_file=str(token_file))
-    assert isinstance(session, HttpSession)
+    assert isinstance(session.backend, ClusterBackend)
     pieces: list[str] = []
-    steps: list[StepInfo] = []
+    steps: list[Step] = []
     phases: list[Phase] = []
-    outcome = session.run(request(40), on_text=pieces.append, on_step=steps.append, on_phase=phases.append)
-    local = LocalSession(options).run(request(40))
+    outcome = session.run(request(40), events_to(text=pieces.append, step=steps.append, phase=phases.append))
+    local = local_session(options).run(request(40))
     assert outcome.text == local.text and outcome.status == local.status == "incomplete"
     assert "".join(pieces) == outcome.text and steps and steps[-1].generated_tokens == 40
     assert Phase("started") in phases
@@ -129,7 +132,7 @@ def test_a_rewrite_through_the_cluster_is_the_in_process_one(
 
 def test_concurrent_clients_each_get_their_answer_and_both_replicas_serve(cluster: str, options: EngineOptions) -> None:
     budgets = [12, 16, 20, 24, 28, 32]
-    expected = {budget: LocalSession(options).run(request(budget)).text for budget in budgets}
+    expected = {budget: local_session(options).run(request(budget)).text for budget in budgets}
     answers: dict[int, dict[str, Any]] = {}
 
     def client(budget: int) -> None:
@@ -144,7 +147,7 @@ def test_concurrent_clients_each_get_their_answer_and_both_replicas_serve(cluste
         thread.join(120)
     assert sorted(answers) == budgets
     assert {budget: done["outcome"]["text"] for budget, done in answers.items()} == expected
-    assert len({done["replica"] for done in answers.values()}) == 2  # the load was spread
+    assert len({done["outcome"]["stats"]["replica"] for done in answers.values()}) == 2  # the load was spread
 
 
 def test_a_wrong_or_missing_token_is_refused_and_nothing_runs(cluster: str, tmp_path: Path) -> None:
@@ -155,9 +158,9 @@ def test_a_wrong_or_missing_token_is_refused_and_nothing_runs(cluster: str, tmp_
     wrong.write_text("guess\n")
     wrong.chmod(0o600)
     with pytest.raises(EngineUnavailableError, match="token"):
-        HttpSession(cluster, token_file=wrong).run(request(8))
+        Session(ClusterBackend(cluster, token_file=wrong)).run(request(8))
     with pytest.raises(EngineUnavailableError, match="token file"):
-        HttpSession(cluster)
+        ClusterBackend(cluster)
 
 
 def test_a_malformed_request_is_a_clear_error(cluster: str, token_file: Path) -> None:
@@ -169,26 +172,26 @@ def test_a_malformed_request_is_a_clear_error(cluster: str, token_file: Path) ->
     status, events = stream(cluster, json.dumps({"request": bad}).encode())
     assert status == 400 and events[0]["error_code"] == "bad_request"
     with pytest.raises(InputError):
-        session = HttpSession(cluster, token_file=token_file)
+        session = Session(ClusterBackend(cluster, token_file=token_file))
         session._send(session._connect(), "POST", "/rewrite", {"request": bad})
 
 
 def test_a_client_that_hangs_up_stops_the_engine(cluster: str, token_file: Path) -> None:
-    session = HttpSession(cluster, token_file=token_file)
+    session = Session(ClusterBackend(cluster, token_file=token_file))
     cancel = threading.Event()
-    steps: list[StepInfo] = []
+    steps: list[Step] = []
 
-    def on_step(info: StepInfo) -> None:
+    def on_step(info: Step) -> None:
         steps.append(info)
         if len(steps) == 3:
             cancel.set()
 
-    outcome = session.run(request(1500), on_step=on_step, cancel=cancel)
+    outcome = session.run(request(1500), events_to(step=on_step), cancel=cancel)
     assert outcome.status == "cancelled" and len(steps) >= 3
     # The replica saw its client go: its engine stopped the rewrite (status "cancelled", not run to the
     # end of its budget), and it runs nothing now. Serve routes each status call to either replica.
     for _ in range(200):
-        replicas = {info["pid"]: info for info in (session.status() for _ in range(4))}
+        replicas = {info["pid"]: info for info in (session.backend.status() for _ in range(4))}
         if any(info["cancelled"] == 1 and info["running"] == 0 for info in replicas.values()):
             break
         time.sleep(0.1)
@@ -199,14 +202,14 @@ def test_a_client_that_hangs_up_stops_the_engine(cluster: str, token_file: Path)
 
 def test_plain_http_to_the_https_engine_is_a_clear_error(cluster: str, token_file: Path) -> None:
     with pytest.raises(EngineUnavailableError, match="cluster engine"):
-        HttpSession(cluster.replace("https://", "http://"), token_file=token_file).run(request(8))
+        Session(ClusterBackend(cluster.replace("https://", "http://"), token_file=token_file)).run(request(8))
 
 
 def test_no_engine_at_the_address_is_a_clear_error(token_file: Path) -> None:
     with pytest.raises(EngineUnavailableError, match="no cluster engine answers"):
-        HttpSession(f"http://127.0.0.1:{free_port()}", token_file=token_file).run(request(8))
+        Session(ClusterBackend(f"http://127.0.0.1:{free_port()}", token_file=token_file)).run(request(8))
     with pytest.raises(EngineUnavailableError, match="not an engine address"):
-        HttpSession("ftp://host:1", token_file=token_file)
+        ClusterBackend("ftp://host:1", token_file=token_file)
     assert os.environ.get("RAY_ADDRESS") is None  # the tests never reach a cluster they did not start
 
 
@@ -236,13 +239,13 @@ def test_the_command_line_rewrites_through_the_cluster(
 def test_a_replica_killed_mid_rewrite_is_a_clear_error_and_serve_replaces_it(cluster: str, token_file: Path) -> None:
     """The client gets an error (no retry: the rewrite's text already streamed would be streamed again),
     never a truncated answer; Serve starts new replicas and the next rewrite succeeds."""
-    session = HttpSession(cluster, token_file=token_file)
+    session = Session(ClusterBackend(cluster, token_file=token_file))
     started = threading.Event()
     result: dict[str, Any] = {}
 
     def client() -> None:
         try:
-            result["outcome"] = session.run(request(1500), on_step=lambda info: started.set())
+            result["outcome"] = session.run(request(1500), events_to(step=lambda info: started.set()))
         except EngineUnavailableError as error:
             result["error"] = error
 
@@ -313,14 +316,14 @@ def test_a_request_chooses_among_the_deployments_models(
 ) -> None:
     assert two_models.endswith("/two-models")
     own = remote_session(two_models, token_file=str(token_file))
-    assert own.run(request(12)).text == LocalSession(options).run(request(12)).text
+    assert own.run(request(12)).text == local_session(options).run(request(12)).text
     named = remote_session(two_models, token_file=str(token_file), spawn=EngineOptions(model=str(memorising_model_dir)))
     phases: list[Phase] = []
-    outcome = named.run(request(200), on_phase=phases.append)
+    outcome = named.run(request(200), events_to(phase=phases.append))
     assert outcome.status == "complete" and outcome.text == "def plus(a, b):\n    return a + b\n"
     assert phases[0] == Phase("loading") and Phase("started") in phases  # loaded for this request
-    assert isinstance(own, HttpSession)
-    assert own.status()["models"] == [str(memorising_model_dir)]
+    assert isinstance(own.backend, ClusterBackend)
+    assert own.backend.status()["models"] == [str(memorising_model_dir)]
     unknown = remote_session(two_models, token_file=str(token_file), spawn=EngineOptions(model="/etc"))
     with pytest.raises(InputError, match="no model '/etc' on this engine"):  # a client never makes it load a path
         unknown.run(request(8))

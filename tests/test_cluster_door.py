@@ -24,7 +24,7 @@ from specedit.engine.options import EngineOptions
 from specedit.engine.requests import RewriteRequest
 from specedit.engine.serving.cluster import MAX_BODY_BYTES, json_object
 from specedit.engine.serving.cluster_deploy import EngineReplica
-from specedit.engine.serving.protocol import ProtocolError, to_wire
+from specedit.engine.wire import ProtocolError, to_wire
 
 TOKEN = "door-test-token-0123456789"
 GOOD = to_wire(RewriteRequest(original="def add(a, b):\n    return a + b\n", instruction="Rename.", max_new_tokens=3))

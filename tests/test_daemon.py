@@ -28,15 +28,17 @@ import torch
 
 from specedit.cli.serve_command import add_serve_parser, config_from_args, serve_command
 from specedit.engine.errors import ContextLengthError, EngineUnavailableError
+from specedit.engine.events import Phase, Step
 from specedit.engine.loop.generate import Engine
 from specedit.engine.loop.rewrite import rewrite
 from specedit.engine.model.loading import load_model
 from specedit.engine.model.prefix_cache import PrefixCache
 from specedit.engine.options import EngineOptions
-from specedit.engine.requests import Phase, RewriteRequest, StepInfo, WarmRequest
-from specedit.engine.serving.client import EngineAddress, EngineClient, ensure_daemon
+from specedit.engine.requests import RewriteRequest, WarmRequest
+from specedit.engine.serving.client import EngineAddress, EngineClient
 from specedit.engine.serving.config import DaemonConfig
 from specedit.engine.serving.daemon import Daemon, serve
+from specedit.engine.serving.local import LocalBackend
 from specedit.engine.serving.protocol import (
     HANDSHAKE_NONCE_BYTES,
     PROTOCOL_VERSION,
@@ -44,11 +46,12 @@ from specedit.engine.serving.protocol import (
     handshake_proof,
     is_handshake_proof,
     recv_payload,
-    to_wire,
 )
-from specedit.engine.session import LocalSession, RemoteSession
+from specedit.engine.serving.remote import ensure_daemon
+from specedit.engine.session import Session, remote_session
+from specedit.engine.wire import to_wire
 
-from conftest import MEMORISED_REWRITES
+from conftest import MEMORISED_REWRITES, events_to
 
 ADD, ADD_INSTRUCTION, ADD_ANSWER = MEMORISED_REWRITES[0]
 XY, XY_INSTRUCTION, XY_ANSWER = MEMORISED_REWRITES[1]
@@ -94,9 +97,9 @@ def random_engine(tiny_model_dir: Path) -> Engine:
 
 
 @contextlib.contextmanager
-def daemon_thread(config: DaemonConfig, engine: Engine | LocalSession) -> Iterator[Daemon]:
-    """`serve` in a thread of this process, serving `engine` (or a session); stopped (and joined) on exit."""
-    session = engine if isinstance(engine, LocalSession) else LocalSession(config.options, engine=engine)
+def daemon_thread(config: DaemonConfig, engine: Engine | LocalBackend) -> Iterator[Daemon]:
+    """`serve` in a thread of this process, serving `engine` (or a backend); stopped (and joined) on exit."""
+    backend = engine if isinstance(engine, LocalBackend) else LocalBackend(config.options, engine=engine)
     ready = threading.Event()
     box: dict[str, Any] = {}
 
@@ -106,7 +109,7 @@ def daemon_thread(config: DaemonConfig, engine: Engine | LocalSession) -> Iterat
 
     def run() -> None:
         try:
-            box["status"] = serve(config, session=session, on_ready=on_ready)
+            box["status"] = serve(config, backend=backend, on_ready=on_ready)
         finally:
             ready.set()
 
@@ -151,6 +154,19 @@ def receive(sock: socket.socket) -> dict[str, Any] | None:
     return payload
 
 
+def event_of(message: dict[str, Any], request_id: str | None = None) -> dict[str, Any]:
+    """The event an `event` message carries ({} for any other message, or another request's)."""
+    if message.get("type") != "event" or (request_id is not None and message.get("id") != request_id):
+        return {}
+    event: dict[str, Any] = message["event"]
+    return event
+
+
+def ends(message: dict[str, Any], request_id: str | None = None) -> bool:
+    """Whether the message ends its request: its `done`, or an error."""
+    return event_of(message, request_id).get("type") in ("done", "error")
+
+
 def receive_until(sock: socket.socket, done: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     deadline = time.monotonic() + TIMEOUT
@@ -191,8 +207,8 @@ def test_rewrite_through_the_daemon_equals_in_process(short_dir: Path, memorisin
         assert (short_dir / "engine.sock").stat().st_mode & 0o777 == 0o600
         with EngineClient.connect(config.address) as client:
             deltas: list[str] = []
-            steps: list[StepInfo] = []
-            result = client.rewrite(memorised(ADD, ADD_INSTRUCTION), on_text=deltas.append, on_step=steps.append)
+            steps: list[Step] = []
+            result = client.rewrite(memorised(ADD, ADD_INSTRUCTION), events_to(text=deltas.append, step=steps.append))
             again = client.rewrite(memorised(XY, XY_INSTRUCTION))  # the connection serves many requests
         local = rewrite(memorising_engine, memorised(ADD, ADD_INSTRUCTION))
         assert result.text == local.text == ADD_ANSWER
@@ -287,7 +303,7 @@ def test_two_clients_at_once_the_second_queued(short_dir: Path, random_engine: E
 
     def client(name: str) -> None:
         with EngineClient.connect(config.address) as client:
-            results[name] = client.rewrite(requests[name], on_phase=phases[name].append)
+            results[name] = client.rewrite(requests[name], events_to(phase=phases[name].append))
 
     with daemon_thread(config, engine):  # type: ignore[arg-type]
         threads = {name: threading.Thread(target=client, args=(name,), daemon=True) for name in requests}
@@ -314,7 +330,7 @@ def test_a_request_that_comes_while_the_model_loads_is_told_so(short_dir: Path, 
     config = DaemonConfig(socket_path=short_dir / "engine.sock", options=ONE_THREAD)
     loaded = threading.Event()
 
-    class SlowToLoad(LocalSession):
+    class SlowToLoad(LocalBackend):
         def load(self) -> Engine:
             assert loaded.wait(TIMEOUT)
             self._engine = random_engine
@@ -322,7 +338,9 @@ def test_a_request_that_comes_while_the_model_loads_is_told_so(short_dir: Path, 
 
     phases: list[Phase] = []
     with daemon_thread(config, SlowToLoad(config.options)), EngineClient.connect(config.address) as client:
-        thread = threading.Thread(target=lambda: client.rewrite(random_model_request(5), on_phase=phases.append))
+        thread = threading.Thread(
+            target=lambda: client.rewrite(random_model_request(5), events_to(phase=phases.append))
+        )
         thread.start()
         wait_for(lambda: phases, "the request to be queued")
         loaded.set()
@@ -340,12 +358,12 @@ def test_stopping_ends_the_running_request_and_refuses_the_queued(short_dir: Pat
         sock.sendall(encode_frame(rewrite_message("running", random_model_request(5000))))
         assert engine.paused.wait(TIMEOUT)
         sock.sendall(encode_frame(rewrite_message("queued", random_model_request(3))))
-        receive_until(sock, lambda m: m == {"type": "queued", "id": "queued", "position": 1, "loading": False})
+        receive_until(sock, lambda m: event_of(m, "queued") == {"type": "phase", "name": "queued", "ahead": 1})
         daemon.stop()
         engine.gate.set()
-        done = {m["id"]: m for m in receive_until(sock, lambda m: m["type"] == "done" and m["id"] == "running")}
-    assert done["queued"]["outcome"] is None and done["queued"]["error_code"] == "shutting_down"
-    assert done["running"]["outcome"]["status"] == "cancelled"
+        done = {m["id"]: event_of(m) for m in receive_until(sock, lambda m: ends(m, "running")) if ends(m)}
+    assert done["queued"]["type"] == "error" and done["queued"]["code"] == "shutting_down"
+    assert done["running"]["type"] == "done" and done["running"]["outcome"]["status"] == "cancelled"
 
 
 def test_the_queue_is_round_robin_across_clients(short_dir: Path, random_engine: Engine) -> None:
@@ -361,25 +379,25 @@ def test_the_queue_is_round_robin_across_clients(short_dir: Path, random_engine:
         assert engine.paused.wait(TIMEOUT)  # a1 is running, paused after one step
         for request_id in ("a2", "a3"):
             busy.sendall(encode_frame(rewrite_message(request_id, random_model_request(3))))
-        receive_until(busy, lambda m: m == {"type": "queued", "id": "a3", "position": 2, "loading": False})
+        receive_until(busy, lambda m: event_of(m, "a3") == {"type": "phase", "name": "queued", "ahead": 2})
         other.sendall(encode_frame(rewrite_message("b1", random_model_request(3))))
-        assert receive_until(other, lambda m: m["type"] == "queued")[-1]["position"] == 1
+        assert event_of(receive_until(other, lambda m: event_of(m).get("type") == "phase")[-1])["ahead"] == 1
         busy.sendall(encode_frame({"type": "cancel", "id": "a1"}))  # a1 would run for seconds
         engine.gate.set()
-        receive_until(busy, lambda m: m["type"] == "done" and m["id"] == "a3")
-        receive_until(other, lambda m: m["type"] == "done")
+        receive_until(busy, lambda m: ends(m, "a3"))
+        receive_until(other, ends)
         order = [r["id"] for r in status_of(config.address)["recent"]]
         busy.close()
         other.close()
     assert order == ["a1", "b1", "a2", "a3"]
 
 
-def test_a_local_session_runs_rewrites_in_turn_and_tells_each_its_place(random_engine: Engine) -> None:
+def test_a_local_backend_runs_rewrites_in_turn_and_tells_each_its_place(random_engine: Engine) -> None:
     """In process (the language server's engine, a cluster replica), as in the daemon: the running rewrite
     first, then the others in the order they came, each told how many are ahead of it; one cancelled while
     it waits leaves the line and moves the others up."""
     engine = GatedEngine(random_engine)
-    session = LocalSession(engine=engine)  # type: ignore[arg-type]
+    session = Session(LocalBackend(engine=engine))  # type: ignore[arg-type]
     phases: dict[str, list[Phase]] = {}
     started: list[str] = []
     cancels = {name: threading.Event() for name in ("a", "b", "c", "d")}
@@ -391,7 +409,7 @@ def test_a_local_session_runs_rewrites_in_turn_and_tells_each_its_place(random_e
                 started.append(name)
 
         phases[name] = []
-        session.run(random_model_request(3), on_phase=on_phase, cancel=cancels[name])
+        session.run(random_model_request(3), events_to(phase=on_phase), cancel=cancels[name])
 
     threads = {name: threading.Thread(target=run, args=(name,), daemon=True) for name in cancels}
     threads["a"].start()
@@ -410,17 +428,17 @@ def test_a_local_session_runs_rewrites_in_turn_and_tells_each_its_place(random_e
     assert phases["d"] == [Phase("queued", 3), Phase("queued", 2), Phase("queued", 1), Phase("started")]
 
 
-def test_sessions_beside_each_other_take_turns_as_one(random_engine: Engine) -> None:
+def test_backends_beside_each_other_take_turns_as_one(random_engine: Engine) -> None:
     """A replica's other models share its cores: a rewrite on one waits while the other runs."""
     engine = GatedEngine(random_engine)
-    session = LocalSession(engine=engine)  # type: ignore[arg-type]
-    other = session.beside(engine=random_engine)
+    backend = LocalBackend(engine=engine)  # type: ignore[arg-type]
+    session, other = Session(backend), Session(backend.beside(engine=random_engine))
     first = threading.Thread(target=session.run, args=(random_model_request(3),), daemon=True)
     first.start()
     assert engine.paused.wait(TIMEOUT)  # running, held after one step
     phases: list[Phase] = []
     second = threading.Thread(
-        target=other.run, args=(random_model_request(3),), kwargs={"on_phase": phases.append}, daemon=True
+        target=other.run, args=(random_model_request(3), events_to(phase=phases.append)), daemon=True
     )
     second.start()
     wait_for(lambda: Phase("queued", 1) in phases, "the other model's rewrite to be queued")
@@ -451,13 +469,13 @@ def test_a_client_that_disconnects_mid_stream_is_cancelled_within_a_step(
 
         def other() -> None:
             with EngineClient.connect(config.address) as client:
-                results["other"] = client.rewrite(other_request, on_phase=lambda _: other_queued.set())
+                results["other"] = client.rewrite(other_request, events_to(phase=lambda _: other_queued.set()))
 
         thread = threading.Thread(target=other, daemon=True)
         thread.start()
         assert other_queued.wait(TIMEOUT)
         engine.gate.set()
-        receive_until(leaver, lambda m: m["type"] == "step" and m["info"]["step"] >= 3)  # streaming freely
+        receive_until(leaver, lambda m: event_of(m).get("type") == "step" and event_of(m)["step"] >= 3)  # freely
         leaver.close()
         entry = wait_for(lambda: recent(config.address, "long"), "the disconnected request to end")
         thread.join(TIMEOUT)
@@ -472,13 +490,13 @@ def test_cancel_stops_the_engine_within_a_step(short_dir: Path, random_engine: E
     config = DaemonConfig(socket_path=short_dir / "engine.sock", options=ONE_THREAD)
     cancel = threading.Event()
 
-    def on_step(step: StepInfo) -> None:
+    def on_step(step: Step) -> None:
         if step.step >= 3:
             cancel.set()
 
     with daemon_thread(config, random_engine), EngineClient.connect(config.address) as client:
         deltas: list[str] = []
-        result = client.rewrite(random_model_request(5000), on_text=deltas.append, on_step=on_step, cancel=cancel)
+        result = client.rewrite(random_model_request(5000), events_to(text=deltas.append, step=on_step), cancel=cancel)
         follow_up = client.rewrite(random_model_request(5))  # the connection is still usable
     assert result.status == "cancelled" and not result.complete
     assert result.stats["steps_after_cancel"] <= 1 and result.stats["target_forwards"] < 1500
@@ -557,15 +575,15 @@ def test_bad_requests_get_an_error_and_the_connection_serves_on(short_dir: Path,
         receive(sock)
         sock.sendall(encode_frame(neither))
         done = receive(sock)
-        assert done is not None and done["type"] == "done" and done["outcome"] is None
-        assert done["error_code"] == "bad_request" and "instruction" in done["error_message"]
+        assert done is not None and done["id"] == "r1" and event_of(done)["type"] == "error"
+        assert event_of(done)["code"] == "bad_request" and "instruction" in event_of(done)["message"]
         sock.sendall(encode_frame(rewrite_message("r2", random_model_request(500))))
         sock.sendall(encode_frame(rewrite_message("r2", random_model_request(3))))
         messages = receive_until(sock, lambda m: m["type"] == "error")
         assert messages[-1]["code"] == "duplicate_id" and messages[-1]["id"] == "r2"
         sock.sendall(encode_frame({"type": "cancel", "id": "no-such-request"}))  # ignored
-        done = receive_until(sock, lambda m: m["type"] == "done")[-1]
-        assert done["id"] == "r2" and done["outcome"]["stats"]["generated_tokens"] == 500
+        done = receive_until(sock, ends)[-1]
+        assert done["id"] == "r2" and event_of(done)["outcome"]["stats"]["generated_tokens"] == 500
         sock.close()
         with EngineClient.connect(config.address) as client:  # engine errors arrive as the same exception
             with pytest.raises(ContextLengthError, match="too long for the model"):
@@ -654,7 +672,7 @@ def test_one_daemon_per_socket_and_stale_sockets_are_replaced(short_dir: Path, r
     leftover.close()
     config = DaemonConfig(socket_path=path, options=ONE_THREAD)
     with daemon_thread(config, random_engine):
-        assert serve(config, session=LocalSession(engine=random_engine)) == 0  # a second one does not start
+        assert serve(config, backend=LocalBackend(engine=random_engine)) == 0  # a second one does not start
         assert status_of(config.address)["pid"] == os.getpid()
         info = json.loads((short_dir / "engine.sock.json").read_text())
         assert info["pid"] == os.getpid() and info["address"] == str(path)
@@ -664,8 +682,8 @@ def test_one_daemon_per_socket_and_stale_sockets_are_replaced(short_dir: Path, r
 def test_idle_timeout(short_dir: Path, random_engine: Engine) -> None:
     config = DaemonConfig(socket_path=short_dir / "engine.sock", options=ONE_THREAD, idle_timeout=0.6)
     finished = threading.Event()
-    session = LocalSession(engine=random_engine)
-    thread = threading.Thread(target=lambda: (serve(config, session=session), finished.set()), daemon=True)
+    backend = LocalBackend(engine=random_engine)
+    thread = threading.Thread(target=lambda: (serve(config, backend=backend), finished.set()), daemon=True)
     started = time.monotonic()
     thread.start()
     client = wait_for(lambda: _try_connect(config.address), "the daemon to answer")
@@ -800,16 +818,16 @@ def test_other_addresses_are_refused(text: str) -> None:
 
 
 def test_an_editor_with_documents_open_keeps_the_daemon(short_dir: Path, random_engine: Engine) -> None:
-    """`RemoteSession.keep_alive`: the language server holds a connection while documents are open, so the
+    """`Session.keep_alive` on a daemon: the language server holds a connection while documents are open, so the
     daemon outlives its idle timeout between rewrites; released, the daemon exits. No daemon is started
     for it."""
     config = DaemonConfig(socket_path=short_dir / "engine.sock", options=ONE_THREAD, idle_timeout=0.6)
-    editor = RemoteSession(str(config.address))
+    editor = remote_session(str(config.address))
     editor.keep_alive(True)  # nothing answers yet: nothing happens, nothing is started
     assert not (short_dir / "engine.sock").exists()
     finished = threading.Event()
-    session = LocalSession(engine=random_engine)
-    thread = threading.Thread(target=lambda: (serve(config, session=session), finished.set()), daemon=True)
+    backend = LocalBackend(engine=random_engine)
+    thread = threading.Thread(target=lambda: (serve(config, backend=backend), finished.set()), daemon=True)
     thread.start()
     wait_for(lambda: _try_connect(config.address), "the daemon to answer").close()
     editor.keep_alive(True)
@@ -827,7 +845,7 @@ def test_the_command_line_uses_a_running_shared_daemon_with_its_engine_flags(
     model is loaded: no start-up), else in process (other flags, or `--engine inprocess`); the same answer
     either way, and `--stats` says which engine and when the first text came."""
     from specedit.cli.main import main
-    from specedit.engine.serving.client import running_daemon
+    from specedit.engine.serving.remote import running_daemon
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(short_dir))
     options = EngineOptions(model=str(memorising_model_dir), threads=1)

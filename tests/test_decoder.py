@@ -146,10 +146,11 @@ def test_the_peer_baseline_of_a_decoder_model_runs_transformers_class_and_gives_
     from specedit.engine.ops.bench import as_transformers_runs_it
     from specedit.engine.options import EngineOptions
     from specedit.engine.requests import RewriteRequest
-    from specedit.engine.session import LocalSession
+    from specedit.engine.serving.local import LocalBackend
+    from specedit.engine.session import Session
 
-    session = LocalSession(EngineOptions(model=str(tiny_model_dir)))
-    engine = session.load()
+    backend = LocalBackend(EngineOptions(model=str(tiny_model_dir)))
+    session, engine = Session(backend), backend.load()
     original = "def add(a, b):\n    return a + b\n"
     request = RewriteRequest(original, instruction="Rename add to plus.", language="python", max_new_tokens=12)
     ours = session.run(request)

@@ -14,10 +14,11 @@ import pytest
 
 from specedit.drafters.base import Draft
 from specedit.drafters.copy_drafter import CopyDrafter
+from specedit.engine.events import Step
 from specedit.engine.loop.generate import Engine, Generation
 from specedit.engine.loop.rewrite import rewrite
 from specedit.engine.loop.sampling import SamplingConfig
-from specedit.engine.requests import RewriteRequest, StepInfo
+from specedit.engine.requests import RewriteRequest
 
 from conftest import ARCHITECTURES, tiny_engine
 
@@ -46,17 +47,15 @@ class NoisyOracleDrafter:
         pass
 
 
-def run(
-    engine: Engine, prompt: list[int], drafter: object = None, **kwargs: object
-) -> tuple[Generation, list[StepInfo]]:
-    steps: list[StepInfo] = []
+def run(engine: Engine, prompt: list[int], drafter: object = None, **kwargs: object) -> tuple[Generation, list[Step]]:
+    steps: list[Step] = []
     generation = engine.generate(prompt, drafter=drafter, on_step=steps.append, **kwargs)
     if steps:
         assert steps[-1].generated_tokens == len(generation.tokens)  # type: ignore[arg-type]
     return generation, steps
 
 
-def assert_cache_invariant(steps: list[StepInfo]) -> None:
+def assert_cache_invariant(steps: list[Step]) -> None:
     assert steps, "no step ran"
     for step in steps:
         assert step.cache_length == step.committed_length - 1, step
@@ -161,7 +160,7 @@ def test_seeded_sampling_with_a_deterministic_draft_equals_plain_sampling(archit
 def test_cancel_stops_before_the_next_step() -> None:
     engine = tiny_engine("qwen2")
     prompt = engine.tokenize("x")
-    steps: list[StepInfo] = []
+    steps: list[Step] = []
     generation = engine.generate(prompt, max_new_tokens=100, on_step=steps.append, cancel=lambda: len(steps) >= 3)
     assert generation.finish_reason == "cancelled"
     assert len(steps) == 3 and len(generation.tokens) == 3

@@ -17,6 +17,7 @@ from specedit.drafters.base import NO_DRAFT, Draft
 from specedit.drafters.chain import ChainDrafter
 from specedit.drafters.context_drafter import ContextDrafter
 from specedit.drafters.copy_drafter import CopyDrafter
+from specedit.drafters.fallback import FallbackConfig, load_fallback, read_calibration
 from specedit.drafters.model_drafter import (
     LayerSkipDrafter,
     ModelDraftConfig,
@@ -28,15 +29,15 @@ from specedit.drafters.model_drafter import (
     skipping_layers,
 )
 from specedit.engine.errors import ModelLoadError, SpeceditError
+from specedit.engine.events import Step
 from specedit.engine.loop.drafting import build_drafter
 from specedit.engine.loop.generate import Engine, Generation
 from specedit.engine.loop.governor import CostGovernor, StepCost
 from specedit.engine.loop.rewrite import rewrite
 from specedit.engine.loop.sampling import SamplingConfig
 from specedit.engine.model import kv_cache
-from specedit.engine.model.fallback import FallbackConfig, load_fallback, read_calibration
 from specedit.engine.model.loading import LoadedModel
-from specedit.engine.requests import RewriteRequest, StepInfo
+from specedit.engine.requests import RewriteRequest
 
 from conftest import ARCHITECTURES, build_model, build_tokenizer, tiny_engine
 
@@ -53,8 +54,8 @@ def draft_model_for(engine: Engine, *, seed: int, layers: int = 1) -> LoadedMode
 
 def generate(
     engine: Engine, prompt: list[int], drafter: object = None, **kwargs: object
-) -> tuple[Generation, list[StepInfo]]:
-    steps: list[StepInfo] = []
+) -> tuple[Generation, list[Step]]:
+    steps: list[Step] = []
     generation = engine.generate(prompt, drafter=drafter, on_step=steps.append, **kwargs)  # type: ignore[arg-type]
     return generation, steps
 
@@ -162,7 +163,7 @@ def test_the_chain_equals_plain_decoding_across_hand_overs(architecture: str) ->
     full = [*prompt, *plain.tokens]
     after_steps: list[bool] = []
 
-    def on_step(step: StepInfo) -> None:
+    def on_step(step: Step) -> None:
         # After every step the draft model's cache is a prefix of the committed tokens (rejected
         # drafted positions dropped), and shorter than the committed length.
         cached = model_drafter.cached_tokens
@@ -426,7 +427,7 @@ def test_drafts_that_are_always_rejected_switch_speculation_off_and_the_copy_bri
 
     drafted_steps: list[int] = []
 
-    def on_step(step: StepInfo) -> None:
+    def on_step(step: Step) -> None:
         drafted_steps.append(step.drafted)
         if step.generated_tokens >= 80:
             scripted.wrong = False  # the copy matches again

@@ -36,18 +36,17 @@ from specedit.engine.serving import daemon as daemon_module
 from specedit.engine.serving.client import EngineClient, _open_unix
 from specedit.engine.serving.config import DaemonConfig
 from specedit.engine.serving.daemon import serve
+from specedit.engine.serving.local import LocalBackend
 from specedit.engine.serving.protocol import (
     DEFAULT_MAX_FRAME_SIZE,
     PROTOCOL_VERSION,
     FrameBuffer,
-    ProtocolError,
     decode_payload,
     encode_frame,
-    from_wire,
     parse_client_message,
-    to_wire,
 )
-from specedit.engine.session import LocalSession
+from specedit.engine.session import Session
+from specedit.engine.wire import ProtocolError, from_wire, to_wire
 
 from conftest import MEMORISED_REWRITES
 
@@ -152,7 +151,7 @@ def test_a_folder_others_can_write_to_is_refused(short_dir: Path) -> None:
 def test_without_xdg_runtime_dir_a_planted_runtime_folder_is_refused(
     short_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from specedit.engine.session import RemoteSession
+    from specedit.engine.session import remote_session
 
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     monkeypatch.setenv("TMPDIR", str(short_dir))
@@ -164,7 +163,7 @@ def test_without_xdg_runtime_dir_a_planted_runtime_folder_is_refused(
         stop = impostor(planted)
         try:
             with pytest.raises(EngineUnavailableError, match="belongs to"):
-                RemoteSession(None).run(RewriteRequest(ADD, ADD_INSTRUCTION))
+                remote_session(None).run(RewriteRequest(ADD, ADD_INSTRUCTION))
         finally:
             stop()
     finally:
@@ -301,14 +300,14 @@ def test_a_file_edited_during_the_rewrite_is_not_replaced(
     source = tmp_path / "add.py"
     source.write_text(ADD)
     edited = ADD + "# saved by the user meanwhile\n"
-    run = LocalSession.run
+    run = Session.run
 
-    def run_while_the_user_saves(self: LocalSession, *args: Any, **kwargs: Any) -> Any:
+    def run_while_the_user_saves(self: Session, *args: Any, **kwargs: Any) -> Any:
         outcome = run(self, *args, **kwargs)
         source.write_text(edited)
         return outcome
 
-    monkeypatch.setattr(LocalSession, "run", run_while_the_user_saves)
+    monkeypatch.setattr(Session, "run", run_while_the_user_saves)
     assert rewrite_in_place(source, model=memorising_model_dir) == 9
     assert source.read_text() == edited  # the user's edit stays
     assert (tmp_path / "add.py.specedit").read_text() == ADD_ANSWER  # the result, kept beside
@@ -380,14 +379,14 @@ def test_a_full_or_read_only_file_system_leaves_nothing_behind(
 def saved_meanwhile(source: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """The user saves `source` while it is rewritten (so the result must be kept beside it, exit 9)."""
     edited = ADD + "# saved by the user meanwhile\n"
-    run = LocalSession.run
+    run = Session.run
 
-    def run_while_the_user_saves(self: LocalSession, *args: Any, **kwargs: Any) -> Any:
+    def run_while_the_user_saves(self: Session, *args: Any, **kwargs: Any) -> Any:
         outcome = run(self, *args, **kwargs)
         source.write_text(edited)
         return outcome
 
-    monkeypatch.setattr(LocalSession, "run", run_while_the_user_saves)
+    monkeypatch.setattr(Session, "run", run_while_the_user_saves)
     return edited
 
 
@@ -553,7 +552,7 @@ def test_an_unauthenticated_client_does_not_keep_an_idle_daemon_alive(short_dir:
     config = DaemonConfig(socket_path=short_dir / "engine.sock", idle_timeout=0.8)
     finished = threading.Event()
     thread = threading.Thread(
-        target=lambda: (serve(config, session=LocalSession(engine=engine)), finished.set()), daemon=True
+        target=lambda: (serve(config, backend=LocalBackend(engine=engine)), finished.set()), daemon=True
     )
     thread.start()
     deadline = time.monotonic() + 10
@@ -575,7 +574,7 @@ def test_a_nil_frame_is_malformed_not_a_hang_up(short_dir: Path, tiny_model_dir:
         ready.set()
 
     thread = threading.Thread(
-        target=lambda: serve(config, session=LocalSession(engine=engine), on_ready=on_ready), daemon=True
+        target=lambda: serve(config, backend=LocalBackend(engine=engine), on_ready=on_ready), daemon=True
     )
     thread.start()
     assert ready.wait(10)

@@ -14,7 +14,7 @@ from pygls.exceptions import JsonRpcContentModified, JsonRpcInvalidParams
 from pygls.workspace.position_codec import PositionCodec
 
 from specedit.engine.errors import ModelLoadError, RegionError
-from specedit.engine.requests import Phase, StepInfo
+from specedit.engine.events import Phase, Step
 from specedit.lsp import protocol
 from specedit.lsp.code_actions import instruction_comment
 from specedit.lsp.command import add_lsp_parser
@@ -150,8 +150,8 @@ def test_progress_says_what_happens_before_the_first_step_and_rates_decoding_onl
     assert stats.to_dict(0, 24)["tokens_per_second"] == 0.0  # no step: no rate
     assert stats.to_dict(0, 24)["message"] == "reading the file · 3 s"
 
-    def step(number: int, generated: int) -> StepInfo:
-        return StepInfo(number, 100 + generated, 99 + generated, 4, 3, generated, 4 * number, 3 * number, 3.5)
+    def step(number: int, generated: int) -> Step:
+        return Step(number, 100 + generated, 99 + generated, 4, 3, generated, 4 * number, 3 * number, 3.5)
 
     stats.step(step(1, 40))  # the prefill and the load are behind it: not in the rate
     first = stats.to_dict(2, 24)

@@ -15,7 +15,7 @@ from specedit.engine.errors import ModelLoadError
 from specedit.engine.merge import merge_sketch
 from specedit.engine.merge_checks import check_merge
 
-from conftest import ECHOED_SKETCH, LINES_SKETCH
+from conftest import ECHOED_SKETCH, LINES_SKETCH, events_to
 
 CALCULATOR = """\
 class Calculator {
@@ -509,16 +509,18 @@ def test_the_model_drafts_from_the_merge_by_lines(tmp_path: Path, memorising_mod
     is the copy drafter's first source; an unplaced sketch's stats say why the lines could not merge it."""
     from specedit.engine.options import EngineOptions
     from specedit.engine.requests import RewriteRequest
-    from specedit.engine.session import LocalSession
+    from specedit.engine.serving.local import LocalBackend
+    from specedit.engine.session import Session
 
-    session = LocalSession(EngineOptions(model=str(memorising_model_dir), threads=1))
+    backend = LocalBackend(EngineOptions(model=str(memorising_model_dir), threads=1))
+    session = Session(backend)
     original, sketch, _ = LINES_SKETCH
     by_model = session.run(RewriteRequest(original, sketch=sketch, language="python", merge="model"))
     plain = session.run(RewriteRequest(original, sketch=sketch, language="python", merge="model", draft="none"))
     assert by_model.stats["merge"] == "model" and by_model.text == plain.text
     from specedit.engine.loop.rewrite import prepare_rewrite
 
-    engine = session.load()
+    engine = backend.load()
     prepared = prepare_rewrite(engine, RewriteRequest(original, sketch=sketch, merge="model"))
     assert prepared.source_ids[: len(engine.tokenize(LINES_SKETCH[2]))] == engine.tokenize(LINES_SKETCH[2])
     echoed = session.run(RewriteRequest(ECHOED_SKETCH[0], sketch=ECHOED_SKETCH[1], language="python"))
@@ -573,12 +575,12 @@ def test_a_remote_session_merges_by_lines_without_asking_a_daemon(tmp_path: Path
     asked), streamed whole; one they cannot place needs the daemon, and says it is unreachable."""
     from specedit.engine.errors import EngineUnavailableError
     from specedit.engine.requests import RewriteRequest
-    from specedit.engine.session import RemoteSession
+    from specedit.engine.session import remote_session
 
-    session = RemoteSession(f"unix:{tmp_path / 'nobody.sock'}")
+    session = remote_session(f"unix:{tmp_path / 'nobody.sock'}")
     original, sketch, merged_text = LINES_SKETCH
     streamed: list[str] = []
-    outcome = session.run(RewriteRequest(original, sketch=sketch), on_text=streamed.append)
+    outcome = session.run(RewriteRequest(original, sketch=sketch), events_to(text=streamed.append))
     assert outcome.text == merged_text and streamed == [merged_text] and outcome.stats["merge"] == "lines"
     with pytest.raises(EngineUnavailableError):
         session.run(RewriteRequest(ECHOED_SKETCH[0], sketch=ECHOED_SKETCH[1]))

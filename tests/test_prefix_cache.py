@@ -220,10 +220,10 @@ def test_a_rewrite_after_warming_reads_only_its_request() -> None:
 
 
 def test_an_in_process_session_warms_on_a_thread_of_its_own() -> None:
-    from specedit.engine.session import LocalSession
+    from specedit.engine.session import local_session
 
     engine = tiny_engine("qwen2")
-    session = LocalSession(engine=engine)
+    session = local_session(engine=engine)
     document = "def add(a, b):\n    return a + b\n" * 4
     session.warm(WarmRequest(document, "python", "a.py"))  # no prefix cache: nothing to do
     engine.prefix_cache = PrefixCache(budget_bytes=1 << 30)

@@ -119,8 +119,8 @@ def test_the_command_is_exact_with_kernels_steered_to_avx2(tmp_path: Path) -> No
 
 def test_layer_skip_where_the_copy_runs_out_keeps_the_answer(engine: Engine) -> None:
     """The target drafts new code on 18 of its 24 layers, in bf16: the answer is plain decoding's."""
+    from specedit.drafters.fallback import FallbackConfig
     from specedit.drafters.model_drafter import ModelDraftConfig
-    from specedit.engine.model.fallback import FallbackConfig
 
     kept = (*range(0, 12), *range(18, 24))
     layered = Engine(engine.loaded, FallbackConfig(layers=kept, draft=ModelDraftConfig(p_min=0.5)))

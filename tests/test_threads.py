@@ -16,7 +16,8 @@ from specedit.engine.loop.rewrite import prepare_rewrite, run_rewrite
 from specedit.engine.ops.bench import as_transformers_runs_it, busy_processes
 from specedit.engine.options import EngineOptions
 from specedit.engine.requests import RewriteRequest
-from specedit.engine.session import LocalSession
+from specedit.engine.serving.local import LocalBackend
+from specedit.engine.session import Session
 
 from conftest import MEMORISED_REWRITES
 
@@ -97,8 +98,8 @@ def test_a_rewrite_on_a_busy_machine_runs_on_fewer_threads_with_the_same_answer(
 ) -> None:
     original, instruction, answer = MEMORISED_REWRITES[0]
     request = RewriteRequest(original, instruction=instruction, language="python")
-    session = LocalSession(EngineOptions(model=str(memorising_model_dir), threads=2))
-    engine = session.load()
+    backend = LocalBackend(EngineOptions(model=str(memorising_model_dir), threads=2))
+    session, engine = Session(backend), backend.load()
     assert engine.loaded.exactness is not None and 1 in engine.loaded.exactness.fewer_threads
     idle = session.run(request)
     with busy_processes(CORES):

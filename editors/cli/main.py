@@ -7,6 +7,7 @@ usage errors exit 2, Ctrl-C exits 130.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import difflib
 import json
@@ -30,10 +31,10 @@ from specedit.cli.files import (
     select_lines,
     write_atomically,
 )
-from specedit.cli.progress import LoadingLine, RewriteProgress
+from specedit.cli.progress import LoadingLine, Provisioning, RewriteProgress
 from specedit.cli.serve_command import add_serve_parser, serve_command
-from specedit.engine.errors import FileChangedError, IncompleteOutputError, InputError, SpeceditError
-from specedit.engine.merge_checks import check_merge
+from specedit.engine.errors import FileChangedError, InputError, SpeceditError
+from specedit.engine.events import Event, Text
 from specedit.engine.options import EngineOptions, add_engine_arguments
 from specedit.engine.patches import SKETCH_FORMATS
 from specedit.engine.requests import DRAFT_METHODS, MERGE_METHODS
@@ -41,7 +42,7 @@ from specedit.engine.serving.config import INPROCESS
 from specedit.lsp.command import add_lsp_parser, lsp_command
 
 if TYPE_CHECKING:
-    from specedit.engine.session import LocalSession
+    from specedit.engine.serving.local import LocalBackend
 
 log = logging.getLogger("specedit")
 STARTED = time.monotonic()  # the command's start, for the time to its first text (`--stats`)
@@ -107,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--in-place", action="store_true", help="replace each file atomically, keeping PATH.orig")
     where.add_argument("--diff", action="store_true", help="print a unified diff instead of the new text")
     rewrite.add_argument("--no-backup", action="store_true", help="with --in-place: keep no PATH.orig")
+    rewrite.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="write an empty answer for code that has some (else it is refused, exit 12: a model that ends at once "
+        "would empty the file)",
+    )
     rewrite.add_argument("--stats", metavar="FILE.json", help="write the generation stats as JSON")
     rewrite.add_argument(
         "--engine",
@@ -250,8 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def rewrite_command(args: argparse.Namespace) -> int:
     from specedit.engine.prompts import language_for_path
     from specedit.engine.requests import RewriteRequest, SamplingConfig
-    from specedit.engine.serving.client import running_daemon
-    from specedit.engine.session import Session, remote_session
+    from specedit.engine.serving.remote import running_daemon
+    from specedit.engine.session import Session, local_session, remote_session
 
     if args.output and len(args.paths) > 1:
         raise UsageError("--output takes one input file; use --in-place for several")
@@ -277,6 +284,7 @@ def rewrite_command(args: argparse.Namespace) -> int:
         jobs.append((source, region))
 
     session: Session
+    provisioning = Provisioning()
     running = None if args.engine else running_daemon(options)
     if running is not None:  # the model is loaded already: no start-up to wait for
         log.info("using the engine daemon at %s (--engine inprocess: load the model here instead)", running)
@@ -291,14 +299,9 @@ def rewrite_command(args: argparse.Namespace) -> int:
         )
     else:
         # One process, one pass over the files: no prompt is kept for a later request (the start they all
-        # share is: `keep_prompt_head`). A sketch that its lines merge everywhere needs no model: none is loaded.
-        from specedit.engine.merge import merge_sketch
-
-        by_lines = sketch is not None and args.merge == "auto"
-        by_lines = by_lines and all(
-            merge_sketch(region.region, sketch or "", args.sketch_format).resolved for _, region in jobs
-        )
-        session = local_session(dataclasses.replace(options, prefix_cache_mb=0), load=not by_lines)
+        # share is: `keep_prompt_head`). The model is fetched and loaded only when a rewrite needs it (a
+        # sketch its lines merge needs none), its progress on the status line.
+        session = local_session(dataclasses.replace(options, prefix_cache_mb=0), progress=provisioning)
     all_stats: list[dict[str, Any]] = []
     results: list[tuple[SourceText, str]] = []
     stream_to_stdout = not (args.in_place or args.output or args.diff)
@@ -313,6 +316,7 @@ def rewrite_command(args: argparse.Namespace) -> int:
             max_new_tokens=args.max_new_tokens,
             merge=args.merge,
             sketch_format=args.sketch_format,
+            allow_empty=args.allow_empty,
         )
         if stream_to_stdout and len(jobs) > 1:
             write_stdout(f"==> {source.name} <==\n")
@@ -322,8 +326,9 @@ def rewrite_command(args: argparse.Namespace) -> int:
         # Text streamed to a terminal is its own progress: a status line would be drawn over it.
         quiet = args.no_progress or (stream_to_stdout and sys.stdout.isatty())
         on_text = FirstText(write_stdout if stream_to_stdout else None)
-        with RewriteProgress(source.name, enabled=False if quiet else None) as progress:
-            result = session.run(request, on_text=on_text, on_step=progress.step, on_phase=progress.phase)
+        with RewriteProgress(Path(source.name).name, enabled=False if quiet else None) as progress:
+            provisioning.line = progress
+            result = session.run(request, shown_by(progress.show, on_text.show))
         if stream_to_stdout:
             write_stdout(region.after)
         timing = {"first_text_from_start_seconds": round(on_text.at - STARTED, 3)} if on_text.at else {}
@@ -331,19 +336,10 @@ def rewrite_command(args: argparse.Namespace) -> int:
         all_stats.append(
             {"path": source.name, "finish_reason": result.finish_reason, **result.stats, **timing, **engine}
         )
-        try:
-            if not result.complete:
-                raise IncompleteOutputError(
-                    f"{source.name}: the model used all {result.stats.get('generated_tokens')} tokens of its "
-                    "budget without finishing the code; no file was written (raise --max-new-tokens)"
-                )
-            if request.sketch is not None:  # an echoed sketch or lost code is never written
-                check = check_merge(region.region, request.sketch, result.text, request.sketch_format)
-                check.raise_if_not_ok(source.name)
-        except SpeceditError:
+        if (error := result.error()) is not None:  # an answer not to write (the session judged it)
             if args.stats:  # what the failed rewrite cost is still reported
                 write_stats(args.stats, all_stats)
-            raise
+            raise type(error)(f"{source.name}: {error}")
         new_text = region.before + result.text + region.after
         if new_text == source.text and not args.in_place:  # (--in-place says it when it writes nothing)
             print(f"specedit: {source.name}: no changes", file=sys.stderr)
@@ -392,37 +388,46 @@ def _current_bytes(name: str) -> bytes | None:
         return None
 
 
-def local_session(options: EngineOptions, *, load: bool = True) -> LocalSession:
-    """The model in this process, loaded now (provisioning shows a progress bar on a terminal); with
-    `load=False`, on first use."""
-    from specedit.engine.session import LocalSession
-
-    if not load:
-        return LocalSession(options)
+def load_local(options: EngineOptions) -> LocalBackend:
+    """The model in this process, loaded now, for the commands that use the engine itself (bench,
+    calibrate); provisioning shows a progress bar on a terminal."""
     from specedit.engine.ops.model_store import resolve_model
+    from specedit.engine.serving.local import LocalBackend
 
     with fetch_progress() as progress:  # fetched now, with a bar; `load` then finds them
         resolve_model(options.model, progress=progress)
         if options.draft_model:
             resolve_model(options.draft_model, progress=progress)
-    session = LocalSession(options)
+    backend = LocalBackend(options)
     with LoadingLine("specedit"):
-        session.load()
-    return session
+        backend.load()
+    return backend
 
 
 class FirstText:
-    """A text callback that notes when the first text comes (`at`, monotonic), and passes each on."""
+    """Passes each text on, and notes when the first comes (`at`, monotonic)."""
 
     def __init__(self, then: Callable[[str], None] | None) -> None:
         self.then = then
         self.at: float | None = None
 
-    def __call__(self, text: str) -> None:
+    def show(self, event: Event) -> None:
+        if not isinstance(event, Text):
+            return
         if self.at is None:
             self.at = time.monotonic()
         if self.then is not None:
-            self.then(text)
+            self.then(event.delta)
+
+
+def shown_by(*hosts: Callable[[Event], None]) -> Callable[[Event], None]:
+    """One event callback that shows each event to every one of `hosts`."""
+
+    def show(event: Event) -> None:
+        for host in hosts:
+            host(event)
+
+    return show
 
 
 def write_stdout(text: str) -> None:
@@ -480,8 +485,8 @@ def bench_command(args: argparse.Namespace) -> int:
         raise UsageError("--background-load takes a number of processes, 0 or more")
     # Every method prefills its whole prompt, as llama-server does without its prompt cache: a cache kept
     # from the method before, or the prompts' shared start kept from an earlier start, would be a head start.
-    session = local_session(engine_options(args))
-    engine = session.load()
+    backend = load_local(engine_options(args))
+    engine = backend.load()
     engine.prefix_cache = None
     print(
         f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}; {len(cases)} cases; "
@@ -509,7 +514,7 @@ def bench_command(args: argparse.Namespace) -> int:
     if "specedit-fallback" in methods and engine.fallback is None:
         raise UsageError("specedit-fallback needs a fallback: --draft-model MODEL or --draft-layers LIST")
     report = run_bench(
-        session,
+        backend,
         cases,
         methods=methods,
         max_new_tokens=args.max_new_tokens,
@@ -631,7 +636,7 @@ def print_merges(merges: dict[str, Any]) -> None:
 def calibrate_command(args: argparse.Namespace) -> int:
     import specedit.drafters
     import specedit.engine
-    from specedit.engine.model.fallback import calibration_path
+    from specedit.drafters.fallback import calibration_path
     from specedit.engine.ops.calibrate import calibrate, calibration_record
 
     if args.tokens < 16:
@@ -642,7 +647,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     own_source = [Path(package.__file__).parent for package in (specedit.engine, specedit.drafters)]
     paths = args.sample or sorted(path for folder in own_source for path in folder.rglob("*.py"))
     sample = "\n".join(read_source(str(path)).text for path in paths)
-    target = local_session(options).load().loaded
+    target = load_local(options).load().loaded
     sample_ids = target.tokenizer.encode(sample, add_special_tokens=False)[: args.tokens]
     if len(sample_ids) < 16:
         raise InputError("the sample is too short: give at least 16 tokens of text")
@@ -680,7 +685,7 @@ def doctor_command(args: argparse.Namespace) -> int:
     from specedit.engine.model import exactness
     from specedit.engine.model.loading import forward_costs
     from specedit.engine.ops.model_store import cache_dir
-    from specedit.engine.session import load_target
+    from specedit.engine.serving.local import load_target
 
     with fetch_progress() as progress:
         loaded = load_target(engine_options(args), progress=progress, remembered=False)
@@ -786,5 +791,18 @@ class fetch_progress:
             self._progress.__exit__(None, None, None)
 
 
+def entry() -> None:
+    """The `specedit` command: `main`, then its exit status. Interrupted, the process ends at once: an import
+    the interrupt cut short (torch's, while the model loads) can leave finalizers that would end it by the
+    signal after all (-2, not 130), and every file write has finished or been undone by then (they are
+    atomic): there is nothing left to clean."""
+    status = main()
+    if status == EXIT_INTERRUPTED:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        os._exit(status)
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -11,7 +11,7 @@ import time
 from types import TracebackType
 from typing import Any
 
-from specedit.engine.requests import DecodingRate, Phase, StepInfo
+from specedit.engine.events import DecodingRate, Event, Phase, Step
 
 
 class StatusLine:
@@ -56,34 +56,57 @@ class LoadingLine(StatusLine):
 
 
 class RewriteProgress(StatusLine):
-    """`with RewriteProgress(label) as progress: session.run(..., on_step=progress.step, on_phase=progress.phase)`.
+    """`with RewriteProgress(label) as progress: session.run(request, progress.show)`.
 
-    Before the first step it says where the rewrite is (the model loading, the queue, the prompt being
-    read); then tokens, the decoding rate (tokens since the first step over the time since: the load and
-    the prefill are not in it) and the draft acceptance.
+    Before the first step it says where the rewrite is (the model being fetched or loading, the queue, the
+    prompt being read); then tokens, the decoding rate (tokens since the first step over the time since:
+    the load and the prefill are not in it) and the draft acceptance.
     """
 
     def __init__(self, label: str, *, enabled: bool | None = None) -> None:
         super().__init__(label, enabled=enabled)
         self._phase: Phase | None = None
-        self._last: StepInfo | None = None
+        self._last: Step | None = None
         self._decoding = DecodingRate()
+        self._fetching: tuple[str, int, int | None] | None = None
 
-    def phase(self, phase: Phase) -> None:
-        self._phase = phase
+    def show(self, event: Event) -> None:
+        if isinstance(event, Phase):
+            self._phase = event
+        elif isinstance(event, Step):
+            self._decoding.step(event)
+            self._last = event
 
-    def step(self, info: StepInfo) -> None:
-        self._decoding.step(info)
-        self._last = info
+    def fetching(self, stage: str, done: int, total: int | None) -> None:
+        """Provisioning's progress (the first use of a model fetches it)."""
+        self._fetching = (stage, done, total)
 
     def describe(self, elapsed: float) -> str:
         info = self._last
         if info is None:
             if self._phase is None or self._phase.name == "started":
                 return f"reading the file · {elapsed:.1f} s"
+            if self._phase.name == "loading" and self._fetching is not None:
+                stage, done, total = self._fetching
+                of = f" of {total / 1e6:.0f}" if total else ""
+                return f"{stage}: {done / 1e6:.0f}{of} MB · {elapsed:.0f} s"
             if self._phase.name == "loading":
                 return f"loading the model · {elapsed:.0f} s"
+            if self._phase.ahead == 0:
+                return f"starting · {elapsed:.1f} s"
             return f"waiting for {self._phase.ahead} other rewrite(s) · {elapsed:.0f} s"
         decoding = self._decoding.rate(info.generated_tokens)
         rate = "… tok/s" if decoding is None else f"{decoding:.1f} tok/s"
         return f"{info.generated_tokens} tokens, {rate}, draft acceptance {info.acceptance_rate:.0%}, {elapsed:.1f} s"
+
+
+class Provisioning:
+    """Provisioning's progress callback (`ProgressCallback`), shown on the status line of the rewrite that
+    waits for the model (`line`)."""
+
+    def __init__(self) -> None:
+        self.line: RewriteProgress | None = None
+
+    def __call__(self, stage: str, done: int, total: int | None) -> None:
+        if self.line is not None:
+            self.line.fetching(stage, done, total)

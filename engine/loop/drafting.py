@@ -20,10 +20,11 @@ from specedit.drafters.context_drafter import ContextDrafter, ContextDrafterConf
 from specedit.drafters.copy_drafter import CopyDrafter, CopyDrafterConfig
 from specedit.drafters.model_drafter import LayerSkipDrafter, ModelDrafter
 from specedit.engine.errors import SpeceditError
+from specedit.engine.events import Step
 from specedit.engine.loop.generate import Engine, Generation
 from specedit.engine.loop.governor import CostGovernor
 from specedit.engine.model import kv_cache
-from specedit.engine.requests import DraftMethod, SamplingConfig, StepInfo
+from specedit.engine.requests import DraftMethod, SamplingConfig
 
 
 def build_drafter(
@@ -86,7 +87,7 @@ def generate_drafted(
     stop: Callable[[str], bool] | None = None,
     on_text: Callable[[str], None] | None = None,
     cancel: Callable[[], bool] | None = None,
-    on_step: Callable[[StepInfo], None] | None = None,
+    on_step: Callable[[Step], None] | None = None,
 ) -> Generation:
     """`Engine.generate` with the drafters `method` asks for (see `build_drafter`), their governor, and the
     target cache they share: from the engine's prefix cache when it keeps one that shares the prompt's

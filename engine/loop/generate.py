@@ -13,16 +13,17 @@ from typing import Any
 import torch
 
 from specedit.drafters.base import NO_DRAFT, Draft, Drafter, NoDrafter
+from specedit.drafters.fallback import FallbackConfig
+from specedit.engine.events import Step
 from specedit.engine.loop.detokenizer import IncrementalDetokenizer
 from specedit.engine.loop.governor import CostGovernor, StepCost
 from specedit.engine.loop.stats import Clock, DrafterStats, Stats
 from specedit.engine.loop.verify import verify
 from specedit.engine.model import kv_cache
 from specedit.engine.model.energy import EnergyMeter
-from specedit.engine.model.fallback import FallbackConfig
 from specedit.engine.model.loading import LoadedModel
 from specedit.engine.model.prefix_cache import PrefixCache
-from specedit.engine.requests import FinishReason, SamplingConfig, StepInfo
+from specedit.engine.requests import FinishReason, SamplingConfig
 
 
 @dataclass
@@ -36,7 +37,7 @@ class Generation:
 class Engine:
     """A loaded target model that generates, with or without a drafter.
 
-    `fallback` says what drafts where the copy drafter has nothing (see `model.fallback`); None: plain
+    `fallback` says what drafts where the copy drafter has nothing (see `drafters.fallback`); None: plain
     decoding there. `prefix_cache`: the caches of recent prompts, which requests that share a prompt's
     start reuse (see `model.prefix_cache`); None: every request prefills its whole prompt.
     """
@@ -70,7 +71,7 @@ class Engine:
         stop: Callable[[str], bool] | None = None,
         on_text: Callable[[str], None] | None = None,
         cancel: Callable[[], bool] | None = None,
-        on_step: Callable[[StepInfo], None] | None = None,
+        on_step: Callable[[Step], None] | None = None,
         governor: CostGovernor | None = None,
         cache: Any = None,
     ) -> Generation:
@@ -172,7 +173,7 @@ class Engine:
                 output.emit(on_text)
                 if on_step is not None:
                     on_step(
-                        StepInfo(
+                        Step(
                             step=step,
                             committed_length=len(tokens),
                             cache_length=kv_cache.length(cache),

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from specedit.engine.errors import ContextLengthError
+from specedit.engine.events import Step
 from specedit.engine.loop.drafting import generate_drafted
 from specedit.engine.loop.generate import Engine, Generation
 from specedit.engine.loop.threads import FreeCores
@@ -28,15 +29,7 @@ from specedit.engine.model.kept import kept_file
 from specedit.engine.model.loading import weight_files
 from specedit.engine.model.prefix_cache import common_prefix
 from specedit.engine.prompts import AnswerStream, RewritePrompt, build_prompt, file_prefix
-from specedit.engine.requests import (
-    DraftMethod,
-    FinishReason,
-    RewriteOutcome,
-    RewriteRequest,
-    StepInfo,
-    WarmRequest,
-    status_of,
-)
+from specedit.engine.requests import DraftMethod, FinishReason, RewriteOutcome, RewriteRequest, WarmRequest, status_of
 
 
 @dataclass
@@ -115,7 +108,7 @@ def run_rewrite(
     draft: DraftMethod | None = None,
     on_text: Callable[[str], None] | None = None,
     cancel: Callable[[], bool] | None = None,
-    on_step: Callable[[StepInfo], None] | None = None,
+    on_step: Callable[[Step], None] | None = None,
 ) -> RewriteResult:
     """Decode `prepared` with the drafters `draft` asks for (default: the request's own method);
     `on_text` streams the new region's text as it is committed."""
@@ -136,7 +129,7 @@ def run_rewrite(
     exactness, on_cpu = engine.loaded.exactness, engine.device.type == "cpu"
     cores = FreeCores(exactness.fewer_threads if exactness is not None and on_cpu else ())
 
-    def stepped(info: StepInfo) -> None:
+    def stepped(info: Step) -> None:
         cores.between_steps()
         if on_step is not None:
             on_step(info)
@@ -174,7 +167,7 @@ def rewrite(
     *,
     on_text: Callable[[str], None] | None = None,
     cancel: Callable[[], bool] | None = None,
-    on_step: Callable[[StepInfo], None] | None = None,
+    on_step: Callable[[Step], None] | None = None,
 ) -> RewriteResult:
     """Rewrite `request.original`; `on_text` streams the new region's text as it is committed."""
     return run_rewrite(engine, prepare_rewrite(engine, request), on_text=on_text, cancel=cancel, on_step=on_step)

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from specedit.engine.errors import ContextLengthError
+from specedit.engine.events import Step
 from specedit.engine.loop.generate import Engine
 from specedit.engine.loop.rewrite import PreparedRewrite, prepare_rewrite, run_rewrite
 from specedit.engine.merge import merge_sketch
@@ -55,8 +56,8 @@ from specedit.engine.model.invariant import stock_kernels
 from specedit.engine.ops.llama_server import LlamaServerRunner
 from specedit.engine.ops.method_run import MethodRun, Timer
 from specedit.engine.prompts import extract_code
-from specedit.engine.requests import DraftMethod, RewriteRequest, StepInfo
-from specedit.engine.session import LocalSession
+from specedit.engine.requests import DraftMethod, RewriteRequest
+from specedit.engine.serving.local import LocalBackend
 
 log = logging.getLogger(__name__)
 
@@ -135,10 +136,10 @@ def load_cases(path: Path, *, limit: int | None = None, max_chars: int | None = 
 
 
 def run_ours(engine: Engine, prepared: PreparedRewrite, *, draft: DraftMethod) -> MethodRun:
-    """Our loop as the product runs it (`loop.rewrite.run_rewrite`, what every session calls)."""
+    """Our loop as the product runs it (`loop.rewrite.run_rewrite`, what the local backend calls)."""
     timer = Timer()
 
-    def on_step(_: StepInfo) -> None:
+    def on_step(_: Step) -> None:
         timer.mark_first()
 
     result = run_rewrite(engine, prepared, draft=draft, on_step=on_step)
@@ -391,7 +392,7 @@ def summarise(
 
 
 def run_bench(
-    session: LocalSession,
+    backend: LocalBackend,
     cases: list[BenchCase],
     *,
     methods: Sequence[str] = DEFAULT_METHODS,
@@ -403,7 +404,7 @@ def run_bench(
 ) -> dict[str, Any]:
     """Every method on every case (`llama_server`: the binary of that method, else where
     `llama_server.find_binary` looks), with `background_load` busy processes beside them."""
-    engine = session.load()
+    engine = backend.load()
     unknown = set(methods) - set(METHODS)
     if unknown:
         raise ValueError(f"unknown methods: {', '.join(sorted(unknown))}")

@@ -11,7 +11,7 @@ a forward over the sample here):
    and the measured cost of a one-token draft forward relative to a full one, `c`, give the
    expected speed-up of drafting gamma tokens (Leviathan et al. 2023, eq. 1 and its cost model):
    (1 - alpha^(gamma + 1)) / ((1 - alpha) (gamma c + 1)), best gamma in 1..8.
-4. The best candidate is saved next to the model (`specedit-layers.json`, see `model.fallback`), with
+4. The best candidate is saved next to the model (`specedit-layers.json`, see `drafters.fallback`), with
    what was measured.
 
 The agreement is measured teacher-forced (the skipped model reads its own hidden states at every

@@ -1,9 +1,10 @@
-"""A blocking client of the engine daemon, and `ensure_daemon`: connect to one, or start one and connect.
+"""A blocking client of the engine daemon: one connection, its handshake, and the calls it makes.
 
-    with ensure_daemon(DaemonConfig(options=EngineOptions(model="/path/to/model"))) as client:
-        outcome = client.rewrite(RewriteRequest(original, "Rename add to plus."), on_text=print)
+    with EngineClient.connect("/run/user/1000/specedit/engine.sock") as client:
+        outcome = client.rewrite(RewriteRequest(original, "Rename add to plus."), emit=print)
 
-Front ends use it through `session.RemoteSession`.
+Front ends use it through a session (`session.remote_session`, whose backend is `remote.DaemonBackend`,
+which also starts the shared daemon when none answers).
 
 Addresses: a filesystem path for a unix socket (`unix://PATH` also works), `tcp://HOST:PORT` for TCP,
 which needs the daemon's token (`token_file=`). Over TCP the client sends nothing but its hello until the
@@ -15,14 +16,10 @@ starts in milliseconds.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import fcntl
 import itertools
-import json
 import os
 import secrets
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -30,12 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 from specedit.engine.errors import EngineUnavailableError, SpeceditError
-from specedit.engine.options import EngineOptions
-from specedit.engine.requests import Phase, RewriteOutcome, RewriteRequest, StepInfo, WarmRequest
-from specedit.engine.serving.config import DaemonConfig, check_own_socket, peer_uid, prepare_state_dir, read_token
+from specedit.engine.events import Done, Event, event_from_wire
+from specedit.engine.requests import RewriteOutcome, RewriteRequest, WarmRequest
+from specedit.engine.serving.config import DaemonConfig, check_own_socket, peer_uid, read_token
 from specedit.engine.serving.protocol import (
     DEFAULT_MAX_FRAME_SIZE,
     HANDSHAKE_NONCE_BYTES,
@@ -46,28 +43,21 @@ from specedit.engine.serving.protocol import (
     FrameBuffer,
     Hello,
     Proof,
-    ProtocolError,
     Rewrite,
     Status,
     Stop,
     Warm,
     decode_payload,
     encode_frame,
-    error_from,
-    from_wire,
     handshake_proof,
     is_handshake_proof,
     parse_daemon_message,
-    to_wire,
 )
+from specedit.engine.wire import ProtocolError, error_from, to_wire
 
-Record = TypeVar("Record")
-
-DEFAULT_SPAWN_IDLE_TIMEOUT = 300.0  # a daemon a client started exits after 5 minutes without clients
 CONNECT_TIMEOUT = 10.0  # seconds for connect + hello, and for status / stop replies
 SEND_TIMEOUT = 60.0  # seconds one frame may take to go out (the daemon reads all the time)
 _POLL = 0.1  # seconds between checks of the cancel flag while waiting for frames
-_LOG_ROTATE_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -191,40 +181,30 @@ class EngineClient:
     def rewrite(
         self,
         request: RewriteRequest,
-        *,
-        on_text: Callable[[str], None] | None = None,
-        on_step: Callable[[StepInfo], None] | None = None,
-        on_phase: Callable[[Phase], None] | None = None,
+        emit: Callable[[Event], None] | None = None,
         cancel: threading.Event | None = None,
     ) -> RewriteOutcome:
-        """Rewrite through the daemon, streaming like `session.LocalSession.run`.
-
-        Setting `cancel` (from any thread) cancels the request; the outcome then has status "cancelled".
-        `on_phase` tells where the request is before its first step (loading, queued, started).
-        Errors the engine reports are raised as the matching `SpeceditError`.
-        """
+        """Rewrite through the daemon: its events to `emit` as they come, but its `Done`, whose outcome is
+        returned. Setting `cancel` (from any thread) cancels the request; the outcome then has status
+        "cancelled". Errors the engine reports are raised as the matching `SpeceditError`."""
         with self._lock:
             request_id = f"r{next(self._ids)}"
             try:
-                outcome = self._rewrite(request_id, request, on_text, on_step, on_phase, cancel)
+                return self._rewrite(request_id, request, emit or (lambda event: None), cancel)
+            except SpeceditError as error:
+                if not isinstance(error, EngineUnavailableError):
+                    raise  # the engine's error, reported cleanly: the connection stays usable
+                self.close()
+                raise
             except BaseException:
                 # A broken stream, a callback that raised, or Ctrl-C: frames of this request may still
                 # be in flight, so drop the connection, which also cancels the request on the daemon.
                 self.close()
                 raise
-        if isinstance(outcome, RewriteOutcome):
-            return outcome
-        raise outcome  # the engine's error, reported cleanly: the connection stays usable
 
     def _rewrite(
-        self,
-        request_id: str,
-        request: RewriteRequest,
-        on_text: Callable[[str], None] | None,
-        on_step: Callable[[StepInfo], None] | None,
-        on_phase: Callable[[Phase], None] | None,
-        cancel: threading.Event | None,
-    ) -> RewriteOutcome | SpeceditError:
+        self, request_id: str, request: RewriteRequest, emit: Callable[[Event], None], cancel: threading.Event | None
+    ) -> RewriteOutcome:
         self._send(Rewrite(type="rewrite", id=request_id, request=to_wire(request)))
         cancel_sent = False
         while True:
@@ -234,24 +214,21 @@ class EngineClient:
             message = self._receive(None, cancel=None if cancel_sent else cancel)
             if message is None:
                 continue  # the cancel flag was set: send the cancel, keep reading
+            if message["type"] == "error" and message["id"] is None:
+                raise EngineUnavailableError(f"the engine daemon reported: {message['message']}")
             if message.get("id") != request_id:
-                if message["type"] == "error" and message["id"] is None:
-                    raise EngineUnavailableError(f"the engine daemon reported: {message['message']}")
                 continue
-            if message["type"] == "queued" and on_phase is not None:
-                on_phase(Phase("loading" if message["loading"] else "queued", message["position"]))
-            elif message["type"] == "started" and on_phase is not None:
-                on_phase(Phase("started"))
-            elif message["type"] == "text" and on_text is not None:
-                on_text(message["delta"])
-            elif message["type"] == "step" and on_step is not None:
-                on_step(self._decoded(StepInfo, message["info"]))
-            elif message["type"] == "error":
-                return error_from(message["code"], message["message"])
-            elif message["type"] == "done":
-                if message["outcome"] is None:
-                    return error_from(message["error_code"] or "engine_error", message["error_message"] or "")
-                return self._decoded(RewriteOutcome, message["outcome"])
+            if message["type"] == "error":
+                raise error_from(message["code"], message["message"])
+            if message["type"] == "event":
+                try:
+                    event = event_from_wire(message["event"])
+                except (ProtocolError, ValueError, TypeError) as error:
+                    bad = f"the engine daemon at {self.address} sent a bad event: {error}"
+                    raise EngineUnavailableError(bad) from None
+                if isinstance(event, Done):
+                    return event.outcome
+                emit(event)
 
     def warm(self, request: WarmRequest, *, timeout: float = CONNECT_TIMEOUT) -> bool:
         """Offer a document to prefill while the daemon is idle (`session.Session.warm`); False when the
@@ -285,7 +262,7 @@ class EngineClient:
                     pass
         self.close()
         while time.monotonic() < deadline:
-            if not _answers(self.address) and (self.address.path is None or not self.address.path.exists()):
+            if not answers(self.address) and (self.address.path is None or not self.address.path.exists()):
                 return
             time.sleep(0.05)
 
@@ -303,13 +280,6 @@ class EngineClient:
         self.close()
 
     # -- frames
-
-    def _decoded(self, cls: type[Record], value: object) -> Record:
-        try:
-            return from_wire(cls, value)
-        except (ProtocolError, ValueError, TypeError) as error:
-            message = f"the engine daemon at {self.address} sent a bad {cls.__name__}: {error}"
-            raise EngineUnavailableError(message) from None
 
     def _send(self, message: ClientMessage) -> None:
         if self._closed:
@@ -389,7 +359,8 @@ def _open_tcp(where: EngineAddress, timeout: float) -> socket.socket:
     return socket.create_connection((str(where.host), int(where.port or 0)), timeout=timeout)
 
 
-def _answers(address: EngineAddress) -> bool:
+def answers(address: EngineAddress) -> bool:
+    """Whether something accepts connections at `address` (whoever it is)."""
     try:
         if address.path is not None:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
@@ -400,123 +371,3 @@ def _answers(address: EngineAddress) -> bool:
     except OSError:
         return False
     return True
-
-
-# ------------------------------------------------------------------------------------- ensure_daemon
-
-
-def running_daemon(options: EngineOptions) -> str | None:
-    """The address of the shared daemon if one runs and answers, serving the engine `options` describe (as
-    its info file says: the same model and settings, so the same answers); else None. Nothing is started."""
-    config = DaemonConfig(options=options)
-    try:  # (an older daemon's file has no options; a newer one's may have options this one does not know)
-        served = EngineOptions.from_dict(json.loads(config.info_path.read_text(encoding="utf-8"))["options"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    if served != EngineOptions.from_dict(config.to_dict()["options"]):
-        return None
-    try:
-        EngineClient.connect(EngineAddress.of(config), client_name="specedit (is a daemon there?)").close()
-    except EngineUnavailableError:
-        return None  # a stale info file, or a daemon on its way out
-    return config.address
-
-
-def ensure_daemon(
-    config: DaemonConfig,
-    start_timeout: float = 120.0,
-    *,
-    client_name: str | None = None,
-) -> EngineClient:
-    """A client of the daemon at `config.address`, starting the daemon first when none answers.
-
-    The daemon is spawned detached (its own session; output to `config.log_path`) with an idle timeout
-    (`config.idle_timeout`, else `DEFAULT_SPAWN_IDLE_TIMEOUT`), so it exits once its last client is gone.
-    Concurrent callers share one daemon: they take turns (an flock) at starting one, and the daemon's
-    own lock settles any race that remains. `start_timeout` bounds the wait for the socket to answer;
-    the model loads after that, and the first request waits for it.
-    """
-    address = EngineAddress.of(config)
-    token_file = config.token_file
-    try:
-        return EngineClient.connect(address, token_file=token_file, client_name=client_name)
-    except EngineUnavailableError:
-        if _answers(address):
-            raise  # a daemon is there but refused us (token, version): starting another cannot help
-    if config.idle_timeout is None:
-        config = dataclasses.replace(config, idle_timeout=DEFAULT_SPAWN_IDLE_TIMEOUT)
-    deadline = time.monotonic() + start_timeout
-    prepare_state_dir(config)
-    with _spawn_turn(config.lock_path.with_name(config.lock_path.name + ".spawn"), deadline):
-        with contextlib.suppress(EngineUnavailableError):  # whoever had the turn before may have started it
-            return EngineClient.connect(address, token_file=token_file, client_name=client_name)
-        process = _spawn(config)
-        while time.monotonic() < deadline:
-            try:
-                client = EngineClient.connect(address, token_file=token_file, client_name=client_name)
-            except EngineUnavailableError:
-                code = process.poll()
-                if code not in (None, 0):  # 0: another daemon had the lock; it will answer soon
-                    raise EngineUnavailableError(
-                        f"the engine daemon exited with status {code}: {_tail(config.log_path)}"
-                    ) from None
-                time.sleep(0.1)
-                continue
-            if process.returncode is None:  # reap it whenever it exits: no zombie in a long-lived client
-                threading.Thread(target=process.wait, name="specedit-daemon-reaper", daemon=True).start()
-            return client
-    raise EngineUnavailableError(
-        f"no engine daemon answered at {address} within {start_timeout:.0f} s (log: {config.log_path})"
-    )
-
-
-@contextlib.contextmanager
-def _spawn_turn(path: Path, deadline: float) -> Any:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise EngineUnavailableError(f"timed out waiting to start the engine daemon ({path})") from None
-                time.sleep(0.05)
-        yield
-    finally:
-        os.close(fd)
-
-
-def _spawn(config: DaemonConfig) -> subprocess.Popen[bytes]:
-    log_path = config.log_path
-    with contextlib.suppress(OSError):
-        if log_path.stat().st_size > _LOG_ROTATE_BYTES:
-            os.replace(log_path, log_path.with_name(log_path.name + ".old"))
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    # The config goes as data on the daemon's standard input, not as a command line to parse again.
-    command = [sys.executable, "-m", "specedit.engine.serving.daemon"]
-    try:
-        process = subprocess.Popen(
-            command,
-            stdin=subprocess.PIPE,
-            stdout=log_fd,
-            stderr=log_fd,
-            start_new_session=True,  # no terminal signals from the starter's session (Ctrl-C in an editor)
-            close_fds=True,
-        )
-    except OSError as error:
-        raise EngineUnavailableError(f"cannot start the engine daemon ({' '.join(command)}): {error}") from error
-    finally:
-        os.close(log_fd)
-    assert process.stdin is not None
-    with contextlib.suppress(BrokenPipeError), process.stdin:
-        process.stdin.write(json.dumps(config.to_dict()).encode())
-    return process
-
-
-def _tail(path: Path, lines: int = 5) -> str:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return f"(no log at {path})"
-    return " | ".join(text.strip().splitlines()[-lines:]) or f"(empty log at {path})"

@@ -12,10 +12,10 @@ The wire, HTTP/1.1 (HTTPS when the deployment has a certificate; the client trus
 context trusts, `SSL_CERT_FILE` included):
 
     POST /rewrite   Authorization: Bearer TOKEN   [serve_multiplexed_model_id: MODEL]   {"request": RewriteRequest}
-        200, newline-delimited JSON, one event per line, as the daemon streams them:
-        {"type": "phase", "phase": Phase}, {"type": "text", "delta": str}, {"type": "step", "info": StepInfo},
-        and last {"type": "done", "outcome": RewriteOutcome, "replica": pid} or {"type": "done", "error_code",
-        "error_message"}
+        200, newline-delimited JSON, one event per line (`events.event_to_wire`, as the daemon sends them):
+        {"type": "phase", ...}, {"type": "text", "delta": str}, {"type": "step", ...}, and last
+        {"type": "done", "outcome": RewriteOutcome} (its stats name the replica's pid) or
+        {"type": "error", "code", "message"}
     GET /status     Authorization: Bearer TOKEN   -> {"model", "models", "pid", "running", "cancelled"} (of one replica)
     401 (no or wrong token: nothing runs), 400 (a body that is not JSON, nested too deep, of the wrong shape, or
     a request the engine cannot take), 413 (a body over MAX_BODY_BYTES), 404: {"error_code", "error_message"}
@@ -51,9 +51,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from specedit.engine.errors import EngineUnavailableError, SpeceditError
-from specedit.engine.requests import Phase, RewriteOutcome, RewriteRequest, StepInfo, WarmRequest
+from specedit.engine.events import Done, Event, Text, event_from_wire
+from specedit.engine.requests import RewriteOutcome, RewriteRequest, WarmRequest
 from specedit.engine.serving.config import read_token
-from specedit.engine.serving.protocol import ProtocolError, error_from, from_wire, to_wire
+from specedit.engine.wire import ProtocolError, error_from, to_wire
 
 DEFAULT_PORT = 8000
 CONNECT_TIMEOUT = 10.0  # s to connect and to get the answer's head (the stream itself has no limit)
@@ -94,8 +95,8 @@ def _not_a_number(name: str) -> None:
 # -------------------------------------------------------------------------------------------- the client
 
 
-class HttpSession:
-    """Rewrites on a cluster engine at an `http(s)://HOST:PORT` address (a `Session`)."""
+class ClusterBackend:
+    """Rewrites on a cluster engine at an `http(s)://HOST:PORT` address (a `session.Backend`)."""
 
     def __init__(
         self, address: str, *, token_file: str | os.PathLike[str] | None = None, model: str | None = None
@@ -111,13 +112,7 @@ class HttpSession:
         self._model = model  # one of the deployment's other models; None: its own
 
     def run(
-        self,
-        request: RewriteRequest,
-        *,
-        on_text: Callable[[str], None] | None = None,
-        on_step: Callable[[StepInfo], None] | None = None,
-        on_phase: Callable[[Phase], None] | None = None,
-        cancel: threading.Event | None = None,
+        self, request: RewriteRequest, emit: Callable[[Event], None], cancel: threading.Event, client: str
     ) -> RewriteOutcome:
         connection = self._connect()
         text: list[str] = []
@@ -126,24 +121,17 @@ class HttpSession:
         try:
             response = self._send(connection, "POST", "/rewrite", {"request": to_wire(request)}, stream=True)
             for line in response:
-                event = json_object(line)
-                if event.get("type") == "text":
-                    text.append(event["delta"])
-                    if on_text is not None:
-                        on_text(event["delta"])
-                elif event.get("type") == "step" and on_step is not None:
-                    on_step(from_wire(StepInfo, event["info"]))
-                elif event.get("type") == "phase" and on_phase is not None:
-                    on_phase(from_wire(Phase, event["phase"]))
-                elif event.get("type") == "done":
-                    if "outcome" in event:
-                        return from_wire(RewriteOutcome, event["outcome"])
-                    raise error_from(event["error_code"], event["error_message"])
-            if cancel is not None and cancel.is_set():
+                event = event_from_wire(json_object(line))
+                if isinstance(event, Done):
+                    return event.outcome
+                if isinstance(event, Text):
+                    text.append(event.delta)
+                emit(event)
+            if cancel.is_set():
                 return RewriteOutcome.finished("".join(text), "cancelled", {})
             raise EngineUnavailableError(f"the cluster engine at {self.address} ended the rewrite half-way")
-        except (OSError, http.client.HTTPException, ProtocolError, EngineUnavailableError) as error:
-            if cancel is not None and cancel.is_set():  # we hung up
+        except (OSError, http.client.HTTPException, ProtocolError, ValueError, EngineUnavailableError) as error:
+            if cancel.is_set():  # we hung up
                 return RewriteOutcome.finished("".join(text), "cancelled", {})
             if isinstance(error, EngineUnavailableError):
                 raise
@@ -161,8 +149,8 @@ class HttpSession:
         finally:
             connection.close()
 
-    def warm(self, request: WarmRequest) -> None:
-        pass  # a replica is chosen per request: there is no one cache to warm
+    def warm(self, request: WarmRequest) -> bool:
+        return False  # a replica is chosen per request: there is no one cache to warm
 
     def keep_alive(self, wanted: bool) -> None:
         pass  # the cluster's replicas live as long as the deployment
@@ -214,12 +202,8 @@ def _refusal(response: http.client.HTTPResponse, address: str) -> SpeceditError:
         return EngineUnavailableError(f"{address} answered {response.status} {response.reason}")
 
 
-def _hang_up_on(
-    cancel: threading.Event | None, stopped: threading.Event, connection: http.client.HTTPConnection
-) -> None:
+def _hang_up_on(cancel: threading.Event, stopped: threading.Event, connection: http.client.HTTPConnection) -> None:
     """Close the connection when `cancel` is set: the replica sees its client go and stops the engine."""
-    if cancel is None:
-        return
     while not stopped.wait(0.05):
         if cancel.is_set() and connection.sock is not None:  # (not connected yet: it soon is, or fails)
             with contextlib.suppress(OSError):

@@ -1,6 +1,6 @@
 """The Ray side of a team's shared engine: the Serve replica and `deploy` (`specedit cluster deploy`).
 
-A replica is a `LocalSession` loaded in its constructor (one rewrite at a time on it, whichever model it
+A replica is a session on a `LocalBackend` loaded in its constructor (one rewrite at a time on it, whichever model it
 names; the others wait there in turn, told their place on that replica, as in the daemon); Serve spreads
 requests over the replicas and scales them between the deployment's bounds, aiming at one running rewrite
 per replica (speculation pays at low concurrency). More models a request may name (`models`) are Serve's
@@ -25,11 +25,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from specedit.engine.errors import SpeceditError
+from specedit.engine.events import Done, Phase, error_to_wire, event_to_wire
 from specedit.engine.options import EngineOptions
-from specedit.engine.requests import Phase, RewriteRequest
+from specedit.engine.requests import RewriteRequest
 from specedit.engine.serving.cluster import DEFAULT_PORT, MAX_BODY_BYTES, MODEL_HEADER, error_body, json_object
-from specedit.engine.serving.protocol import ProtocolError, error_code_for, from_wire, to_wire
-from specedit.engine.session import LocalSession
+from specedit.engine.serving.local import LocalBackend
+from specedit.engine.session import Session
+from specedit.engine.wire import ProtocolError, from_wire
 
 log = logging.getLogger(__name__)
 
@@ -49,20 +51,21 @@ class EngineReplica:
             raise ValueError("a cluster engine needs a token")
         self._token = token.encode()
         self._options = options
-        self._session = LocalSession(options)
-        self._session.load()
+        self._backend = LocalBackend(options)
+        self._backend.load()
+        self._session = Session(self._backend)
         self._models = models  # the only others a request may name: a client never makes a replica load a path
         self._session_for: Any = None
         if models:
             from ray import serve
 
-            async def load(model: str) -> LocalSession:
+            async def load(model: str) -> Session:
                 told = _LOADING.get()
                 if told is not None:
                     told.set()  # the request that waits for it says so
-                session = self._session.beside(dataclasses.replace(options, model=model))
-                await asyncio.to_thread(session.load)
-                return session
+                backend = self._backend.beside(dataclasses.replace(options, model=model))
+                await asyncio.to_thread(backend.load)
+                return Session(backend)
 
             self._session_for = serve.multiplexed(max_num_models_per_replica=models_per_replica)(load)
         self._count_lock = threading.Lock()
@@ -126,49 +129,32 @@ class EngineReplica:
             await asyncio.wait({loading, telling}, return_when=asyncio.FIRST_COMPLETED)
             telling.cancel()
             if told.is_set():  # not loaded on this replica yet: it loads now
-                yield json.dumps({"type": "phase", "phase": to_wire(Phase("loading"))}) + "\n"
+                yield json.dumps(event_to_wire(Phase("loading"))) + "\n"
             try:
                 session = await loading
             except Exception as error:  # a model that does not load: the client is told, the replica carries on
                 if not isinstance(error, SpeceditError):
                     log.exception("loading %s failed", model)
-                yield json.dumps({"type": "done", **error_body(error_code_for(error), str(error))}) + "\n"
+                yield json.dumps(error_to_wire(error)) + "\n"
                 return
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        cancel = threading.Event()
-
-        def put(event: dict[str, Any]) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, event)
-
-        def work() -> None:
-            self._count(running=1)
-            try:
-                outcome = session.run(
-                    request,
-                    on_text=lambda delta: put({"type": "text", "delta": delta}),
-                    on_step=lambda info: put({"type": "step", "info": to_wire(info)}),
-                    on_phase=lambda phase: put({"type": "phase", "phase": to_wire(phase)}),
-                    cancel=cancel,
-                )
-                self._count(cancelled=int(outcome.status == "cancelled"))
-                put({"type": "done", "outcome": to_wire(outcome), "replica": os.getpid()})
-            except Exception as error:  # the client gets it; the replica carries on
-                if not isinstance(error, SpeceditError):
-                    log.exception("a rewrite failed")
-                put({"type": "done", **error_body(error_code_for(error), str(error))})
-            finally:
-                self._count(running=-1)
-
-        threading.Thread(target=work, name="specedit-rewrite", daemon=True).start()
+        events = session.stream(request)
+        self._count(running=1)
+        events.ended.add_done_callback(
+            lambda ended: self._count(running=-1, cancelled=int(getattr(ended.result(), "status", "") == "cancelled"))
+        )
         try:
-            while True:
-                event = await events.get()
-                yield json.dumps(event) + "\n"
-                if event["type"] == "done":
-                    return
+            async for event in events:
+                if isinstance(event, Done):
+                    self._count(cancelled=int(event.outcome.status == "cancelled"))
+                    outcome = dataclasses.replace(event.outcome, stats={**event.outcome.stats, "replica": os.getpid()})
+                    event = Done(outcome)
+                yield json.dumps(event_to_wire(event)) + "\n"
+        except Exception as error:  # the client gets it; the replica carries on
+            if not isinstance(error, SpeceditError):
+                log.exception("a rewrite failed")
+            yield json.dumps(error_to_wire(error)) + "\n"
         finally:
-            cancel.set()
+            await events.aclose()  # the client went away before the end: the engine stops within a step
 
 
 async def _body_within(http: Any, limit: int) -> bytes:

@@ -9,11 +9,10 @@ The length is checked against the receiver's maximum *before* anything is alloca
     proof {proof}                      ->                                      (TCP only: the client's)
                                        <-    hello_ok {version, pid}          (or error + close)
     rewrite {id, request}              ->
-                                       <-    queued {id, position, loading}   (again when it moves up, or loaded)
-                                       <-    started {id}
-                                       <-    text {id, delta} / step {id, info} (one of each per engine step)
+                                       <-    event {id, event}                 (the rewrite's events, `events`:
+                                                                                phases, text and steps, and
+                                                                                last done or error)
     cancel {id}                        ->                                      (any time; unknown ids ignored)
-                                       <-    done {id, outcome | error_code, error_message} (one per rewrite)
     warm {request}                     ->                                      (a document the user has open)
                                        <-    warm_ok {accepted}                (prefilled when nothing else runs)
     status {}                          ->
@@ -37,81 +36,35 @@ connection hands out a proof that makes the token guessable offline if it is wea
 Every message type is declared once, below, as a TypedDict; the runtime check (`parse_client_message`,
 `parse_daemon_message`) is derived from those declarations, so the two cannot drift. Every field is
 always present (None where it does not apply); extra fields are ignored, for forward compatibility.
-What a rewrite asks for, each step and the result travel as the very dataclasses the engine uses
-(`RewriteRequest`, `StepInfo`, `RewriteOutcome`), field for field (`to_wire` / `from_wire`, checked against
-their type hints): a field added there is on the wire with nothing to change here.
-This module imports neither torch nor the engine: clients stay light.
+What a rewrite asks for travels as the dataclass the engine uses (`RewriteRequest`, `wire.to_wire`), and
+its events as `events` encodes them, the same as over HTTP: a field or an event added there is on the
+wire with nothing to change here. This module imports neither torch nor the engine: clients stay light.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import hmac
 import socket
 import struct
-import types
 import typing
 from collections.abc import Mapping
-from typing import Any, Literal, TypedDict, TypeVar, Union, cast
+from typing import Any, Literal, TypedDict, cast
 
 import msgpack
 
-from specedit.engine.errors import (
-    ContextLengthError,
-    EngineUnavailableError,
-    IncompleteOutputError,
-    InputError,
-    ModelLoadError,
-    RegionError,
-    SpeceditError,
-)
+from specedit.engine.wire import ProtocolError, conforms
 
-PROTOCOL_VERSION = 7  # 2: requests, steps and outcomes as their dataclasses (`to_wire`); 3: warm, document;
+PROTOCOL_VERSION = 8  # 2: requests, steps and outcomes as their dataclasses (`to_wire`); 3: warm, document;
 # 4: a request's `merge`; 5: `queued` says whether the model is loading; 6: TCP's challenge-response (no token);
-# 7: a request's `sketch_format`
+# 7: a request's `sketch_format`; 8: one `event` message for a rewrite's events (`events`), judged outcomes
 # A request holds at most MAX_INPUT_BYTES (1 MB) each of original, instruction and sketch (`requests`).
 DEFAULT_MAX_FRAME_SIZE = 4 * 1024 * 1024
 HELLO_MAX_FRAME_SIZE = 64 * 1024  # before the hello is accepted (TCP: until the client's proof checks out)
 HANDSHAKE_NONCE_BYTES = 32  # each side's fresh random nonce over TCP; of a fixed size, so proofs parse one way
 _HEADER = struct.Struct(">I")
 HEADER_SIZE = _HEADER.size
-
-ErrorCode = Literal[
-    "malformed_frame",  # not msgpack, or not a map with a string `type`; the connection stays open
-    "frame_too_large",  # over the receiver's maximum; the connection is closed (its bytes are not read)
-    "truncated_frame",  # the peer closed the connection in the middle of a frame
-    "unknown_type",  # a `type` this side does not know; the connection stays open
-    "bad_message",  # a known type with missing or mistyped fields
-    "hello_required",  # the first message was not `hello`; the connection is closed
-    "version_mismatch",  # the hello's protocol version is not ours; the connection is closed
-    "unauthorized",  # over TCP a missing nonce or a wrong proof (not the token); another user's process; closed
-    "duplicate_id",  # a rewrite id already queued or running on this connection
-    "bad_request",  # a rewrite the engine cannot take (e.g. both instruction and sketch)
-    "input",  # the error hierarchy's children, by name (see `ERROR_CLASSES`)
-    "region",
-    "context_length",
-    "model_load",
-    "incomplete_output",
-    "engine_error",  # anything else that went wrong inside the engine (logged by the daemon)
-    "shutting_down",  # the daemon is stopping and takes no more work
-]
-
-
-class ProtocolError(Exception):
-    """A frame or message that breaks the protocol. `fatal`: the connection cannot go on after it.
-
-    Internal to the wire: the daemon answers it with an `error` frame, the client turns it into an
-    `EngineUnavailableError` at its API.
-    """
-
-    def __init__(self, code: ErrorCode, message: str, *, fatal: bool = False, request_id: str | None = None):
-        super().__init__(message)
-        self.code: ErrorCode = code
-        self.fatal = fatal
-        self.request_id = request_id
-
 
 # --------------------------------------------------------------------------------- client -> daemon
 
@@ -173,38 +126,13 @@ class HelloOk(TypedDict):
     pid: int
 
 
-class Queued(TypedDict):
-    type: Literal["queued"]
+class Event(TypedDict):
+    """One event of a rewrite (`events.event_to_wire`): its phases, text and steps, and last its `done`
+    (its judged outcome) or an `error` (the error that ended it)."""
+
+    type: Literal["event"]
     id: str
-    position: int  # requests that run before this one, the running one included
-    loading: bool  # the model is still loading
-
-
-class Started(TypedDict):
-    type: Literal["started"]
-    id: str
-
-
-class Text(TypedDict):
-    type: Literal["text"]
-    id: str
-    delta: str  # the next piece of the rewritten region; the deltas joined equal `done.text`
-
-
-class Step(TypedDict):
-    type: Literal["step"]
-    id: str
-    info: dict[str, Any]  # a `StepInfo` (`to_wire`)
-
-
-class Done(TypedDict):
-    """The end of a rewrite: its `RewriteOutcome` (`to_wire`), or the error that ended it."""
-
-    type: Literal["done"]
-    id: str
-    outcome: dict[str, Any] | None
-    error_code: str | None  # when there is no outcome
-    error_message: str | None
+    event: dict[str, Any]
 
 
 class WarmOk(TypedDict):
@@ -229,7 +157,7 @@ class Error(TypedDict):
 
 
 ClientMessage = Hello | Proof | Rewrite | Cancel | Warm | Status | Stop
-DaemonMessage = Challenge | HelloOk | Queued | Started | Text | Step | Done | WarmOk | StatusOk | StopOk | Error
+DaemonMessage = Challenge | HelloOk | Event | WarmOk | StatusOk | StopOk | Error
 Message = ClientMessage | DaemonMessage
 
 
@@ -244,30 +172,7 @@ def _schemas(*declarations: type) -> dict[str, dict[str, Any]]:
 
 
 _CLIENT_SCHEMAS = _schemas(Hello, Proof, Rewrite, Cancel, Warm, Status, Stop)
-_DAEMON_SCHEMAS = _schemas(Challenge, HelloOk, Queued, Started, Text, Step, Done, WarmOk, StatusOk, StopOk, Error)
-CLIENT_MESSAGE_TYPES = tuple(_CLIENT_SCHEMAS)
-DAEMON_MESSAGE_TYPES = tuple(_DAEMON_SCHEMAS)
-
-_UNION_TYPES: tuple[Any, ...] = (Union, types.UnionType)
-
-
-def _conforms(value: object, hint: Any) -> bool:
-    origin = typing.get_origin(hint)
-    if hint is Any:
-        return True
-    if hint is type(None):
-        return value is None
-    if origin in _UNION_TYPES:
-        return any(_conforms(value, arm) for arm in typing.get_args(hint))
-    if origin is Literal:
-        return value in typing.get_args(hint)
-    if origin is dict or hint is dict:
-        return isinstance(value, dict)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, hint)
+_DAEMON_SCHEMAS = _schemas(Challenge, HelloOk, Event, WarmOk, StatusOk, StopOk, Error)
 
 
 def _parse(payload: object, schemas: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
@@ -282,7 +187,7 @@ def _parse(payload: object, schemas: Mapping[str, dict[str, Any]]) -> dict[str, 
     for name, hint in schema.items():
         if name not in payload:
             raise ProtocolError("bad_message", f"{kind}: missing field {name!r}", request_id=request_id)
-        if not _conforms(payload[name], hint):
+        if not conforms(payload[name], hint):
             raise ProtocolError("bad_message", f"{kind}: field {name!r} has the wrong type", request_id=request_id)
     return {name: payload[name] for name in schema}  # extra fields dropped
 
@@ -294,34 +199,6 @@ def parse_client_message(payload: object) -> ClientMessage:
 
 def parse_daemon_message(payload: object) -> DaemonMessage:
     return cast(DaemonMessage, _parse(payload, _DAEMON_SCHEMAS))
-
-
-Record = TypeVar("Record")
-
-
-def to_wire(record: Any) -> dict[str, Any]:
-    """A frozen dataclass (`RewriteRequest`, `StepInfo`, `RewriteOutcome`) as plain msgpack-able data."""
-    return dataclasses.asdict(record)
-
-
-def from_wire(cls: type[Record], value: object) -> Record:
-    """The dataclass `cls` back from `to_wire`'s form: every field present and of its declared type (nested
-    dataclasses too), extra fields ignored. `ProtocolError("bad_message")` when it does not fit; the
-    dataclass's own validation (`__post_init__`) raises what it raises (ValueError)."""
-    if not isinstance(value, dict):
-        raise ProtocolError("bad_message", f"a {cls.__name__} is a map")
-    hints = typing.get_type_hints(cls)
-    fields = {}
-    for field in dataclasses.fields(cast(Any, cls)):
-        if field.name not in value:
-            raise ProtocolError("bad_message", f"{cls.__name__}: missing field {field.name!r}")
-        hint, item = hints[field.name], value[field.name]
-        if dataclasses.is_dataclass(hint):
-            item = from_wire(cast(type, hint), item)
-        elif not _conforms(item, hint):
-            raise ProtocolError("bad_message", f"{cls.__name__}: field {field.name!r} has the wrong type")
-        fields[field.name] = item
-    return cls(**fields)
 
 
 # -------------------------------------------------------------------------------- the TCP handshake
@@ -352,34 +229,6 @@ def is_handshake_proof(
     if len(client_nonce) != HANDSHAKE_NONCE_BYTES or len(daemon_nonce) != HANDSHAKE_NONCE_BYTES:
         return False
     return hmac.compare_digest(proof, handshake_proof(token, side, client_nonce, daemon_nonce))
-
-
-# ---------------------------------------------------------------------------------------- errors
-
-# One place that maps the error hierarchy to wire codes and back.
-ERROR_CLASSES: dict[str, type[SpeceditError]] = {
-    "input": InputError,
-    "bad_request": InputError,
-    "region": RegionError,
-    "context_length": ContextLengthError,
-    "model_load": ModelLoadError,
-    "incomplete_output": IncompleteOutputError,
-}
-
-
-def error_code_for(error: BaseException) -> ErrorCode:
-    """The wire code of an exception raised inside the engine."""
-    if isinstance(error, ProtocolError):
-        return error.code
-    for code, cls in ERROR_CLASSES.items():
-        if isinstance(error, cls):
-            return cast(ErrorCode, code)
-    return "engine_error"
-
-
-def error_from(code: str, message: str) -> SpeceditError:
-    """The exception a client raises for an error the daemon reported (unknown codes: engine unavailable)."""
-    return ERROR_CLASSES.get(code, EngineUnavailableError)(message)
 
 
 # ---------------------------------------------------------------------------------------- frames
@@ -444,10 +293,6 @@ def _truncated() -> ProtocolError:
     return ProtocolError("truncated_frame", "the connection closed in the middle of a frame", fatal=True)
 
 
-def send_message(sock: socket.socket, message: Message | Mapping[str, Any]) -> None:
-    sock.sendall(encode_frame(message))
-
-
 def _recv_exactly(sock: socket.socket, count: int, *, at_boundary: bool) -> bytes | None:
     chunks = bytearray()
     while len(chunks) < count:
@@ -490,8 +335,3 @@ async def read_payload(reader: asyncio.StreamReader, max_frame_size: int) -> obj
     except asyncio.IncompleteReadError:
         raise _truncated() from None
     return decode_payload(payload)
-
-
-def write_message(writer: asyncio.StreamWriter, message: Message | Mapping[str, Any]) -> None:
-    """Queue one frame on the transport (the caller drains when it wants back-pressure)."""
-    writer.write(encode_frame(message))

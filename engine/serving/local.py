@@ -1,0 +1,303 @@
+"""The model in this process: the backend every engine runs its rewrites on (`session.Backend`).
+
+    backend = LocalBackend(EngineOptions(model="qwen2.5-coder-1.5b-instruct"))
+    outcome = Session(backend).run(RewriteRequest(original, "Rename add to plus."), on_event=print)
+
+The model loads on first use. One set of cores runs one rewrite at a time: the others wait their turn,
+fairly across clients (a client's k-th waiting rewrite goes after every other client's earlier-numbered
+ones, so one busy editor cannot starve another), each told where it is (`Phase`). Between rewrites the
+documents editors have open (`warm`, the most recent first) are prefilled into the prefix cache, giving
+way within a layer as soon as a rewrite waits, and resumed after it. This module imports torch only when
+the model loads; the daemon, a cluster replica and the command line all run their rewrites here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from specedit.engine.errors import SpeceditError
+from specedit.engine.events import Event, Phase, Text
+from specedit.engine.options import EngineOptions
+from specedit.engine.requests import RewriteOutcome, RewriteRequest, WarmRequest
+
+if TYPE_CHECKING:
+    from specedit.engine.loop.generate import Engine
+    from specedit.engine.model.loading import LoadedModel
+
+log = logging.getLogger(__name__)
+
+WARM_PENDING = 8  # documents waiting to be warmed; the least recently offered go
+
+
+def open_engine(options: EngineOptions, *, progress: Any = None) -> Engine:
+    """The engine `options` describe: the target (provisioned if it is a known model; its kernels chosen
+    by the self-check, whose verdict is remembered in the cache), the fallback drafter, if any, and its
+    prefix cache, holding the start every prompt shares (`loop.rewrite.keep_prompt_head`)."""
+    from specedit.drafters.fallback import load_fallback
+    from specedit.drafters.model_drafter import ModelDraftConfig
+    from specedit.engine.loop.generate import Engine
+    from specedit.engine.loop.rewrite import keep_prompt_head
+    from specedit.engine.model.prefix_cache import PrefixCache
+    from specedit.engine.ops.model_store import kept_dir, resolve_model
+
+    target = load_target(options, progress=progress)
+    draft_model = resolve_model(options.draft_model, progress=progress) if options.draft_model else None
+    fallback = load_fallback(
+        target, draft_model=draft_model, layers=options.draft_layers, config=ModelDraftConfig(p_min=options.p_min)
+    )
+    if fallback is not None:
+        log.info("fallback drafter: %s", fallback.describe())
+    engine = Engine(target, fallback, PrefixCache(options.prefix_cache_mb * 2**20))
+    keep_prompt_head(engine, kept_dir())  # with no budget for prompts too: a one-off rewrite's first prefill
+    return engine
+
+
+def load_target(options: EngineOptions, *, progress: Any = None, remembered: bool = True) -> LoadedModel:
+    """The target `options` describe, on their threads: provisioned if it is a known model, its kernels
+    chosen by the self-check, whose verdict is taken from the cache if it is there (`remembered`; else the
+    self-check runs afresh), its own kernels compiled into the cache once, its tokenizer as built and its
+    int8 weights (if it takes them) kept in the cache once."""
+    from specedit.engine.model.loading import load_model
+    from specedit.engine.ops.model_store import cache_dir, kept_dir, resolve_model
+
+    apply_threads(options)
+    return load_model(
+        resolve_model(options.model, progress=progress),
+        dtype=options.dtype,
+        weights=options.weights,
+        device=options.device,
+        verdicts=cache_dir() / "exactness" if remembered else None,
+        kernel_folder=cache_dir() / "kernels",
+        kept_folder=kept_dir(),
+    )
+
+
+def apply_threads(options: EngineOptions) -> None:
+    """torch's thread count is per thread (OpenMP): set it on the thread that runs the model."""
+    if options.threads is not None:
+        import torch
+
+        torch.set_num_threads(options.threads)
+
+
+@dataclass(eq=False)
+class _Ticket:
+    client: str
+    key: tuple[int, int]  # (the client's rewrites ahead of it in line, arrival): the order of turns
+    told: int = -1  # the place last told
+
+
+@dataclass
+class Turns:
+    """Rewrites take the model one at a time, fairly across clients: a client's k-th rewrite in line waits
+    behind every other client's rewrites numbered below k (arrival breaks ties). Each is told how many are
+    ahead of it (the running one included) when it arrives, and again whenever that changes."""
+
+    _changed: threading.Condition = field(default_factory=threading.Condition)
+    _waiting: list[_Ticket] = field(default_factory=list)
+    _running: _Ticket | None = None
+    _arrivals: int = 0
+
+    def take(
+        self, client: str, tell: Callable[[int], None], cancel: threading.Event, *, told: bool = False
+    ) -> _Ticket | None:
+        """Wait for this rewrite's turn: its ticket, or None if it was cancelled while waiting. `told`: the
+        rewrite was told something already (the model loading), so that none ahead goes unsaid."""
+        with self._changed:
+            in_line = sum(ticket.client == client for ticket in self._line())
+            ticket = _Ticket(client, (in_line, self._arrivals), told=0 if told else -1)
+            self._arrivals += 1
+            self._waiting.append(ticket)
+            while True:
+                ahead = (self._running is not None) + sum(other.key < ticket.key for other in self._waiting)
+                if ahead != ticket.told and (ahead > 0 or ticket.told < 0):  # its turn is no news: "started" is
+                    ticket.told = ahead
+                    tell(ahead)
+                if ahead == 0:
+                    break
+                self._changed.wait(0.05)
+                if cancel.is_set():
+                    self._waiting.remove(ticket)
+                    self._changed.notify_all()
+                    return None
+            self._waiting.remove(ticket)
+            self._running = ticket
+            return ticket
+
+    def leave(self, ticket: _Ticket) -> None:
+        with self._changed:
+            assert self._running is ticket
+            self._running = None
+            self._changed.notify_all()
+
+    def wanted(self) -> bool:
+        """A rewrite runs or waits: warming gives way."""
+        with self._changed:
+            return self._running is not None or bool(self._waiting)
+
+    def waiting(self) -> int:
+        with self._changed:
+            return len(self._waiting)
+
+    def _line(self) -> list[_Ticket]:
+        return [*self._waiting, *([self._running] if self._running is not None else [])]
+
+
+class LocalBackend:
+    """The model in this process: loaded on first use (or given), one rewrite at a time, in fair turns."""
+
+    def __init__(self, options: EngineOptions | None = None, *, engine: Engine | None = None, progress: Any = None):
+        self.options = options or EngineOptions()
+        self._engine = engine
+        self._progress = progress
+        self._load_lock = threading.Lock()
+        self._failure: SpeceditError | None = None  # why the model did not load
+        self._turns = Turns()
+        self._run_lock = threading.Lock()  # the model: a rewrite whose turn came, or warming between them
+        self._giving_way = 0  # rewrites whose turn came, waiting for warming to let go of the model
+        self._to_warm: OrderedDict[str, WarmRequest] = OrderedDict()  # by document name, newest last
+        self._warm_lock = threading.Lock()
+        self._warmer: threading.Thread | None = None
+        self.warming: str | None = None  # the document being prefilled now, for status
+
+    def beside(self, options: EngineOptions | None = None, *, engine: Engine | None = None) -> LocalBackend:
+        """Another model's backend in this process that takes turns with this one (one set of cores: a
+        replica's multiplexed models run one rewrite at a time between them, as one model does)."""
+        other = LocalBackend(options, engine=engine, progress=self._progress)
+        other._turns, other._run_lock = self._turns, self._run_lock
+        return other
+
+    @property
+    def engine(self) -> Engine | None:
+        """The engine once loaded (None before)."""
+        return self._engine
+
+    @property
+    def waiting(self) -> int:
+        """Rewrites not started yet: waiting for their turn, or for warming to give way."""
+        return self._turns.waiting() + self._giving_way
+
+    def load(self) -> Engine:
+        """The engine, loaded now if it was not yet (`ModelLoadError` when it cannot be: the rewrites that
+        waited for the load, and those after, get the same error, and it is not tried again)."""
+        with self._load_lock:
+            if self._failure is not None:
+                raise self._failure
+            if self._engine is None:
+                log.info("loading %s", self.options.model or "the default model")
+                try:
+                    self._engine = open_engine(self.options, progress=self._progress)
+                except SpeceditError as error:
+                    self._failure = error
+                    raise
+                self._warm_soon()  # what was offered while it loaded
+            return self._engine
+
+    def run(
+        self, request: RewriteRequest, emit: Callable[[Event], None], cancel: threading.Event, client: str
+    ) -> RewriteOutcome:
+        from specedit.engine.loop.rewrite import rewrite
+        from specedit.engine.model.loading import release_freed_memory
+
+        loading = self._engine is None
+        if loading:
+            emit(Phase("loading"))  # torch's import included
+        engine = self.load()
+        asked = time.monotonic()
+        ticket = self._turns.take(client, lambda ahead: emit(Phase("queued", ahead)), cancel, told=loading)
+        if ticket is None:
+            return RewriteOutcome.cancelled_before_start({"queue_seconds": round(time.monotonic() - asked, 4)})
+        self._giving_way += 1
+        try:
+            with self._run_lock:  # warming, if it holds the model, gives way within its step
+                self._giving_way -= 1
+                waited = time.monotonic() - asked
+                emit(Phase("started"))
+                try:
+                    apply_threads(self.options)
+                    result = rewrite(
+                        engine, request, on_text=lambda delta: emit(Text(delta)), on_step=emit, cancel=cancel.is_set
+                    )
+                finally:
+                    release_freed_memory(collect=False)  # a big request's buffers go back to the system
+        finally:
+            self._turns.leave(ticket)
+            self._warm_soon()
+        outcome = result.outcome()
+        return dataclasses.replace(outcome, stats={**outcome.stats, "queue_seconds": round(waited, 4)})
+
+    # -- warming
+
+    def warm(self, request: WarmRequest) -> bool:
+        """Offer a document to prefill while no rewrite runs or waits (a newer text of the same document
+        replaces one not yet warmed), once the model is loaded (warming never loads it); False where the
+        engine keeps no prompts."""
+        engine = self._engine
+        if self.options.prefix_cache_mb == 0 or (
+            engine is not None and (engine.prefix_cache is None or not engine.prefix_cache.keeps_prompts)
+        ):
+            return False
+        with self._warm_lock:
+            self._to_warm.pop(request.name, None)
+            self._to_warm[request.name] = request
+            while len(self._to_warm) > WARM_PENDING:
+                self._to_warm.popitem(last=False)
+        self._warm_soon()
+        return True
+
+    def to_warm(self) -> int:
+        with self._warm_lock:
+            return len(self._to_warm)
+
+    def prefill(self, request: WarmRequest, should_stop: Callable[[], bool]) -> tuple[int, int]:
+        """Warm `request` now, in this thread, between rewrites, giving way to one as soon as it waits or
+        `should_stop()`; (tokens cached, tokens of the prompt's start) (see `loop.rewrite.warm_document`)."""
+        from specedit.engine.loop.rewrite import warm_document
+
+        engine = self.load()
+        with self._run_lock:
+            apply_threads(self.options)
+            return warm_document(engine, request, lambda: self._turns.wanted() or should_stop())
+
+    def _warm_soon(self) -> None:
+        """Start the warmer thread, if documents wait and none runs."""
+        with self._warm_lock:
+            if self._to_warm and self._warmer is None and self._engine is not None:
+                self._warmer = threading.Thread(target=self._warm_offered, name="specedit-warm", daemon=True)
+                self._warmer.start()
+
+    def _warm_offered(self) -> None:
+        """Prefill the offered documents, newest first, while no rewrite wants the model; one a rewrite cut
+        short goes back in line after those offered since."""
+        while True:
+            with self._warm_lock:
+                if not self._to_warm or self._turns.wanted():
+                    self._warmer = None
+                    return  # the rewrite that wants the model starts the warmer again when it is done
+                name, request = self._to_warm.popitem()
+            self.warming = name
+            try:
+                cached, total = self.prefill(request, lambda: False)
+            except Exception:
+                log.exception("warming %s failed", name or "a document")
+                continue
+            finally:
+                self.warming = None
+            log.info("warm %s: %d of %d prompt tokens cached", name, cached, total)
+            with self._warm_lock:
+                if cached < total and self._turns.wanted() and name not in self._to_warm:
+                    self._to_warm[name] = request
+                    self._to_warm.move_to_end(name, last=False)
+
+    def keep_alive(self, wanted: bool) -> None:
+        pass  # this process is the engine: it lives as long as its front end
+
+    def close(self) -> None:
+        self._engine = None
