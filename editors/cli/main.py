@@ -399,7 +399,7 @@ def local_session(options: EngineOptions, *, load: bool = True) -> LocalSession:
 
     if not load:
         return LocalSession(options)
-    from specedit.engine.ops.model_store import resolve_model
+    from specedit.engine.model.fetch import resolve_model
 
     with fetch_progress() as progress:  # fetched now, with a bar; `load` then finds them
         resolve_model(options.model, progress=progress)
@@ -679,7 +679,7 @@ def doctor_command(args: argparse.Namespace) -> int:
 
     from specedit.engine.model import exactness
     from specedit.engine.model.loading import forward_costs
-    from specedit.engine.ops.model_store import cache_dir
+    from specedit.engine.model.store import cache_dir
     from specedit.engine.session import load_target
 
     with fetch_progress() as progress:
@@ -711,14 +711,8 @@ def torch_threads() -> int:
 def model_command(args: argparse.Namespace) -> int:
     import time
 
-    from specedit.engine.ops.model_store import (
-        DEFAULT_MODEL,
-        KNOWN_MODELS,
-        ensure_model,
-        kept_dir,
-        list_cached,
-        verify_model,
-    )
+    from specedit.engine.model.fetch import ensure_model
+    from specedit.engine.model.store import DEFAULT_MODEL, KNOWN_MODELS, kept_dir, list_cached, verify_model
 
     if args.model_command in ("fetch", "verify"):
         spec = KNOWN_MODELS.get(args.name) if args.name else DEFAULT_MODEL
