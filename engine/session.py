@@ -98,7 +98,7 @@ def load_target(options: EngineOptions, *, progress: Any = None, remembered: boo
     int8 weights (if it takes them) kept in the cache once."""
     from specedit.engine.model.fetch import resolve_model
     from specedit.engine.model.loading import load_model
-    from specedit.engine.model.store import cache_dir, kept_dir
+    from specedit.engine.model.store import kept_dir, kernels_dir, verdicts_dir
 
     _apply_threads(options)
     return load_model(
@@ -106,8 +106,8 @@ def load_target(options: EngineOptions, *, progress: Any = None, remembered: boo
         dtype=options.dtype,
         weights=options.weights,
         device=options.device,
-        verdicts=cache_dir() / "exactness" if remembered else None,
-        kernel_folder=cache_dir() / "kernels",
+        verdicts=verdicts_dir() if remembered else None,
+        kernel_folder=kernels_dir(),
         kept_folder=kept_dir(),
     )
 

@@ -748,13 +748,15 @@ def test_a_converted_file_changed_since_is_refused_at_load(index: FakeIndex) -> 
         store.verify_model(spec)
 
 
-def test_a_careful_tamperer_is_caught_by_verify(index: FakeIndex) -> None:
-    """Same size, same modification time: the fast check at load cannot see it; `model verify` does."""
+def test_a_careful_tamperer_is_caught_at_load_and_by_verify(index: FakeIndex) -> None:
+    """Same size, same modification time: the change time moved, so the load hashes it again
+    (`tests/test_cache_checks.py` has the rest of it); `model verify` hashes everything."""
     spec = index.spec()
     folder = fetch.ensure_model(spec, downloader=index, converter=fake_converter())
     assert len(store.verify_model(spec)) == 2  # the GGUF and config.json
     _flip_a_byte(folder / "config.json", keep_time=True)
-    assert fetch.ensure_model(spec, downloader=index, converter=fake_converter()) == folder
+    with pytest.raises(ModelLoadError, match=r"config\.json changed since it was converted \(sha256 differs\)"):
+        fetch.ensure_model(spec, downloader=index, converter=fake_converter())
     with pytest.raises(ModelLoadError, match=r"config\.json changed since it was converted \(sha256 differs\)"):
         store.verify_model(spec)
 
@@ -816,8 +818,8 @@ TEXTS = [
 def test_a_tokenizer_as_built_is_kept_and_read_back_alike(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The first load builds the tokenizer (`AutoTokenizer`: Qwen2's class adds an NFC normalization that
     the saved `tokenizer.json` lacks) and keeps it whole in one file; the next reads that file: the same
-    ids (a decomposed accent included), text, special tokens and chat template. A damaged file is built
-    again."""
+    ids (a decomposed accent included), text, special tokens and chat template. A damaged file is refused
+    (it changed since it was written: `integrity`), and built again once deleted."""
     from transformers import AutoTokenizer
 
     from specedit.engine.model.loading import load_tokenizer
@@ -831,6 +833,9 @@ def test_a_tokenizer_as_built_is_kept_and_read_back_alike(tiny_model_dir: Path, 
     assert type(read) is not type(reference)  # read from the kept file, not built
     assert_same_tokenizer(read, reference)
     pipeline.write_text("{not json")
+    with pytest.raises(ModelLoadError, match=rf"{pipeline.name} changed since specedit wrote it"):
+        load_tokenizer(str(tiny_model_dir), {}, kept)
+    shutil.rmtree(kept)
     assert type(load_tokenizer(str(tiny_model_dir), {}, kept)) is type(reference)
     assert_same_tokenizer(load_tokenizer(str(tiny_model_dir), {}, kept), reference)
 

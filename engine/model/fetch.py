@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from specedit.engine.model.integrity import FileRecord, sha256_file
 from specedit.engine.model.store import (
     CONVERTED_DTYPE,
     DEFAULT_MODEL,
@@ -50,14 +51,13 @@ from specedit.engine.model.store import (
     converted_path,
     converted_ready,
     disk_error,
-    file_record,
     fsync_dir,
     gguf_path,
     gguf_ready,
     model_dir,
+    pin_mismatch,
     recorded_sha256,
     remove,
-    sha256_file,
     tmp_name,
 )
 
@@ -488,7 +488,15 @@ def _convert_locked(spec: ModelSpec, gguf: Path, converter: Converter, progress:
             "versions": _versions(),
         }
         _fsync_tree(tmp)
-        marker["files"] = {name: file_record(tmp / name, with_hash=True) for name in content_files(tmp)}
+        files = {name: FileRecord.of(tmp / name) for name in content_files(tmp)}
+        mismatch = pin_mismatch(spec, files)
+        if mismatch is not None:
+            raise ModelStoreError(
+                f"converting {gguf.name} gave other files than the pinned ones: {mismatch}. These libraries"
+                f" ({', '.join(f'{name} {version}' for name, version in marker['versions'].items())}) convert"
+                " it otherwise than those its pins were measured with (`converted_sha256`, model/store.py)"
+            )
+        marker["files"] = {name: record.to_dict() for name, record in files.items()}
         (tmp / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
         _fsync_tree(tmp)
         # A directory can't be renamed over a non-empty one: move an old folder aside, then swap.

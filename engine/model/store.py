@@ -4,11 +4,14 @@ The embedded models come from chunk wheels on PyPI, verified and converted once 
 holds what every use of the cache needs without fetching anything: the specs of the known models
 (`ModelSpec`, `KNOWN_MODELS`), the layout of the cache, the checks of what is in it, and its inventory.
 
-The cache is not trusted by default: at every use, each converted file must still have the size and
-modification time the completion marker recorded (a few stat calls); `specedit model verify` hashes
-everything again (measured: 1.3 s for the 0.5B model's GGUF and folder, 1.76 GB, from the page cache,
-2026-11). A mismatch is a `ModelLoadError` that names the file and how to fetch it again; nothing loads
-silently.
+The cache is not trusted by default. At every use, each converted file must still have the signature
+the completion marker recorded with its sha256 (inode, size, modification and change times: a few stat
+calls), or be hashed again and found the same (`integrity.checked`; the new signature is recorded); and
+where the spec pins the converted files (the default model's do), the marker must record those hashes,
+so that a marker written by hand cannot pass another model off as this one. `specedit model verify`
+hashes everything again, what loads keep too (measured: 1.3 s for the 0.5B model's GGUF and folder,
+1.76 GB, from the page cache, 2026-11). A mismatch is a `ModelLoadError` that names the file and how to
+fetch it again; nothing loads silently.
 
 Layout of the cache (`$SPECEDIT_CACHE_DIR`, else `$XDG_CACHE_HOME/specedit`, else `~/.cache/specedit`)::
 
@@ -18,9 +21,9 @@ Layout of the cache (`$SPECEDIT_CACHE_DIR`, else `$XDG_CACHE_HOME/specedit`, els
     models/<name>/<gguf_name>.sha256        its sha256, `sha256sum` format
     models/<name>/hf/                       the converted folder: config, safetensors, tokenizer, template
     models/<name>/hf/specedit-complete.json the completion marker (source sha256, dtype, versions, and
-                                            each file's size, mtime and sha256)
+                                            each file's sha256 and signature: `integrity.FileRecord`)
     ... *.tmp-*                             in-progress files; removed by the next run that holds the lock
-    loaded/                                 what loads derive from a model and keep (`model.kept`)
+    loaded/, exactness/, kernels/           what loads derive and keep, each file sealed (`derived_dirs`)
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -37,6 +41,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from specedit.engine.errors import ModelLoadError
+from specedit.engine.model.integrity import FileRecord, checked, sha256_file, verify_sealed
 
 __all__ = [
     "CONVERTED_DTYPE",
@@ -49,11 +54,17 @@ __all__ = [
     "cache_dir",
     "converted_path",
     "default_gguf_path",
+    "derived_dirs",
     "gguf_path",
     "kept_dir",
+    "kernels_dir",
     "list_cached",
+    "verdicts_dir",
+    "verify_kept",
     "verify_model",
 ]
+
+_log = logging.getLogger(__name__)
 
 
 class ModelStoreError(ModelLoadError):
@@ -76,6 +87,10 @@ class ModelSpec:
     `size` bytes. The trust anchor is `sha256` (of the whole GGUF) or, when that is not known,
     `wheel_sha256` (PyPI's own digests of the wheel files, which fix every byte of their members); with
     both, a bad wheel is caught, and named, before assembly.
+
+    `converted_sha256`: (file name, sha256) of every file of the converted folder, as measured from a
+    conversion of the pinned GGUF; where given, no other folder is taken for this model (a conversion
+    that gives other files is refused, and so is a completion marker that records others).
     """
 
     name: str
@@ -85,6 +100,7 @@ class ModelSpec:
     size: int
     wheel_sha256: tuple[str, ...] = ()
     gguf_name: str = "model.gguf"
+    converted_sha256: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not _SAFE_NAME.match(self.name):
@@ -96,7 +112,7 @@ class ModelSpec:
                 raise ValueError(f"{requirement!r} is not an exact requirement `name==version`")
         if self.sha256 is None and not self.wheel_sha256:
             raise ValueError(f"{self.name}: pin the GGUF's sha256 or the wheels' sha256, or both")
-        for digest in (self.sha256, *self.wheel_sha256):
+        for digest in (self.sha256, *self.wheel_sha256, *(pinned for _, pinned in self.converted_sha256)):
             if digest is not None and not _SHA256.match(digest):
                 raise ValueError(f"{digest!r} is not a lowercase hex sha256")
         if self.wheel_sha256 and len(self.wheel_sha256) != len(self.packages):
@@ -137,6 +153,18 @@ DEFAULT_MODEL = ModelSpec(
         "46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e",
     ),
     gguf_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    # Measured from its conversion here (2026-12-03: transformers 5.24.0, tokenizers 0.23.3, gguf 0.19.0,
+    # torch 2.13.0, safetensors 0.8.0). config.json records transformers' version, so another version of
+    # transformers converts it into another config.json at least: such a conversion is refused, naming the
+    # versions, and these are to be measured again from it.
+    converted_sha256=(
+        ("config.json", "7c1050f8310d4e1594b73da208a519f1af6b6916a610ff5e825136186532bc44"),
+        ("tokenizer.json", "870929f6937e07fc88e0bc62333a39c5fe97bcbea944ea9d3a6ffcf760ef360d"),
+        ("tokenizer_config.json", "a90199bf23062e740eb628b94e3eb0c2eb95be5d65d8023f665f9455324d580a"),
+        ("chat_template.jinja", "cd8e9439f0570856fd70470bf8889ebd8b5d1107207f67a5efb46e342330527f"),
+        ("generation_config.json", "47a099c21ae5d89e4ec713836d4141fc51da0e762b267b520c5726e9addff9de"),
+        ("model.safetensors", "df8f6054b92991e0e1c748f8e5c6dcd289f0798d8a5200745ec8c0ffc752a8df"),
+    ),
 )
 
 # Same tokenizer, larger: a real target for the 0.5B as draft. general.name "Qwen2.5 Coder 1.5B Instruct
@@ -202,6 +230,22 @@ def kept_dir() -> Path:
     return cache_dir() / "loaded"
 
 
+def verdicts_dir() -> Path:
+    """Where the self-check's verdicts are remembered (`exactness.settle`)."""
+    return cache_dir() / "exactness"
+
+
+def kernels_dir() -> Path:
+    """Where specedit's kernels are compiled (`kernels.available`)."""
+    return cache_dir() / "kernels"
+
+
+def derived_dirs() -> list[Path]:
+    """The folders of what loads derive and keep, each file sealed (`integrity`): deleting any of them
+    only costs the next load its time again."""
+    return [kept_dir(), verdicts_dir(), kernels_dir()]
+
+
 def model_dir(spec: ModelSpec) -> Path:
     return cache_dir() / "models" / spec.name
 
@@ -250,14 +294,6 @@ def disk_error(action: str, path: Path, error: OSError) -> ModelStoreError:
     return ModelStoreError(f"could not {action} {path}: {error.strerror or error}{free}")
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def recorded_sha256(gguf: Path) -> str | None:
     try:
         text = gguf.with_name(gguf.name + ".sha256").read_text().split()
@@ -289,7 +325,8 @@ def read_marker(folder: Path) -> dict[str, Any] | None:
 def converted_ready(spec: ModelSpec) -> bool:
     """The fast path: the completion marker names the pinned source (or, unpinned, the same spec) and
     records its files (a folder converted before files were recorded is converted again, from the
-    re-hashed GGUF). `ModelLoadError` when a recorded file changed since (`_check_files`)."""
+    re-hashed GGUF). `ModelLoadError` when a recorded file changed since (`_check_folder`), or is not the
+    one pinned (`pin_mismatch`)."""
     folder = converted_path(spec)
     marker = read_marker(folder)
     if marker is None or not (folder / "config.json").is_file() or not isinstance(marker.get("files"), dict):
@@ -299,7 +336,7 @@ def converted_ready(spec: ModelSpec) -> bool:
             return False
     elif marker.get("spec_fingerprint") != spec.fingerprint:
         return False
-    _check_files(spec, folder, marker["files"], full=False)
+    _check_folder(spec, folder, marker, rehash=False)
     return True
 
 
@@ -310,33 +347,65 @@ def content_files(folder: Path) -> list[str]:
     )
 
 
-def file_record(path: Path, *, with_hash: bool) -> dict[str, Any]:
-    info = path.stat()
-    record: dict[str, Any] = {"size": info.st_size, "mtime_ns": info.st_mtime_ns}
-    if with_hash:
-        record["sha256"] = sha256_file(path)
-    return record
+def pin_mismatch(spec: ModelSpec, files: dict[str, FileRecord]) -> str | None:
+    """How the converted `files` differ from those `spec` pins (`converted_sha256`), or None (also where it
+    pins none). Checked in the pins' order: config.json first, the file that says which model it is."""
+    if not spec.converted_sha256:
+        return None
+    pinned = dict(spec.converted_sha256)
+    for name, sha256 in spec.converted_sha256:
+        if name not in files:
+            return f"{name} is missing (the one pinned for {spec.name} has sha256 {sha256})"
+        if files[name].sha256 != sha256:
+            return f"{name} has sha256 {files[name].sha256}, not the one pinned for {spec.name} ({sha256})"
+    extra = sorted(set(files) - set(pinned))
+    return f"{extra[0]} is not one of the files pinned for {spec.name}" if extra else None
 
 
-def _check_files(spec: ModelSpec, folder: Path, recorded: dict[str, Any], *, full: bool) -> None:
-    """Each recorded file still has its size and modification time (and, `full`, its sha256); no file was
-    added. `ModelLoadError` naming the first file that differs."""
+def _check_folder(spec: ModelSpec, folder: Path, marker: dict[str, Any], *, rehash: bool) -> None:
+    """Each file the marker records is still there with its bytes (`integrity.checked`: hashed again where
+    its signature changed, or with `rehash`), no file was added, and they are the pinned ones. New
+    signatures of unchanged files are recorded in the marker. `ModelLoadError` naming the first that
+    differs."""
+    recorded: dict[str, Any] = marker["files"]
     present = content_files(folder)
+    before: dict[str, FileRecord] = {}
     for name in sorted(set(present) | set(recorded)):
-        path, expected = folder / name, recorded.get(name)
-        if not isinstance(expected, dict) or name not in present:
-            _tampered(spec, path, "is not what was converted (added or removed since)")
-        actual = file_record(path, with_hash=full)
-        for key in ("size", "mtime_ns", *(("sha256",) if full else ())):
-            if actual[key] != expected.get(key):
-                _tampered(spec, path, f"changed since it was converted ({key} differs)")
+        record = FileRecord.from_dict(recorded.get(name))
+        if record is None or name not in present:
+            _tampered(spec, folder / name, "is not what was converted (added or removed since)")
+        before[name] = record
+    files = {
+        name: checked(folder / name, record, "it was converted", _recover(spec), rehash=rehash)
+        for name, record in before.items()
+    }
+    mismatch = pin_mismatch(spec, files)
+    if mismatch is not None:
+        _tampered(spec, folder, f"holds other files than {spec.name}'s: {mismatch}")
+    if files != before:
+        _record_signatures(folder, {**marker, "files": {name: record.to_dict() for name, record in files.items()}})
+
+
+def _record_signatures(folder: Path, marker: dict[str, Any]) -> None:
+    """The marker written again with the files' new signatures: written beside the folder (a file in it
+    would be one the marker does not record) and renamed into it. A read-only cache hashes them again at
+    the next load."""
+    writing = tmp_name(folder.parent / MARKER_NAME)
+    try:
+        writing.write_text(json.dumps(marker, indent=2) + "\n")
+        os.replace(writing, folder / MARKER_NAME)
+    except OSError as error:
+        _log.info("the converted files' new signatures not recorded in %s: %s", folder / MARKER_NAME, error)
+    finally:
+        remove(writing)
 
 
 def _tampered(spec: ModelSpec, path: Path, what: str) -> NoReturn:
-    raise ModelLoadError(
-        f"{path} {what}: the cached model is not trusted. Remove {model_dir(spec)} and run "
-        f"`specedit model fetch {spec.name}` to fetch and convert it again"
-    )
+    raise ModelLoadError(f"{path} {what}: the cached model is not trusted. {_recover(spec)}")
+
+
+def _recover(spec: ModelSpec) -> str:
+    return f"Remove {model_dir(spec)} and run `specedit model fetch {spec.name}` to fetch and convert it again"
 
 
 def check_gguf_bytes(spec: ModelSpec, gguf: Path) -> None:
@@ -352,23 +421,29 @@ def check_gguf_bytes(spec: ModelSpec, gguf: Path) -> None:
 
 def verify_model(spec: ModelSpec = DEFAULT_MODEL) -> list[Path]:
     """Hash everything cached for `spec` again (`specedit model verify`): the GGUF against its pin, each
-    converted file against the sha256 recorded at conversion. Returns the files checked; `ModelLoadError`
-    for the first that differs, or when nothing is cached."""
-    checked: list[Path] = []
+    converted file against the sha256 recorded at conversion (and pinned). Returns the files checked;
+    `ModelLoadError` for the first that differs, or when nothing is cached."""
+    checked_files: list[Path] = []
     gguf = gguf_path(spec)
     if gguf.is_file():
         check_gguf_bytes(spec, gguf)
-        checked.append(gguf)
+        checked_files.append(gguf)
     folder = converted_path(spec)
     marker = read_marker(folder)
     if marker is not None:
         if not isinstance(marker.get("files"), dict):
             _tampered(spec, folder / MARKER_NAME, "records no file hashes (converted by an older specedit)")
-        _check_files(spec, folder, marker["files"], full=True)
-        checked.extend(folder / name for name in marker["files"])
-    if not checked:
+        _check_folder(spec, folder, marker, rehash=True)
+        checked_files.extend(folder / name for name in marker["files"])
+    if not checked_files:
         raise ModelLoadError(f"{spec.name} is not in the cache: `specedit model fetch {spec.name}` provisions it")
-    return checked
+    return checked_files
+
+
+def verify_kept() -> list[Path]:
+    """Hash every sealed file that loads keep again (`derived_dirs`); returns them. `ModelLoadError` for
+    the first that changed since it was written."""
+    return [path for folder in derived_dirs() for path in verify_sealed(folder)]
 
 
 # ---------------------------------------------------------------------------------------- inventory
