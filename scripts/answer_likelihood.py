@@ -20,9 +20,9 @@ import os
 import torch
 
 from specedit.engine.loop.generate import Engine
+from specedit.engine.model.fetch import resolve_model
 from specedit.engine.model.loading import load_model
 from specedit.engine.ops.bench import as_transformers_runs_it
-from specedit.engine.ops.model_store import resolve_model
 from specedit.engine.options import WEIGHTS_CHOICES
 from specedit.engine.prompts import RewritePrompt, build_prompt
 

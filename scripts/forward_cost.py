@@ -22,9 +22,9 @@ from transformers import DynamicCache
 
 from specedit.engine.loop.generate import Engine
 from specedit.engine.model import kv_cache
+from specedit.engine.model.fetch import resolve_model
 from specedit.engine.model.loading import LoadedModel, load_model
 from specedit.engine.ops.bench import as_transformers_runs_it
-from specedit.engine.ops.model_store import resolve_model
 from specedit.engine.options import WEIGHTS_CHOICES
 
 

@@ -18,7 +18,7 @@ import torch
 from specedit.engine.events import Event, Phase, Step, Text
 from specedit.engine.loop.generate import Engine
 from specedit.engine.model.loading import LoadedModel
-from specedit.engine.ops.model_store import cache_dir
+from specedit.engine.model.store import cache_dir
 from specedit.engine.prompts import SYSTEM_PROMPT
 
 ARCHITECTURES = ("gpt2", "qwen2", "llama")

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from specedit.cli.main import main
+from specedit.engine.model import fetch
 from specedit.engine.model.loading import load_tokenizer
+from specedit.engine.model.store import kept_dir
 from specedit.engine.model.tokenizer import KeptTokenizer
-from specedit.engine.ops import llama_cpp, llama_server, model_store
+from specedit.engine.ops import llama_cpp, llama_server
 from specedit.engine.ops.bench import first_difference, summarise
-from specedit.engine.ops.model_store import kept_dir
 
 from conftest import ECHOED_SKETCH, LINES_SKETCH, MEMORISED_REWRITES
 
@@ -300,7 +301,7 @@ def test_bench_runs_llama_server_per_speculation_type_and_reports_the_best(
     binary = tmp_path / "llama-server"
     binary.write_text(f"#!{sys.executable}\n" + FAKE_LLAMA_SERVER)
     binary.chmod(0o755)
-    monkeypatch.setattr(model_store, "ensure_gguf", lambda spec=None: tmp_path / "model.gguf")
+    monkeypatch.setattr(fetch, "ensure_gguf", lambda spec=None: tmp_path / "model.gguf")
     out = tmp_path / "bench.json"
     cases = write_cases(tmp_path / "cases.jsonl")
     arguments = ["bench", "--cases", str(cases), "--model", str(memorising_model_dir), "--limit", "2"]

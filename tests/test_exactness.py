@@ -104,7 +104,7 @@ def _no_probe(loaded: Any) -> bool:
 def test_a_verdict_is_remembered_until_the_machine_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     loaded = wide_model(512, torch.float32)
     first = exactness.settle(loaded, tmp_path)
-    [saved] = tmp_path.iterdir()
+    [saved] = tmp_path.glob("*.json")
     assert json.loads(saved.read_text())["bitwise"] is first.bitwise
 
     monkeypatch.setattr(exactness, "probe_holds", _no_probe)
@@ -114,7 +114,10 @@ def test_a_verdict_is_remembered_until_the_machine_changes(tmp_path: Path, monke
     assert (again.bitwise, again.linear, again.step_rows) == (first.bitwise, first.linear, first.step_rows)
     assert again.fewer_threads == first.fewer_threads
 
-    saved.write_text("{not json")
+    saved.write_text("{not json")  # refused; once deleted, the probe decides
+    with pytest.raises(ModelLoadError, match=rf"{saved.name} changed since specedit wrote it"):
+        exactness.settle(wide_model(512, torch.float32, settle=False), tmp_path)
+    saved.unlink()
     with pytest.raises(AssertionError, match="the probe ran"):
         exactness.settle(wide_model(512, torch.float32, settle=False), tmp_path)
     saved.write_text(json.dumps(first.to_dict()))
@@ -191,7 +194,7 @@ def test_doctor_reports_the_verdict(
     report = json.loads(capsys.readouterr().out)
     assert report["exactness"]["claim"] == "bitwise" and report["exactness"]["cpu_class"] == exactness.cpu_class()
     assert set(report["forward_seconds"]) == {"1", "8", "32"}
-    assert len(list((tmp_path / "exactness").iterdir())) == 1  # remembered for the next load
+    assert len(list((tmp_path / "exactness").glob("*.json"))) == 1  # remembered for the next load
     assert main(["doctor", "--model", str(tiny_model_dir)]) == 0
     assert "identical to plain decoding bit for bit" in capsys.readouterr().out
 

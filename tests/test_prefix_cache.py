@@ -15,6 +15,7 @@ import pytest
 import torch
 from test_invariant import promised, wide_model
 
+from specedit.engine.errors import ModelLoadError
 from specedit.engine.loop.drafting import generate_drafted
 from specedit.engine.loop.generate import Engine, Generation
 from specedit.engine.loop.rewrite import keep_prompt_head, rewrite, warm_document
@@ -297,7 +298,10 @@ def test_the_prompts_start_is_kept_across_starts_and_keeps_the_answer(saved: Loa
         assert result.generation.tokens == reference.generation.tokens and result.text == reference.text
     assert len(again.prefix_cache) == 0  # no prompt kept beside it
 
-    file.write_bytes(b"damaged")  # prefilled and written again
+    file.write_bytes(b"damaged")  # refused; once deleted, prefilled and written again
+    with pytest.raises(ModelLoadError, match=rf"{file.name} changed since specedit wrote it"):
+        keep_prompt_head(Engine(saved, prefix_cache=PrefixCache(0)), tmp_path)
+    file.unlink()
     damaged = Engine(saved, prefix_cache=PrefixCache(0))
     assert keep_prompt_head(damaged, tmp_path) == head
     assert rewrite(damaged, request).text == reference.text

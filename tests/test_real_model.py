@@ -21,8 +21,8 @@ from specedit.cli.main import main
 from specedit.engine.loop.generate import Engine
 from specedit.engine.loop.rewrite import rewrite
 from specedit.engine.model import kernels
+from specedit.engine.model.fetch import ensure_model
 from specedit.engine.model.loading import load_model
-from specedit.engine.ops.model_store import ensure_model
 from specedit.engine.requests import RewriteRequest
 
 pytestmark = pytest.mark.slow

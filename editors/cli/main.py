@@ -391,7 +391,7 @@ def _current_bytes(name: str) -> bytes | None:
 def load_local(options: EngineOptions) -> LocalBackend:
     """The model in this process, loaded now, for the commands that use the engine itself (bench,
     calibrate); provisioning shows a progress bar on a terminal."""
-    from specedit.engine.ops.model_store import resolve_model
+    from specedit.engine.model.fetch import resolve_model
     from specedit.engine.serving.local import LocalBackend
 
     with fetch_progress() as progress:  # fetched now, with a bar; `load` then finds them
@@ -684,13 +684,13 @@ def doctor_command(args: argparse.Namespace) -> int:
 
     from specedit.engine.model import exactness
     from specedit.engine.model.loading import forward_costs
-    from specedit.engine.ops.model_store import cache_dir
+    from specedit.engine.model.store import verdicts_dir
     from specedit.engine.serving.local import load_target
 
     with fetch_progress() as progress:
         loaded = load_target(engine_options(args), progress=progress, remembered=False)
     assert loaded.exactness is not None
-    exactness.remember(loaded, cache_dir() / "exactness")
+    exactness.remember(loaded, verdicts_dir())
     costs = forward_costs(loaded, sizes=(1, 8, 32))
     verdict = loaded.exactness
     if args.json:
@@ -716,12 +716,13 @@ def torch_threads() -> int:
 def model_command(args: argparse.Namespace) -> int:
     import time
 
-    from specedit.engine.ops.model_store import (
+    from specedit.engine.model.fetch import ensure_model
+    from specedit.engine.model.store import (
         DEFAULT_MODEL,
         KNOWN_MODELS,
-        ensure_model,
         kept_dir,
         list_cached,
+        verify_kept,
         verify_model,
     )
 
@@ -731,10 +732,13 @@ def model_command(args: argparse.Namespace) -> int:
             raise InputError(f"unknown model {args.name!r}; known: {', '.join(KNOWN_MODELS)}")
         if args.model_command == "verify":
             started = time.monotonic()
-            checked = verify_model(spec)
-            size = sum(path.stat().st_size for path in checked) / 1e9
+            checked, kept = verify_model(spec), verify_kept()
+            size = sum(path.stat().st_size for path in (*checked, *kept)) / 1e9
             seconds = time.monotonic() - started
-            print(f"{spec.name}: {len(checked)} files ({size:.2f} GB) hashed again in {seconds:.1f} s: as verified")
+            print(
+                f"{spec.name}: {len(checked)} files, and {len(kept)} that loads keep ({size:.2f} GB), hashed again"
+                f" in {seconds:.1f} s: as verified"
+            )
             return 0
         with fetch_progress(always=True) as progress:
             path = ensure_model(spec, progress=progress)

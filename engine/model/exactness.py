@@ -47,6 +47,7 @@ import torch
 
 from specedit.engine.model import decoder, invariant, kernels, kv_cache, quantized
 from specedit.engine.model.cpu import cpu_class, cpu_flags, cpu_model
+from specedit.engine.model.integrity import is_sealed
 from specedit.engine.model.kept import versions, write_atomically
 
 log = logging.getLogger(__name__)
@@ -223,7 +224,10 @@ def same_on_threads(loaded: Any, threads: int) -> bool:
 
 
 def _read_verdict(path: Path) -> tuple[bool, tuple[Linear, int], tuple[int, ...]] | None:
-    """A remembered verdict: (bitwise, (linear, step rows), fewer threads), or None."""
+    """A remembered verdict: (bitwise, (linear, step rows), fewer threads), or None (none yet, or one
+    without a seal: the probe decides). A `ModelLoadError` where it changed since it was written."""
+    if not is_sealed(path):
+        return None
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
         bitwise, linear, rows = record["bitwise"], record["linear"], record["step_rows"]

@@ -3,8 +3,9 @@
 The tokenizer as built, the int8 weights as quantized (`loading`), the prompts' shared start prefilled
 (`prefix_cache.PrefixCache.keep_head`): each is a file named after the model's files and everything that
 derives it (`kept_file`), written under a temporary name and renamed (`write_atomically`), so a process
-reading it meanwhile finds all of it or none. The self-check's verdicts (`exactness`) are written so too.
-Deleting any of them only costs the next start its time again.
+reading it meanwhile finds all of it or none, and sealed (`integrity`): a load reads it only where
+`integrity.is_sealed` finds the bytes it was written with. The self-check's verdicts (`exactness`) are
+written so too. Deleting any of them only costs the next start its time again.
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ from pathlib import Path
 
 import torch
 
+from specedit.engine.model.integrity import replace_sealed
+
 
 def kept_file(folder: Path, kind: str, sources: list[Path], suffix: str, derived_by: bytes = b"") -> Path:
     """Where what is derived from the files `sources` of a model (its tokenizer, its int8 weights: `kind`)
     is kept in `folder`: named by those files (paths, sizes, times changed) and by what derives it (the
     versions of torch and transformers, and `derived_by`: the int8 weights' quantizing kernel), so that a
     change of any derives it again. Older ones of the same kind and model are removed as this one is
-    named (and files named after it: `NAME.settings.json`, `NAME.tmp-PID`)."""
+    named (and files named after it: `NAME.settings.json`, `NAME.seal`, `NAME.tmp-PID`)."""
     paths = sorted(str(source.resolve()) for source in sources)
     model = hashlib.sha256(f"{kind}\0{paths}".encode()).hexdigest()[:12]
     stats = [(stat.st_size, stat.st_mtime_ns) for stat in (source.stat() for source in sorted(sources))]
@@ -42,12 +45,12 @@ def versions() -> list[str]:
 
 
 def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
-    """`write(temporary)`, then the temporary file renamed to `path` (its folder made if missing): a
-    process reading it meanwhile finds all of it or none."""
+    """`write(temporary)`, then the temporary file renamed to `path` (its folder made if missing) and sealed
+    (`integrity.replace_sealed`): a process reading it meanwhile finds all of it or none."""
     path.parent.mkdir(parents=True, exist_ok=True)
     writing = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     try:
         write(writing)
-        writing.replace(path)
+        replace_sealed(writing, path)
     finally:
         writing.unlink(missing_ok=True)

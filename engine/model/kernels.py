@@ -14,10 +14,10 @@ or the CPU. Three ops:
   prefill of 61 rows at once and in two pieces differ; 2026-12).
 
 They are compiled on first use with the machine's C++ compiler against the installed torch (about 10 s),
-into a folder keyed by the source, torch's version and the flags, and need an x86 CPU with AVX2 and FMA;
-where that fails, `available` says why and the model keeps torch's kernels. Where torch's own kernels are
-AVX-512's, so are these, with VNNI where the CPU has it (`variant`): each output is computed the same way
-on every variant, bit for bit.
+into a folder keyed by the source, torch's version and the flags, sealed there (`integrity`: a library
+changed since is never loaded), and need an x86 CPU with AVX2 and FMA; where that fails, `available`
+says why and the model keeps torch's kernels. Where torch's own kernels are AVX-512's, so are these, with
+VNNI where the CPU has it (`variant`): each output is computed the same way on every variant, bit for bit.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from specedit.engine.model.cpu import cpu_class, cpu_flags
+from specedit.engine.model.integrity import is_sealed, replace_sealed
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,20 @@ def _registered() -> bool:
 def _load(folder: str | None) -> str | None:
     if _registered():
         return None
+    found = library(Path(folder) if folder is not None else None)
+    if isinstance(found, str):
+        return found
+    try:
+        torch.ops.load_library(str(found))  # type: ignore[no-untyped-call]
+    except (OSError, RuntimeError) as error:
+        return f"specedit's kernels did not load: {error}"
+    return None
+
+
+def library(folder: Path | None) -> Path | str:
+    """The kernels compiled for this machine in `folder` (default: a temporary folder): found there under
+    their seal (`integrity`: a library changed since it was compiled is a `ModelLoadError`, never loaded),
+    else compiled and sealed. A string where they cannot be: why."""
     if cpu_class() == "baseline":
         return "specedit's kernels need an x86 CPU with AVX2 and FMA"
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
@@ -115,26 +130,23 @@ def _load(folder: str | None) -> str | None:
     key = hashlib.sha256(
         b"\0".join([SOURCE.read_bytes(), torch.__version__.encode(), " ".join((*flags, abi)).encode()])
     ).hexdigest()[:16]
-    base = Path(folder) if folder is not None else Path(tempfile.gettempdir()) / f"specedit-kernels-{os.getuid()}"
-    library = base / f"kernels-{name}-{key}.so"
-    if not library.is_file():
-        base.mkdir(parents=True, exist_ok=True)
-        building = library.with_name(f"{library.name}.tmp-{os.getpid()}")
-        command = [
-            compiler, *flags, abi, f"-I{torch_dir / 'include'}", str(SOURCE), "-o", str(building),
-            f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}",
-        ]  # fmt: skip
-        log.info("compiling specedit's kernels into %s (once, about 10 s)", library)
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-        except (OSError, subprocess.TimeoutExpired) as error:
-            return f"specedit's kernels did not compile: {error}"
-        if done.returncode != 0:
-            building.unlink(missing_ok=True)
-            return f"specedit's kernels did not compile ({compiler}): {done.stderr.strip()[-500:]}"
-        building.replace(library)  # atomic: a process loading it meanwhile sees all of it or nothing
+    base = folder if folder is not None else Path(tempfile.gettempdir()) / f"specedit-kernels-{os.getuid()}"
+    found = base / f"kernels-{name}-{key}.so"
+    if is_sealed(found):
+        return found
+    base.mkdir(parents=True, exist_ok=True)
+    building = found.with_name(f"{found.name}.tmp-{os.getpid()}")
+    command = [
+        compiler, *flags, abi, f"-I{torch_dir / 'include'}", str(SOURCE), "-o", str(building),
+        f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}",
+    ]  # fmt: skip
+    log.info("compiling specedit's kernels into %s (once, about 10 s)", found)
     try:
-        torch.ops.load_library(str(library))  # type: ignore[no-untyped-call]
-    except (OSError, RuntimeError) as error:
-        return f"specedit's kernels did not load: {error}"
-    return None
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"specedit's kernels did not compile: {error}"
+    if done.returncode != 0:
+        building.unlink(missing_ok=True)
+        return f"specedit's kernels did not compile ({compiler}): {done.stderr.strip()[-500:]}"
+    replace_sealed(building, found)  # atomic: a process loading it meanwhile sees all of it or nothing
+    return found

@@ -19,6 +19,7 @@ import torch
 
 from specedit.engine.errors import ModelLoadError
 from specedit.engine.model import decoder, exactness, invariant, kernels, kv_cache, quantized
+from specedit.engine.model.integrity import is_sealed
 from specedit.engine.model.kept import kept_file, write_atomically
 from specedit.engine.model.tokenizer import KeptTokenizer
 from specedit.engine.options import DTYPE_CHOICES
@@ -223,6 +224,8 @@ def load_model(
             from transformers import AutoModelForCausalLM
 
             model = AutoModelForCausalLM.from_pretrained(source, dtype=stored, **kwargs)
+    except ModelLoadError:  # a kept file changed since it was written (`integrity`): its own message
+        raise
     except Exception as error:  # transformers raises many kinds; all mean "did not load"
         raise ModelLoadError(f"could not load model {name_or_path!r}: {error}") from error
     if int8:
@@ -263,13 +266,13 @@ def load_tokenizer(source: str, kwargs: dict[str, Any], kept_folder: Path | None
     def read_kept() -> KeptTokenizer:
         return KeptTokenizer(pipeline, json.loads(settings.read_text()))
 
-    if pipeline.is_file() and settings.is_file():
-        with contextlib.suppress(Exception):  # a damaged file: built again below
+    if is_sealed(pipeline) and is_sealed(settings):  # else (none kept, or without a seal): built again
+        with contextlib.suppress(Exception):  # kept whole, and yet it does not read: built again below
             return read_kept()
     from transformers import AutoTokenizer
 
     built = AutoTokenizer.from_pretrained(source)
-    if settings.is_file() and not pipeline.is_file():  # found not to read back alike: not tried again
+    if is_sealed(settings) and not pipeline.is_file():  # found not to read back alike: not tried again
         return built
     try:
         write_atomically(settings, lambda path: path.write_text(json.dumps(_tokenizer_settings(built))))
@@ -294,10 +297,10 @@ def _quantize(model: Any, weights_files: list[Path], kept_folder: Path | None) -
     if kept_folder and weights_files:  # named after `specedit::q8_quantize`'s source too
         kept = kept_file(kept_folder, "int8", weights_files, "safetensors", kernels.SOURCE.read_bytes())
     stored: dict[str, torch.Tensor] = {}
-    if kept is not None and kept.is_file():
+    if kept is not None and is_sealed(kept):
         try:
             stored = load_file(kept)
-        except (OSError, SafetensorError) as error:  # damaged: quantized again
+        except (OSError, SafetensorError) as error:  # kept whole, and yet it does not read: quantized again
             log.info("int8 weights in %s not read (%s): quantizing", kept, error)
     if quantized.quantize_linears(model, stored) and kept is not None:
         try:

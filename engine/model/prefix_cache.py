@@ -32,6 +32,7 @@ import torch
 from safetensors import SafetensorError
 
 from specedit.engine.model import kv_cache
+from specedit.engine.model.integrity import is_sealed
 from specedit.engine.model.kept import write_atomically
 from specedit.engine.model.loading import Interrupted, LoadedModel
 
@@ -150,11 +151,11 @@ class PrefixCache:
         on (the model's files, the kernels: `exactness.fingerprint`), as `loop.rewrite.keep_prompt_head`
         names it."""
         read = False
-        if file is not None and file.is_file():
+        if file is not None and is_sealed(file):
             cache = loaded.new_cache()
             try:
                 read = kv_cache.read(file, cache) == list(ids)
-            except (OSError, ValueError, SafetensorError) as error:  # damaged: prefilled and written again
+            except (OSError, ValueError, SafetensorError) as error:  # sealed, yet not a cache: prefilled again
                 log.info("the prompts' start kept in %s not read (%s)", file, error)
         if not read:
             cache = loaded.new_cache()

@@ -1,2 +1,2 @@
-"""Operations around the engine: provisioning models (`model_store`), `specedit bench` (`bench`, with
-llama.cpp as a peer in `llama_cpp`) and `specedit calibrate` (`calibrate`)."""
+"""Operations around the engine: `specedit bench` (`bench`, with llama.cpp as a peer in `llama_cpp`) and
+`specedit calibrate` (`calibrate`)."""

@@ -467,8 +467,9 @@ def busy_processes(count: int) -> Iterator[None]:
 
 def _start_llama_server(engine: Engine, given: str | None) -> LlamaServerRunner | None:
     """llama-server's processes for the bench's model, or None (a warning) when there is no llama-server."""
+    from specedit.engine.model.fetch import ensure_gguf
+    from specedit.engine.model.store import DEFAULT_MODEL, KNOWN_MODELS, converted_path
     from specedit.engine.ops import llama_server  # its find_binary, as tests replace it
-    from specedit.engine.ops.model_store import DEFAULT_MODEL, KNOWN_MODELS, converted_path, ensure_gguf
 
     binary = llama_server.find_binary(given)
     if binary is None:

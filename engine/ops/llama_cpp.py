@@ -35,7 +35,7 @@ class LlamaCppRunner:
         except ImportError:
             log.warning("llama-cpp-python is not installed: the bench runs without llama.cpp")
             return None
-        from specedit.engine.ops.model_store import ensure_gguf
+        from specedit.engine.model.fetch import ensure_gguf
 
         gguf = str(ensure_gguf())
         options: dict[str, Any] = {"n_ctx": 32768, "n_threads": threads or os.cpu_count() or 1, "verbose": False}

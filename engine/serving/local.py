@@ -44,8 +44,9 @@ def open_engine(options: EngineOptions, *, progress: Any = None) -> Engine:
     from specedit.drafters.model_drafter import ModelDraftConfig
     from specedit.engine.loop.generate import Engine
     from specedit.engine.loop.rewrite import keep_prompt_head
+    from specedit.engine.model.fetch import resolve_model
     from specedit.engine.model.prefix_cache import PrefixCache
-    from specedit.engine.ops.model_store import kept_dir, resolve_model
+    from specedit.engine.model.store import kept_dir
 
     target = load_target(options, progress=progress)
     draft_model = resolve_model(options.draft_model, progress=progress) if options.draft_model else None
@@ -64,8 +65,9 @@ def load_target(options: EngineOptions, *, progress: Any = None, remembered: boo
     chosen by the self-check, whose verdict is taken from the cache if it is there (`remembered`; else the
     self-check runs afresh), its own kernels compiled into the cache once, its tokenizer as built and its
     int8 weights (if it takes them) kept in the cache once."""
+    from specedit.engine.model.fetch import resolve_model
     from specedit.engine.model.loading import load_model
-    from specedit.engine.ops.model_store import cache_dir, kept_dir, resolve_model
+    from specedit.engine.model.store import kept_dir, kernels_dir, verdicts_dir
 
     apply_threads(options)
     return load_model(
@@ -73,8 +75,8 @@ def load_target(options: EngineOptions, *, progress: Any = None, remembered: boo
         dtype=options.dtype,
         weights=options.weights,
         device=options.device,
-        verdicts=cache_dir() / "exactness" if remembered else None,
-        kernel_folder=cache_dir() / "kernels",
+        verdicts=verdicts_dir() if remembered else None,
+        kernel_folder=kernels_dir(),
         kept_folder=kept_dir(),
     )
 
