@@ -136,19 +136,31 @@ def test_a_marker_from_before_signatures_is_hashed_once_and_completed(converted:
     assert all(record["ctime_ns"] == (folder / name).stat().st_ctime_ns for name, record in files.items())
 
 
-def test_the_default_models_pins_name_every_converted_file() -> None:
-    pinned = dict(store.DEFAULT_MODEL.converted_sha256)
-    assert set(pinned) == {
-        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-        "chat_template.jinja",
-    }  # fmt: skip
+def test_the_default_models_identity_is_pinned_whatever_library_wrote_it(tmp_path: Path) -> None:
+    """config.json and tokenizer.json say which model it is. Another library version writes them with other
+    bytes (its own version, merges as pairs): still the same model; another model's are not."""
+    pinned = {name: (sha256, identity) for name, sha256, identity in store.DEFAULT_MODEL.identity}
+    assert set(pinned) == {"config.json", "tokenizer.json"}
+    config = {key: 1 for key in store.IDENTITY_KEYS}
+    (tmp_path / "config.json").write_text(json.dumps({**config, "transformers_version": "5.24.0"}))
+    before = store.identity_digest("config.json", tmp_path / "config.json")
+    (tmp_path / "config.json").write_text(json.dumps({**config, "transformers_version": "6.0.0", "dtype": "x"}))
+    assert store.identity_digest("config.json", tmp_path / "config.json") == before
+    (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_size": 64}))
+    assert store.identity_digest("config.json", tmp_path / "config.json") != before
+    tokenizer = {"model": {"vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]}, "added_tokens": []}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer))
+    before = store.identity_digest("tokenizer.json", tmp_path / "tokenizer.json")
+    tokenizer["model"]["merges"] = [["a", "b"]]  # type: ignore[index]
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer))
+    assert store.identity_digest("tokenizer.json", tmp_path / "tokenizer.json") == before
 
 
 @pytest.mark.usefixtures("isolated_cache")
 def test_a_conversion_other_than_the_pinned_one_is_refused(tmp_path: Path, tiny_model_dir: Path) -> None:
     index = FakeIndex(tmp_path, chunk_data())
-    spec = index.spec(converted_sha256=(("config.json", "0" * 64),))
-    with pytest.raises(ModelLoadError, match=r"config\.json .*not the .*pinned"):
+    spec = index.spec(identity=(("config.json", "0" * 64, "1" * 64),))
+    with pytest.raises(ModelLoadError, match=r"config\.json says it is another model"):
         fetch.ensure_model(spec, downloader=index, converter=_copying_converter(tiny_model_dir))
     assert not store.converted_path(spec).exists()
 

@@ -172,8 +172,8 @@ def test_a_malformed_request_is_a_clear_error(cluster: str, token_file: Path) ->
     status, events = stream(cluster, json.dumps({"request": bad}).encode())
     assert status == 400 and events[0]["error_code"] == "bad_request"
     with pytest.raises(InputError):
-        session = Session(ClusterBackend(cluster, token_file=token_file))
-        session._send(session._connect(), "POST", "/rewrite", {"request": bad})
+        backend = ClusterBackend(cluster, token_file=token_file)
+        backend._send(backend._connect(), "POST", "/rewrite", {"request": bad})
 
 
 def test_a_client_that_hangs_up_stops_the_engine(cluster: str, token_file: Path) -> None:

@@ -489,13 +489,9 @@ def _convert_locked(spec: ModelSpec, gguf: Path, converter: Converter, progress:
         }
         _fsync_tree(tmp)
         files = {name: FileRecord.of(tmp / name) for name in content_files(tmp)}
-        mismatch = pin_mismatch(spec, files)
+        mismatch = pin_mismatch(spec, tmp, files)
         if mismatch is not None:
-            raise ModelStoreError(
-                f"converting {gguf.name} gave other files than the pinned ones: {mismatch}. These libraries"
-                f" ({', '.join(f'{name} {version}' for name, version in marker['versions'].items())}) convert"
-                " it otherwise than those its pins were measured with (`converted_sha256`, model/store.py)"
-            )
+            raise ModelStoreError(f"converting {gguf.name} gave another model than the pinned one: {mismatch}")
         marker["files"] = {name: record.to_dict() for name, record in files.items()}
         (tmp / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n")
         _fsync_tree(tmp)

