@@ -38,7 +38,7 @@ placed in order, each after the one before, each replacing a span of the origina
 A chunk that cannot be placed, a merge that has a block twice in a row where neither the original nor
 the sketch has (a deletion the sketch shows like a change), or a merge that `merge_checks` refuses,
 leaves the merge *unresolved* (`SketchMerge.unresolved` says why): the model writes the answer then, with
-the partial merge as the copy drafter's draft. Measured on sketches of real edits (see the README, "Edit
+the partial merge as the copy drafter's draft. Measured on sketches of real edits (see docs/benchmarks.md, "Edit
 sketches"). Wrong merges seen while tuning: a chunk whose lines are, verbatim, another place of the file
 (a Go template holding the same imports) goes there; a new test whose lines (unique ones among them)
 repeat an old test's far above chains onto them and replaces what lies between (guzzle's XML visitor

@@ -4,7 +4,7 @@ The code comes first and the request last: the system prompt, the code, then how
 instruction or the edit sketch). Requests on one file share the prompt up to the request, and the
 engine's prefix cache (`model.prefix_cache`) computes that part once for all of them, before the user
 asks when the editor warms it. (A region is shown alone, not inside its file: with the whole file before
-it, the default model went on past the region in 4 of 12 real edits, 2026-11; the README has the figures.)
+it, the default model went on past the region in 4 of 12 real edits, 2026-11; docs/benchmarks.md has the figures.)
 
 The model is primed with the opening code fence (the answer already starts with "```python\\n"), so its
 first token is the first token of the code: the copy drafter can propose from the very first step, and

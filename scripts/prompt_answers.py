@@ -10,7 +10,7 @@
 `REGION_CONTEXT` lines either side; the answer is exact when it is the region as the real edit left it.
 Sketch cases (`scripts/sketch_cases.py`) are merged and their answers checked (`engine/merge_checks.py`):
 `summary` counts exact merges, answers the checks catch, and wrong answers the checks let through.
-Greedy decoding with the default drafters: the answer is plain decoding's (see the README).
+Greedy decoding with the default drafters: the answer is plain decoding's (see docs/exactness.md).
 Run it from a checkout of any revision (`PYTHONPATH` pointing at another one) to compare their prompts.
 """
 

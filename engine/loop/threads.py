@@ -2,7 +2,7 @@
 
 A forward's threads meet at a barrier after every operator, so one thread sharing its core with another
 program holds back all the others: with one of 2 cores busy (another process spinning), a rewrite on 2
-threads took 2.6-3.0x its idle time, and on 1 thread 1.6-2.0x (AVX2, 0.5B, float32; see the README,
+threads took 2.6-3.0x its idle time, and on 1 thread 1.6-2.0x (AVX2, 0.5B, float32; see docs/benchmarks.md,
 "A busy machine"). So a rewrite counts the cores busy elsewhere as it starts, and again every second
 between its steps, and runs on fewer threads while they are busy: only on a count the self-check found
 to give the same logits, bit for bit, as the configured one (`Exactness.fewer_threads`), so that the

@@ -129,7 +129,7 @@ class LoadedModel:
 DECODER_VARIABLE = "SPECEDIT_DECODER"
 
 # What ATen dispatches to (its CPU capability, which follows ATEN_CPU_CAPABILITY) where `weights="auto"`
-# takes int8 (see `int8_weights`): measured faster end to end on both (README, "int8 weights").
+# takes int8 (see `int8_weights`): measured faster end to end on both (docs/benchmarks.md, "int8 weights").
 AUTO_INT8_CAPABILITIES = ("AVX2", "AVX512")
 
 
