@@ -89,6 +89,47 @@ class RewriteRequest:
         return RewritePrompt(self.original, self.instruction, self.sketch, self.language, written_as)
 
 
+ChatRole = Literal["system", "developer", "user", "assistant"]
+CHAT_ROLES: tuple[ChatRole, ...] = ("system", "developer", "user", "assistant")
+MAX_STOP_STRINGS = 4  # OpenAI's limit
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: ChatRole
+    content: str
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A generation as OpenAI's API asks for one (`http`): chat `messages`, which the model's chat
+    template turns into the prompt, or a raw `prompt`, continued by the model. `prediction` is the text
+    the answer will mostly repeat (OpenAI's Predicted Outputs: the file being edited): the copy drafter's
+    source, as the original is a rewrite's. The answer is the model's alone, whatever the prediction
+    says; `stop` strings end it (not included)."""
+
+    messages: tuple[ChatMessage, ...] = ()
+    prompt: str | None = None  # exactly one of messages and prompt
+    prediction: str | None = None
+    sampling: SamplingConfig = SamplingConfig()
+    max_new_tokens: int | None = None  # None: as much as the context holds
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if bool(self.messages) == (self.prompt is not None):
+            raise ValueError("give exactly one of messages and prompt")
+        for message in self.messages:
+            if message.role not in CHAT_ROLES:
+                raise ValueError(f"a message's role must be one of {', '.join(CHAT_ROLES)}, not {message.role!r}")
+        _check_size("prompt", self.prompt)
+        _check_size("prediction", self.prediction)
+        _check_size("messages", "".join(message.content for message in self.messages))
+        if len(self.stop) > MAX_STOP_STRINGS or not all(self.stop):
+            raise ValueError(f"stop holds at most {MAX_STOP_STRINGS} strings, none of them empty")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+
+
 @dataclass(frozen=True)
 class WarmRequest:
     """A document the user has open: the engine may prefill the start every request on it shares (the

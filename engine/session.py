@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from specedit.engine.events import Done, Event, Step, Text
 from specedit.engine.options import EngineOptions
-from specedit.engine.requests import RewriteOutcome, RewriteRequest, WarmRequest
+from specedit.engine.requests import CompletionRequest, RewriteOutcome, RewriteRequest, WarmRequest
 
 if TYPE_CHECKING:
     from specedit.engine.serving.local import LocalBackend
@@ -38,15 +38,17 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 EventCallback = Callable[[Event], None]
+Request = RewriteRequest | CompletionRequest
 
 
 class Backend(Protocol):
     """Where a rewrite runs. It moves events (`Text`, `Step`, `Phase`; the session adds `Done`) and
     returns the outcome as the model left it; it holds no rule of what a rewrite is."""
 
-    def run(self, request: RewriteRequest, emit: EventCallback, cancel: threading.Event, client: str) -> RewriteOutcome:
-        """Run one rewrite to its end, or until `cancel` is set (from any thread); blocking. `client` names
-        who asks, for fair turns among clients. Errors are raised as `SpeceditError`s."""
+    def run(self, request: Request, emit: EventCallback, cancel: threading.Event, client: str) -> RewriteOutcome:
+        """Run one rewrite (or a completion: an OpenAI request, which only a backend in this process runs)
+        to its end, or until `cancel` is set (from any thread); blocking. `client` names who asks, for fair
+        turns among clients. Errors are raised as `SpeceditError`s."""
         ...
 
     def warm(self, request: WarmRequest) -> bool:
@@ -70,7 +72,7 @@ class Session:
 
     def run(
         self,
-        request: RewriteRequest,
+        request: Request,
         on_event: EventCallback | None = None,
         *,
         cancel: threading.Event | None = None,
@@ -81,19 +83,19 @@ class Session:
         emit = on_event or _ignore
         cancel = cancel or threading.Event()
         counted = _StepsAfterCancel(emit, cancel)
-        outcome = merged_by_lines(request)
+        outcome = merged_by_lines(request) if isinstance(request, RewriteRequest) else None
         if outcome is not None:
             if outcome.text:
                 emit(Text(outcome.text))
         else:
             outcome = self.backend.run(request, counted, cancel, client)
-        outcome = judged(request, counted.stamped(outcome))
+        outcome = counted.stamped(outcome)
+        if isinstance(request, RewriteRequest):
+            outcome = judged(request, outcome)
         emit(Done(outcome))
         return outcome
 
-    def stream(
-        self, request: RewriteRequest, *, cancel: threading.Event | None = None, client: str = ""
-    ) -> EventStream:
+    def stream(self, request: Request, *, cancel: threading.Event | None = None, client: str = "") -> EventStream:
         """The rewrite's events for an asyncio host (`async for event in session.stream(request)`): it runs
         on a thread of its own; leaving the stream early (`aclose`, or the host's task ending) cancels it."""
         return EventStream(self, request, cancel or threading.Event(), client)
@@ -115,7 +117,7 @@ class EventStream:
     `cancel` to end the rewrite within a step. `ended` resolves when the rewrite's thread is done, read or
     not: its outcome, or None if it failed."""
 
-    def __init__(self, session: Session, request: RewriteRequest, cancel: threading.Event, client: str) -> None:
+    def __init__(self, session: Session, request: Request, cancel: threading.Event, client: str) -> None:
         self.cancel = cancel
         self._queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
         self._ended = False

@@ -23,19 +23,29 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "serve",
         help="run the engine daemon: one model in memory, shared by editors and `specedit rewrite --engine`",
         description="Serve rewrites over a unix socket (default: $XDG_RUNTIME_DIR/specedit/engine.sock) "
-        "or, with a token, over TCP.",
+        "or, with a token, over TCP; with --http, OpenAI's API on the same engine too.",
     )
     where = serve_parser.add_argument_group("where")
     where.add_argument("--socket", type=Path, metavar="PATH", help="the unix socket (mode 0600)")
     where.add_argument("--host", help="TCP: the address to bind (default 127.0.0.1; needs --port and --token-file)")
     where.add_argument("--port", type=int, help="TCP: the port (0: any free port)")
     where.add_argument(
-        "--token-file", type=Path, metavar="FILE", help="TCP: a file whose first line is the token (mode 600)"
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        help="TCP and --http: a file whose first line is the token (mode 600); OpenAI clients send it as the API key",
+    )
+    where.add_argument(
+        "--http",
+        metavar="[HOST:]PORT",
+        help="also serve OpenAI's API (/v1/chat/completions with Predicted Outputs, /v1/completions, /v1/models, "
+        "the specedit-apply model) on this address (default host 127.0.0.1), beside the socket; needs --token-file",
     )
     where.add_argument(
         "--allow-remote",
         action="store_true",
-        help="TCP: allow a --host other machines reach (the token crosses the network in clear: put TLS in front)",
+        help="allow a --host or --http address other machines reach (the code crosses the network in clear, and "
+        "over HTTP the token too: put TLS in front)",
     )
     add_engine_arguments(serve_parser.add_argument_group("engine"))
     serve_parser.add_argument(
@@ -53,7 +63,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> DaemonConfig:
     """The daemon config the flags describe; a usage error (exit 2) when they do not fit together."""
-    tcp = args.host is not None or args.port is not None or args.token_file is not None
+    tcp = args.host is not None or args.port is not None or (args.token_file is not None and args.http is None)
     try:
         if tcp and args.socket is not None:
             raise ValueError("--socket and --host/--port/--token-file exclude each other")
@@ -68,6 +78,7 @@ def config_from_args(args: argparse.Namespace) -> DaemonConfig:
             allow_remote=args.allow_remote,
             idle_timeout=args.idle_timeout,
             max_frame_size=args.max_frame_size,
+            http=args.http,
         )
     except ValueError as error:
         parser: argparse.ArgumentParser = args.serve_parser

@@ -50,9 +50,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from specedit.engine.errors import EngineUnavailableError, SpeceditError
+from specedit.engine.errors import EngineUnavailableError, InputError, SpeceditError
 from specedit.engine.events import Done, Event, Text, event_from_wire
-from specedit.engine.requests import RewriteOutcome, RewriteRequest, WarmRequest
+from specedit.engine.requests import CompletionRequest, RewriteOutcome, RewriteRequest, WarmRequest
 from specedit.engine.serving.config import read_token
 from specedit.engine.wire import ProtocolError, error_from, to_wire
 
@@ -112,8 +112,14 @@ class ClusterBackend:
         self._model = model  # one of the deployment's other models; None: its own
 
     def run(
-        self, request: RewriteRequest, emit: Callable[[Event], None], cancel: threading.Event, client: str
+        self,
+        request: RewriteRequest | CompletionRequest,
+        emit: Callable[[Event], None],
+        cancel: threading.Event,
+        client: str,
     ) -> RewriteOutcome:
+        if not isinstance(request, RewriteRequest):
+            raise InputError(f"{self.address} takes rewrites; completions (OpenAI's API) go to its HTTP door")
         connection = self._connect()
         text: list[str] = []
         stopped = threading.Event()  # the rewrite is over: the cancel watcher ends

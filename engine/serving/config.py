@@ -111,6 +111,8 @@ class DaemonConfig:
 
     TCP needs a token file (its first line is the token) and binds 127.0.0.1 unless `host` says
     otherwise; port 0 picks a free port (see `<runtime dir>/tcp-HOST-PORT.json` or `Daemon.address`).
+    `http` ([HOST:]PORT) adds the HTTP door (OpenAI's API, `http.door`) beside the socket or TCP, on the
+    same engine: it needs the token file too, and binds 127.0.0.1 unless HOST says otherwise.
     """
 
     socket_path: Path | None = None
@@ -121,8 +123,18 @@ class DaemonConfig:
     allow_remote: bool = False  # TCP on an address other machines reach: only when asked for
     idle_timeout: float | None = None  # seconds without any client before exiting; None: never
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    http: str | None = None  # the HTTP door's [HOST:]PORT
 
     def __post_init__(self) -> None:
+        if self.http is not None:
+            host, _ = http_address(self.http)  # ValueError when it is none
+            if self.token_file is None:
+                raise ValueError("the HTTP door needs a token file: every OpenAI client sends it as its API key")
+            if host not in LOOPBACK_HOSTS and not self.allow_remote:
+                raise ValueError(
+                    f"--http {self.http} is reachable from other machines, and OpenAI's clients send the token in "
+                    "every request: add --allow-remote, and put TLS in front"
+                )
         if self.port is not None or self.host is not None:
             if self.socket_path is not None:
                 raise ValueError("give a socket path or a TCP host and port, not both")
@@ -139,8 +151,10 @@ class DaemonConfig:
                 )
             object.__setattr__(self, "token_file", Path(self.token_file).expanduser().absolute())
         else:
+            if self.token_file is not None and self.http is None:
+                raise ValueError("a token file goes with TCP or --http; a unix socket is guarded by its file mode")
             if self.token_file is not None:
-                raise ValueError("a token file only goes with TCP; a unix socket is guarded by its file mode")
+                object.__setattr__(self, "token_file", Path(self.token_file).expanduser().absolute())
             path = default_socket_path()
             if self.socket_path is not None:
                 path = Path(self.socket_path).expanduser().absolute()
@@ -205,6 +219,19 @@ class DaemonConfig:
             if values.get(name) is not None:
                 values[name] = Path(values[name])
         return cls(**values)
+
+
+def http_address(text: str) -> tuple[str, int]:
+    """The HTTP door's (host, port) from `[HOST:]PORT` (127.0.0.1 without a host; port 0: any free one).
+
+    >>> http_address("8080"), http_address("0.0.0.0:8080"), http_address("[::1]:0")
+    (('127.0.0.1', 8080), ('0.0.0.0', 8080), ('::1', 0))
+    """
+    host, _, port = text.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]") or "127.0.0.1"
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--http takes [HOST:]PORT, not {text!r}")
+    return host, int(port)
 
 
 def _absolute_paths(options: EngineOptions) -> EngineOptions:

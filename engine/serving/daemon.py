@@ -32,16 +32,16 @@ import sys
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specedit.engine.errors import SpeceditError
+from specedit.engine.errors import EngineUnavailableError, SpeceditError
 from specedit.engine.events import Done, Phase, Step, error_to_wire, event_to_wire
 from specedit.engine.requests import RewriteOutcome, RewriteRequest, WarmRequest
 from specedit.engine.serving import listening
-from specedit.engine.serving.config import DaemonConfig, peer_uid, prepare_state_dir, read_token
+from specedit.engine.serving.config import DaemonConfig, http_address, peer_uid, prepare_state_dir, read_token
 from specedit.engine.serving.connection import Connection, QuietLoopErrors, version_of_another_hello
 from specedit.engine.serving.local import LocalBackend
 from specedit.engine.serving.protocol import (
@@ -163,6 +163,8 @@ class Daemon:
         self._idle_since = time.monotonic()
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._http_task: asyncio.Task[None] | None = None
+        self.http_address: str | None = None  # the HTTP door's http://HOST:PORT, once it listens
         self._stop_requested: asyncio.Event | None = None
         if config.tcp:
             host, port = listener.getsockname()[:2]
@@ -185,6 +187,7 @@ class Daemon:
                 loop.add_signal_handler(signum, self.stop)
         loading = asyncio.create_task(self._load())
         idle_watch = asyncio.create_task(self._watch_idle())
+        door = await self._open_http() if self.config.http is not None else None
         if on_ready is not None:
             on_ready(self)
         await self._stop_requested.wait()
@@ -197,6 +200,9 @@ class Daemon:
                 log.warning("the engine did not stop within %.0f s; exiting anyway", STOP_GRACE)
         loading.cancel()
         idle_watch.cancel()
+        if door is not None and self._http_task is not None:
+            door.should_exit = True
+            await asyncio.wait([self._http_task], timeout=5.0)
         await asyncio.gather(*(connection.close() for connection in list(self._connections)))
         # Let the connection handlers finish on their own: cancelling a stream handler makes Python 3.11
         # log a spurious CancelledError traceback.
@@ -229,6 +235,39 @@ class Daemon:
                 job.cancel.set()
         assert self._stop_requested is not None
         self._stop_requested.set()
+
+    async def _open_http(self) -> Any:
+        """The HTTP door (`http.door`: OpenAI's API and the cluster's wire) on the same session, served by
+        uvicorn on this event loop; its server (to stop). Signals stay the daemon's: it stops the server."""
+        import uvicorn
+
+        from specedit.engine.http.door import Door
+        from specedit.engine.model.store import DEFAULT_MODEL
+
+        assert self.config.http is not None and self.config.token_file is not None
+        host, port = http_address(self.config.http)
+        try:
+            listener = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+        except OSError as error:
+            raise EngineUnavailableError(f"cannot listen on {self.config.http} for HTTP: {error}") from error
+        bound = listener.getsockname()[1]
+        self.http_address = f"http://{f'[{host}]' if ':' in host else host}:{bound}"
+        door = Door(
+            self._session,
+            token=read_token(self.config.token_file),
+            model=self.config.options.model or DEFAULT_MODEL.name,
+            status=self.status_info,
+        )
+
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:
+                yield  # the daemon's own handlers stop everything, this server with it
+
+        server = Server(uvicorn.Config(door.app, log_level="warning", lifespan="off", access_log=False))
+        self._http_task = asyncio.create_task(server.serve(sockets=[listener]))
+        log.info("the HTTP door (OpenAI's API) on %s", self.http_address)
+        return server
 
     async def _load(self) -> None:
         """Load the model now, on a thread of its own; a model that does not load stops the daemon (the

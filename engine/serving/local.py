@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from specedit.engine.errors import SpeceditError
 from specedit.engine.events import Event, Phase, Text
 from specedit.engine.options import EngineOptions
-from specedit.engine.requests import RewriteOutcome, RewriteRequest, WarmRequest
+from specedit.engine.requests import CompletionRequest, RewriteOutcome, RewriteRequest, WarmRequest
 
 if TYPE_CHECKING:
     from specedit.engine.loop.generate import Engine
@@ -203,8 +203,13 @@ class LocalBackend:
             return self._engine
 
     def run(
-        self, request: RewriteRequest, emit: Callable[[Event], None], cancel: threading.Event, client: str
+        self,
+        request: RewriteRequest | CompletionRequest,
+        emit: Callable[[Event], None],
+        cancel: threading.Event,
+        client: str,
     ) -> RewriteOutcome:
+        from specedit.engine.loop.completion import complete
         from specedit.engine.loop.rewrite import rewrite
         from specedit.engine.model.loading import release_freed_memory
 
@@ -224,15 +229,19 @@ class LocalBackend:
                 emit(Phase("started"))
                 try:
                     apply_threads(self.options)
-                    result = rewrite(
-                        engine, request, on_text=lambda delta: emit(Text(delta)), on_step=emit, cancel=cancel.is_set
-                    )
+                    on_text = lambda delta: emit(Text(delta))  # noqa: E731
+                    if isinstance(request, CompletionRequest):
+                        run = complete(engine, request, on_text=on_text, on_step=emit, cancel=cancel.is_set)
+                        outcome = run.outcome()
+                    else:
+                        outcome = rewrite(
+                            engine, request, on_text=on_text, on_step=emit, cancel=cancel.is_set
+                        ).outcome()
                 finally:
                     release_freed_memory(collect=False)  # a big request's buffers go back to the system
         finally:
             self._turns.leave(ticket)
             self._warm_soon()
-        outcome = result.outcome()
         return dataclasses.replace(outcome, stats={**outcome.stats, "queue_seconds": round(waited, 4)})
 
     # -- warming

@@ -22,10 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from specedit.engine.errors import EngineUnavailableError, SpeceditError
+from specedit.engine.errors import EngineUnavailableError, InputError, SpeceditError
 from specedit.engine.events import Event
 from specedit.engine.options import EngineOptions
-from specedit.engine.requests import RewriteOutcome, RewriteRequest, WarmRequest
+from specedit.engine.requests import CompletionRequest, RewriteOutcome, RewriteRequest, WarmRequest
 from specedit.engine.serving.client import EngineAddress, EngineClient, answers
 from specedit.engine.serving.config import DaemonConfig, prepare_state_dir
 
@@ -60,8 +60,14 @@ class DaemonBackend:
         return ensure_daemon(DaemonConfig(options=self._spawn), client_name=self._client_name)
 
     def run(
-        self, request: RewriteRequest, emit: Callable[[Event], None], cancel: threading.Event, client: str
+        self,
+        request: RewriteRequest | CompletionRequest,
+        emit: Callable[[Event], None],
+        cancel: threading.Event,
+        client: str,
     ) -> RewriteOutcome:
+        if not isinstance(request, RewriteRequest):
+            raise InputError(f"{self.address} takes rewrites; completions (OpenAI's API) go to its HTTP door")
         with self.connect() as connection:  # (the daemon knows this client by its connection)
             return connection.rewrite(request, emit, cancel)
 
