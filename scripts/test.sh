@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/vscode-setup.sh  # a real VS Code (code-server) and chromium for the extension's tests
+scripts/aider-setup.sh   # aider, a real OpenAI-API client, for the HTTP door's end-to-end test
 if [ $# -eq 0 ]; then  # the whole run also lints and type-checks (a subset of tests, as asked, does not)
   .venv/bin/ruff check .
   .venv/bin/ruff format --check .

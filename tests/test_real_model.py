@@ -155,3 +155,111 @@ def test_the_default_models_tokenizer_kept_is_autotokenizers(tmp_path: Path) -> 
     messages = [{"role": "system", "content": "You rewrite code."}, {"role": "user", "content": ORIGINAL}]
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert "<|im_start|>assistant" in prompt
+
+
+# --- the HTTP door with the real model, through clients no one here wrote -----------------------------
+
+DOOR_TOKEN = "real-model-http-door-token-0123456789"
+CALC = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
+
+
+@pytest.fixture(scope="module")
+def http_door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`specedit serve --http` as a user starts it: the default model, a unix socket and the HTTP door on a
+    free port, a 0600 token file; the door's base URL."""
+    import socket
+    import time
+    import urllib.request
+
+    folder = tmp_path_factory.mktemp("door")
+    token = folder / "engine.token"
+    token.write_text(DOOR_TOKEN + "\n")
+    token.chmod(0o600)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "specedit.cli.main", "serve", "--socket", str(folder / "engine.sock"),
+         "--http", f"127.0.0.1:{port}", "--token-file", str(token), "--threads", "2"],
+        stdout=subprocess.DEVNULL, stderr=(folder / "daemon.log").open("w"),
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            asked = urllib.request.Request(f"{url}/status", headers={"Authorization": f"Bearer {DOOR_TOKEN}"})
+            if json.loads(urllib.request.urlopen(asked, timeout=5).read())["state"] == "ready":
+                break
+        except OSError:
+            pass
+        assert daemon.poll() is None and time.monotonic() < deadline, (folder / "daemon.log").read_text()[-2000:]
+        time.sleep(0.5)
+    yield url
+    daemon.terminate()
+    daemon.wait(60)
+
+
+def test_aider_edits_a_file_through_the_http_door(http_door: str, tmp_path: Path) -> None:
+    """aider (`scripts/aider-setup.sh`), pointed at the engine as at any OpenAI-compatible server, rewrites a
+    real file on disk with its `whole` edit format (the one the 0.5B model follows)."""
+    aider = Path(__file__).parents[1] / "build" / "aider-venv" / "bin" / "aider"
+    if not aider.exists():
+        if os.environ.get("SPECEDIT_REQUIRE_EDITORS") == "1":
+            pytest.fail(f"aider is not installed at {aider}: scripts/aider-setup.sh installs it")
+        pytest.skip(f"aider is not installed at {aider} (scripts/aider-setup.sh installs it)")
+    source = tmp_path / "calc.py"
+    source.write_text(CALC)
+    environment = {
+        **os.environ,
+        "HOME": str(tmp_path),  # aider keeps its history and settings there
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # litellm's model list from its package, not the network
+    }
+    completed = subprocess.run(
+        [str(aider), "--model", "openai/specedit", "--openai-api-base", f"{http_door}/v1",
+         "--openai-api-key", DOOR_TOKEN, "--edit-format", "whole", "--yes-always", "--no-git",
+         "--no-check-update", "--analytics-disable", "--no-show-model-warnings", "--no-pretty", "--no-stream",
+         "--map-tokens", "0", "--message", "Rename add to plus in calc.py and keep sub as it is.", "calc.py"],
+        cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert "Applied edit to calc.py" in completed.stdout, completed.stdout[-3000:]
+    text = source.read_text()
+    assert "def plus(a, b):" in text and "def add" not in text and "def sub(a, b):" in text, text
+
+
+def test_the_openai_client_with_a_prediction(http_door: str, engine: Engine) -> None:
+    """OpenAI's own client, Predicted Outputs on: the answer is plain decoding's, and most of it came
+    from the prediction (the file it edits)."""
+    openai = pytest.importorskip("openai")
+    from specedit.engine.loop.completion import prompt_text
+    from specedit.engine.requests import ChatMessage, CompletionRequest
+
+    client = openai.OpenAI(base_url=f"{http_door}/v1", api_key=DOOR_TOKEN, max_retries=0, timeout=600)
+    messages = [
+        {"role": "system", "content": "You rewrite code. Answer with the whole file and nothing else."},
+        {"role": "user", "content": f"Rename merge to merge_configs.\n\n{ORIGINAL}"},
+    ]
+    answer = client.chat.completions.create(
+        model="specedit",
+        messages=messages,
+        temperature=0,
+        max_tokens=300,
+        prediction={"type": "content", "content": ORIGINAL},
+    )
+    request = CompletionRequest(messages=tuple(ChatMessage(m["role"], m["content"]) for m in messages))  # type: ignore[arg-type]
+    plain = engine.generate(engine.tokenize(prompt_text(engine.tokenizer, request)), max_new_tokens=300).text
+    assert answer.choices[0].message.content == plain and "merge_configs" in plain
+    details = answer.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens > 0.5 * (
+        answer.usage.completion_tokens - details.rejected_prediction_tokens
+    )
+
+
+def test_the_apply_model_merges_a_sketch(http_door: str) -> None:
+    """An apply model as tools call one (Morph's format, Continue's apply role): the sketch merged."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{http_door}/v1", api_key=DOOR_TOKEN, max_retries=0, timeout=600)
+    sketch = "# ... existing code ...\ndef merge(base, override):\n    merged = {**base}\n# ... existing code ...\n"
+    said = f"<instruction>Copy the dict.</instruction>\n<code>{ORIGINAL}</code>\n<update>{sketch}</update>"
+    answer = client.chat.completions.create(model="specedit-apply", messages=[{"role": "user", "content": said}])
+    assert answer.choices[0].message.content == ORIGINAL.replace("merged = dict(base)", "merged = {**base}")
