@@ -410,3 +410,20 @@ def test_the_decode_ceiling_script_sets_a_run_against_its_forward_costs(tmp_path
     assert done.returncode == 0, done.stderr
     assert "50.0 ms + 5.00 ms a row" in done.stdout
     assert "5.00x, ceiling  6.25x =  80%" in done.stdout and "median 80%" in done.stdout
+
+
+def test_the_http_door_answers_the_bench_cases_as_specedit_does(tmp_path: Path, memorising_model_dir: Path) -> None:
+    """`openai-prediction`: each case through the HTTP door (OpenAI's API, the original as the prediction,
+    the code block primed), the same answer as `specedit`'s, and what the door adds to it reported."""
+    cases = write_cases(tmp_path / "cases.jsonl")
+    out = tmp_path / "bench.json"
+    command = ["bench", "--cases", str(cases), "--model", str(memorising_model_dir), "--json", str(out)]
+    assert main([*command, "--methods", "plain,specedit,openai-prediction"]) == 0
+    report = json.loads(out.read_text())
+    assert report["summary"]["identical_rate"]["openai-prediction"] == 1.0
+    door = report["summary"]["http_door"]
+    assert door["wall_ratio_median"] > 0 and door["accepted_prediction_tokens"] > 0
+    for case in report["cases"]:  # (its token count is the code's: the API gives text, not the fence's tokens)
+        run = case["methods"]["openai-prediction"]
+        assert run["generated_tokens"] <= case["methods"]["specedit"]["generated_tokens"]
+        assert run["extra"]["completion_tokens"] >= run["generated_tokens"]

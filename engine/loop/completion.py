@@ -76,16 +76,19 @@ def complete(
 
 def prompt_text(tokenizer: object, request: CompletionRequest) -> str:
     """The text the model reads: the chat template applied to the messages (with the assistant's turn
-    opened), or the raw prompt."""
+    opened), or the raw prompt. A last message of the assistant's is the start of its answer, which the
+    model goes on with (a prefill, as llama.cpp's server takes it: how `specedit bench` primes the code
+    block for `openai-prediction`)."""
     if request.prompt is not None:
         return request.prompt
     messages = [{"role": message.role, "content": message.content} for message in request.messages]
+    started = messages.pop()["content"] if messages[-1]["role"] == "assistant" else ""
     render = getattr(tokenizer, "apply_chat_template", None)
     if render is None or not getattr(tokenizer, "chat_template", None):
         # A base model has no template: the turns as plain text, the answer's turn open.
-        return "".join(f"{m['role']}: {m['content']}\n\n" for m in messages) + "assistant: "
+        return "".join(f"{m['role']}: {m['content']}\n\n" for m in messages) + "assistant: " + started
     text: str = render(messages, tokenize=False, add_generation_prompt=True)
-    return text
+    return text + started
 
 
 class StopStrings:

@@ -55,6 +55,7 @@ from specedit.engine.merge_checks import check_merge, counts
 from specedit.engine.model.invariant import stock_kernels
 from specedit.engine.ops.llama_server import LlamaServerRunner
 from specedit.engine.ops.method_run import MethodRun, Timer
+from specedit.engine.ops.openai_door import OpenAIDoor
 from specedit.engine.prompts import extract_code
 from specedit.engine.requests import DraftMethod, RewriteRequest
 from specedit.engine.serving.local import LocalBackend
@@ -70,6 +71,7 @@ METHODS = (
     "specedit-fallback",
     "llama-cpp",
     "llama-server",
+    "openai-prediction",
 )
 # Our methods, and the draft method each asks the engine for.
 DRAFT_OF: dict[str, DraftMethod] = {
@@ -388,7 +390,29 @@ def summarise(
         summary["llama_server_best_type"] = dict(
             Counter(c["methods"]["llama-server"]["extra"]["best_of"] for c in cases if "llama-server" in c["methods"])
         )
+    if "specedit" in methods and "openai-prediction" in methods:
+        summary["http_door"] = http_door_overhead(cases)
+        if "llama-server" in methods:
+            versus = ratios("openai-prediction", "llama-server", "wall_seconds")
+            summary["openai_prediction_vs_llama_server"] = _median(versus)
+            summary["openai_prediction_slower_than_llama_server"] = sum(r < 1.0 for r in versus)
     return summary
+
+
+def http_door_overhead(cases: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the HTTP door (`openai-prediction`) costs beside `specedit` on the same cases: the median ratio
+    of their times, the time it adds per request and per token, and the prediction tokens it reports."""
+    pairs = [(c["methods"]["openai-prediction"], c["methods"]["specedit"]) for c in cases if {
+        "openai-prediction", "specedit"} <= set(c["methods"])]  # fmt: skip
+    added = [door["wall_seconds"] - ours["wall_seconds"] for door, ours in pairs]
+    tokens = [max(1, ours["generated_tokens"]) for _, ours in pairs]
+    return {
+        "wall_ratio_median": _median(door["wall_seconds"] / ours["wall_seconds"] for door, ours in pairs),
+        "added_seconds_median": _median(added),
+        "added_ms_per_token_median": _median(1000 * a / t for a, t in zip(added, tokens, strict=True)),
+        "accepted_prediction_tokens": sum(door["extra"]["accepted_prediction_tokens"] or 0 for door, _ in pairs),
+        "rejected_prediction_tokens": sum(door["extra"]["rejected_prediction_tokens"] or 0 for door, _ in pairs),
+    }
 
 
 def run_bench(
@@ -426,7 +450,8 @@ def run_bench(
             servers.enter_context(server)
         elif "llama-server" in ordered:
             ordered.remove("llama-server")
-        results = _run_cases(engine, cases, ordered, max_new_tokens, lookup_tokens, llama, server, on_case)
+        door = servers.enter_context(OpenAIDoor(engine).running()) if "openai-prediction" in ordered else None
+        results = _run_cases(engine, cases, ordered, max_new_tokens, lookup_tokens, llama, server, door, on_case)
     present = [m for m in METHODS if any(m in r["methods"] for r in results)]
     present += sorted({m for r in results for m in r["methods"]} - set(present))  # llama-server's each type
     summary = summarise(results, present, load_before, os.getloadavg())
@@ -492,6 +517,7 @@ def _run_cases(
     lookup_tokens: int,
     llama: Any,
     server: LlamaServerRunner | None,
+    door: OpenAIDoor | None,
     on_case: Callable[[dict[str, Any]], None] | None,
 ) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
@@ -515,6 +541,8 @@ def _run_cases(
                 runs.update(llama.run(prepared))
             elif method == "llama-server" and server is not None:
                 runs.update(server.run(prepared))
+            elif method == "openai-prediction" and door is not None:
+                runs[method] = door.run(prepared)
         for method, run in runs.items():
             # llama.cpp is compared with its own plain decoding: same weights, different arithmetic.
             peer = next((p for p in ("llama-cpp", "llama-server") if method.startswith(p)), None)
