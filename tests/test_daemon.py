@@ -868,3 +868,72 @@ def test_the_command_line_uses_a_running_shared_daemon_with_its_engine_flags(
         assert out.read_text() == ADD_ANSWER and len(daemon.status_info()["recent"]) == 1
         assert json.loads(stats.read_text())["engine"] == "inprocess"
     assert running_daemon(options) is None  # stopped: its info file is gone
+
+
+# --- no request stalls another: outsized ones refused before their turn, long prefills give way ----------
+
+
+def test_an_outsized_sketch_is_refused_before_its_turn(random_engine: Engine) -> None:
+    """A sketch just under the 1 MB limit, far over the tiny model's 2,048 positions: refused at once, while
+    another rewrite holds the model, its text never tokenized whole (a fraction of a second)."""
+    engine = GatedEngine(random_engine)
+    session = Session(LocalBackend(engine=engine))  # type: ignore[arg-type]
+    running = threading.Thread(target=session.run, args=(random_model_request(5),), daemon=True)
+    running.start()
+    assert engine.paused.wait(TIMEOUT)  # the model is busy
+    huge = RewriteRequest("x = 1\n", sketch="# ... existing code ...\n" + "y = 2\n" * 160_000, merge="model")
+    started = time.monotonic()
+    with pytest.raises(ContextLengthError, match=r"the sketch \d+ \(at least"):
+        session.run(huge)
+    assert time.monotonic() - started < 2.0
+    engine.gate.set()
+    running.join(TIMEOUT)
+
+
+def test_a_long_prefill_gives_way_to_a_short_rewrite(random_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between two parts of a long prompt's prefill, a rewrite that waits takes the model first: it ends
+    before the long one writes its first token; and the long one's answer is the same as in one piece."""
+    from specedit.engine.loop import generate
+
+    assert random_engine.loaded.row_invariant
+    monkeypatch.setattr(generate, "PREFILL_CHUNK", 16)
+    long_request = RewriteRequest("value = 1\n" * 150, "Make y three.", max_new_tokens=5)
+    alone = rewrite(random_engine, long_request).text
+    slow = SlowForward(random_engine.loaded)
+    backend = LocalBackend(engine=Engine(slow))  # type: ignore[arg-type]
+    session = Session(backend)
+    order: list[str] = []
+    results: dict[str, Any] = {}
+
+    def long_one() -> None:
+        def on_event(event: Any) -> None:
+            if isinstance(event, Step) and "long's first step" not in order:
+                order.append("long's first step")
+
+        results["long"] = session.run(long_request, on_event, client="a")
+
+    thread = threading.Thread(target=long_one, daemon=True)
+    thread.start()
+    assert slow.prefilling.wait(TIMEOUT)  # in its prefill, a part at a time
+    results["short"] = session.run(random_model_request(3), client="b")
+    order.append("short done")
+    thread.join(TIMEOUT)
+    assert order == ["short done", "long's first step"]
+    assert results["long"].text == alone and results["short"].stats["queue_seconds"] < 2.0
+
+
+class SlowForward:
+    """A loaded model whose prefill forwards (more than one token) take a while: a long prefill to cut in."""
+
+    def __init__(self, loaded: Any) -> None:
+        self._loaded = loaded
+        self.prefilling = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loaded, name)
+
+    def forward(self, ids: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(ids) > 8 and kwargs.get("logits_to_keep") == 1:
+            self.prefilling.set()
+            time.sleep(0.05)
+        return self._loaded.forward(ids, *args, **kwargs)

@@ -36,6 +36,7 @@ def complete(
     on_text: Callable[[str], None] | None = None,
     cancel: Callable[[], bool] | None = None,
     on_step: Callable[[Step], None] | None = None,
+    pause: Callable[[], None] | None = None,
 ) -> Completion:
     """Generate the answer to `request`; `on_text` streams it as it is committed (a stop string never)."""
     prompt_ids = engine.tokenize(prompt_text(engine.tokenizer, request))
@@ -68,6 +69,7 @@ def complete(
         on_text=emit if request.stop else on_text,
         cancel=cancel,
         on_step=on_step,
+        pause=pause,
     )
     if request.stop:
         emit("")

@@ -88,6 +88,7 @@ def generate_drafted(
     on_text: Callable[[str], None] | None = None,
     cancel: Callable[[], bool] | None = None,
     on_step: Callable[[Step], None] | None = None,
+    pause: Callable[[], None] | None = None,
 ) -> Generation:
     """`Engine.generate` with the drafters `method` asks for (see `build_drafter`), their governor, and the
     target cache they share: from the engine's prefix cache when it keeps one that shares the prompt's
@@ -110,6 +111,7 @@ def generate_drafted(
         on_step=on_step,
         governor=governor,
         cache=cache,
+        pause=pause,
     )
     if kept is not None:  # (not after an exception: a forward cut short may leave the layers uneven)
         kv_cache.rollback(cache, min(kv_cache.length(cache), len(prompt_ids) - 1))

@@ -86,7 +86,7 @@ def prepare_rewrite(engine: Engine, request: RewriteRequest) -> PreparedRewrite:
         original=request.original.replace("\r\n", "\n"),
         sketch=request.sketch.replace("\r\n", "\n") if request.sketch is not None else None,
     )
-    _refuse_early_if_too_long(engine, request, prompt.original)
+    refuse_early_if_too_long(engine, request)
     prompt_text = build_prompt(engine.tokenizer, prompt)
     prompt_ids = engine.tokenize(prompt_text)
     original_ids = engine.tokenize(prompt.original)
@@ -109,9 +109,11 @@ def run_rewrite(
     on_text: Callable[[str], None] | None = None,
     cancel: Callable[[], bool] | None = None,
     on_step: Callable[[Step], None] | None = None,
+    pause: Callable[[], None] | None = None,
 ) -> RewriteResult:
     """Decode `prepared` with the drafters `draft` asks for (default: the request's own method);
-    `on_text` streams the new region's text as it is committed."""
+    `on_text` streams the new region's text as it is committed; `pause` between parts of a long prefill
+    (`Engine.generate`)."""
     crlf = prepared.crlf
     answer = AnswerStream(prepared.fence)
     trailing = _TrailingNewline(keep=prepared.keeps_final_newline)
@@ -146,6 +148,7 @@ def run_rewrite(
             on_text=emit,
             cancel=cancel,
             on_step=stepped,
+            pause=pause,
         )
     finally:
         cores.restore()
@@ -168,9 +171,11 @@ def rewrite(
     on_text: Callable[[str], None] | None = None,
     cancel: Callable[[], bool] | None = None,
     on_step: Callable[[Step], None] | None = None,
+    pause: Callable[[], None] | None = None,
 ) -> RewriteResult:
     """Rewrite `request.original`; `on_text` streams the new region's text as it is committed."""
-    return run_rewrite(engine, prepare_rewrite(engine, request), on_text=on_text, cancel=cancel, on_step=on_step)
+    prepared = prepare_rewrite(engine, request)
+    return run_rewrite(engine, prepared, on_text=on_text, cancel=cancel, on_step=on_step, pause=pause)
 
 
 def warm_document(engine: Engine, request: WarmRequest, should_stop: Callable[[], bool]) -> tuple[int, int]:
@@ -213,20 +218,26 @@ def keep_prompt_head(engine: Engine, folder: Path | None) -> int:
 CHARS_PER_TOKEN_BOUND = 8
 
 
-def _refuse_early_if_too_long(engine: Engine, request: RewriteRequest, original: str) -> None:
-    """`ContextLengthError` when a prefix of `original` and the answer it needs already overflow the context
-    (the same rule as `_budget`, on a lower bound of the tokens); cheap, before the prompt is tokenized."""
+def refuse_early_if_too_long(engine: Engine, request: RewriteRequest) -> None:
+    """`ContextLengthError` when the request's texts already overflow the context with the answer they
+    need (the rule of `_budget`, on a lower bound of their tokens): the original, and the instruction or
+    sketch, each tokenized no further than `CHARS_PER_TOKEN_BOUND` characters a position of the context.
+    Cheap (a fraction of a second for a 1 MB sketch), and run before a rewrite takes its turn: a client's
+    outsized request never holds the model while the others wait."""
     limit = engine.max_positions
-    if limit is None or len(original) <= limit // 2:  # a token is at least one character
+    asked = request.instruction if request.instruction is not None else request.sketch or ""
+    if limit is None or len(request.original) + len(asked) <= limit // 2:  # a token is at least one character
         return
-    prefix = original[: limit * CHARS_PER_TOKEN_BOUND]
-    tokens = len(engine.tokenize(prefix))
-    answer = min(request.max_new_tokens or tokens, tokens + 16)
-    if tokens + answer > limit:
-        part = "its first part alone takes" if len(prefix) < len(original) else "it takes"
+    bound = limit * CHARS_PER_TOKEN_BOUND
+    original = len(engine.tokenize(request.original[:bound].replace("\r\n", "\n")))
+    said = len(engine.tokenize(asked[:bound]))
+    answer = min(request.max_new_tokens or original, original + 16)
+    if original + said + answer > limit:
+        what = "the instruction" if request.instruction is not None else "the sketch"
+        cut = " (at least: only their first part is counted)" if max(len(request.original), len(asked)) > bound else ""
         raise ContextLengthError(
-            f"the input is too long for the model: {part} {tokens} tokens, and the answer needs {answer} more, "
-            f"but the context holds {limit}; rewrite a smaller region"
+            f"the input is too long for the model: the code takes {original} tokens and {what} {said}{cut}, and "
+            f"the answer needs {answer} more, but the context holds {limit}; rewrite a smaller region"
         )
 
 

@@ -152,6 +152,44 @@ class Turns:
         return [*self._waiting, *([self._running] if self._running is not None else [])]
 
 
+class _Turn:
+    """One rewrite's hold on the model: its place among the rewrites (`Turns`), then the model itself
+    (warming, if it holds it, gives way within its step). A long prefill gives way between its parts to
+    the rewrites that wait (`give_way`): a short rewrite waits for a part of it, not for all of it."""
+
+    def __init__(self, backend: LocalBackend, client: str, emit: Callable[[Event], None], cancel: threading.Event):
+        self._backend, self._client, self._emit, self._cancel = backend, client, emit, cancel
+        self._ticket: _Ticket | None = None
+        self.waited = 0.0  # seconds spent waiting for the model
+
+    def take(self, *, told: bool) -> bool:
+        """Wait for the model; False when the rewrite was cancelled while it waited."""
+        backend, asked = self._backend, time.monotonic()
+        self._ticket = backend._turns.take(
+            self._client, lambda ahead: self._emit(Phase("queued", ahead)), self._cancel, told=told
+        )
+        if self._ticket is not None:
+            backend._giving_way += 1
+            backend._run_lock.acquire()
+            backend._giving_way -= 1
+        self.waited += time.monotonic() - asked
+        return self._ticket is not None
+
+    def give_way(self) -> None:
+        """Between two parts of a prefill: rewrites that wait take the model first, in their turns (this
+        one, told where it is, after them); then it goes on where it was. Cancelled meanwhile, it holds
+        nothing (the prefill stops before its next part)."""
+        if self._backend._turns.waiting():
+            self.leave()
+            self.take(told=True)
+
+    def leave(self) -> None:
+        if self._ticket is not None:
+            self._backend._run_lock.release()
+            self._backend._turns.leave(self._ticket)
+            self._ticket = None
+
+
 class LocalBackend:
     """The model in this process: loaded on first use (or given), one rewrite at a time, in fair turns."""
 
@@ -210,39 +248,37 @@ class LocalBackend:
         client: str,
     ) -> RewriteOutcome:
         from specedit.engine.loop.completion import complete
-        from specedit.engine.loop.rewrite import rewrite
+        from specedit.engine.loop.rewrite import refuse_early_if_too_long, rewrite
         from specedit.engine.model.loading import release_freed_memory
 
         loading = self._engine is None
         if loading:
             emit(Phase("loading"))  # torch's import included
         engine = self.load()
-        asked = time.monotonic()
-        ticket = self._turns.take(client, lambda ahead: emit(Phase("queued", ahead)), cancel, told=loading)
-        if ticket is None:
-            return RewriteOutcome.cancelled_before_start({"queue_seconds": round(time.monotonic() - asked, 4)})
-        self._giving_way += 1
+        if isinstance(request, RewriteRequest):
+            refuse_early_if_too_long(engine, request)  # before its turn: an outsized request holds no one up
+        turn = _Turn(self, client, emit, cancel)
+        if not turn.take(told=loading):
+            return RewriteOutcome.cancelled_before_start({"queue_seconds": round(turn.waited, 4)})
         try:
-            with self._run_lock:  # warming, if it holds the model, gives way within its step
-                self._giving_way -= 1
-                waited = time.monotonic() - asked
-                emit(Phase("started"))
-                try:
-                    apply_threads(self.options)
-                    on_text = lambda delta: emit(Text(delta))  # noqa: E731
-                    if isinstance(request, CompletionRequest):
-                        run = complete(engine, request, on_text=on_text, on_step=emit, cancel=cancel.is_set)
-                        outcome = run.outcome()
-                    else:
-                        outcome = rewrite(
-                            engine, request, on_text=on_text, on_step=emit, cancel=cancel.is_set
-                        ).outcome()
-                finally:
-                    release_freed_memory(collect=False)  # a big request's buffers go back to the system
+            emit(Phase("started"))
+            apply_threads(self.options)
+            on_text = lambda delta: emit(Text(delta))  # noqa: E731
+            if isinstance(request, CompletionRequest):
+                run = complete(
+                    engine, request, on_text=on_text, on_step=emit, cancel=cancel.is_set, pause=turn.give_way
+                )
+                outcome = run.outcome()
+            else:
+                done = rewrite(
+                    engine, request, on_text=on_text, on_step=emit, cancel=cancel.is_set, pause=turn.give_way
+                )
+                outcome = done.outcome()
         finally:
-            self._turns.leave(ticket)
+            turn.leave()
+            release_freed_memory(collect=False)  # a big request's buffers go back to the system
             self._warm_soon()
-        return dataclasses.replace(outcome, stats={**outcome.stats, "queue_seconds": round(waited, 4)})
+        return dataclasses.replace(outcome, stats={**outcome.stats, "queue_seconds": round(turn.waited, 4)})
 
     # -- warming
 
