@@ -31,7 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from specedit.lsp.hunks import Hunk, HunkState, HunkTracker, RegionTracker, SettleConfig, apply_edits
+from specedit.lsp.hunks import Hunk, HunkTracker, SettleConfig
+from specedit.lsp.region import HunkState, RegionTracker, apply_edits
 
 Edit = tuple[int, int, str]  # (start, end, new text): replace text[start:end]
 DeliveryMode = Literal["live", "preview", "final"]

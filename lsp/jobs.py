@@ -31,8 +31,9 @@ from specedit.lsp.config import Settings
 from specedit.lsp.delivery import DocumentState, Intent, Job, Outcome, Rebase
 from specedit.lsp.documents import TextIndex
 from specedit.lsp.errors import InvalidRequestError, StaleVersionError, error_payload
-from specedit.lsp.hunks import HunkState, line_end
+from specedit.lsp.hunks import line_end
 from specedit.lsp.params import JobSelector, RewriteCall
+from specedit.lsp.region import HunkState
 from specedit.lsp.waiting import Waiting
 from specedit.lsp.writer import EditWriter
 

@@ -18,17 +18,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from specedit.lsp.delivery import DocumentState, Edit, Intent, Job, Outcome, PlannedEdit, Rebase
-from specedit.lsp.hunks import (
-    Hunk,
-    HunkState,
-    HunkTracker,
-    LineEnds,
-    RegionTracker,
-    apply_edits,
-    apply_hunks,
-    line_end,
-    split_lines,
-)
+from specedit.lsp.hunks import Hunk, HunkTracker, LineEnds, apply_hunks, line_end, split_lines
+from specedit.lsp.region import HunkState, RegionTracker, apply_edits
 
 LINES = [
     "def add(a, b):",
