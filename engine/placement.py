@@ -95,7 +95,7 @@ class _Placement:
 
 
 @dataclass(frozen=True)
-class _Outcome:
+class Placements:
     """How the chunks from one on fare: per chunk its placement, or why it has none or is doubtful; with
     the number of those, to compare one placement's consequences with another's."""
 
@@ -103,44 +103,46 @@ class _Outcome:
     unplaced: int = 0
     changed: int = 0  # characters the placements change
 
-    def after(self, placement: _Placement | None, why: str = "", changed: int = 0) -> _Outcome:
+    def after(self, placement: _Placement | None, why: str = "", changed: int = 0) -> Placements:
         unplaced = self.unplaced + (placement is None or bool(why))
-        return _Outcome(((placement, why), *self.steps), unplaced, self.changed + changed)
+        return Placements(((placement, why), *self.steps), unplaced, self.changed + changed)
 
 
-def place_chunks(chunks: list[Chunk], lines: list[str], keys: list[str], raw: list[str]) -> _Outcome:
+def place_chunks(chunks: list[Chunk], lines: list[str], keys: list[str], raw: list[str]) -> Placements:
     """Where each chunk goes, after the one before: where a chunk may go in several places (`_places`), the
     one after which the fewest chunks stay unplaced (a tie is a doubt: which of two equal blocks a sketch
     meant: what each would change did not tell it reliably). Worked out from the last chunk back, for the
     states (chunk, cursor) that the first chunk's choices reach: a stack, not recursion, since a sketch may
     have many chunks."""
-    outcomes: dict[tuple[int, int], _Outcome] = {}
+    placements: dict[tuple[int, int], Placements] = {}
     places: dict[tuple[int, int], list[_Placement] | str] = {}
     stack = [(0, 0)]
     while stack:
         number, cursor = state = stack[-1]
-        if state in outcomes:  # reached two ways
+        if state in placements:  # reached two ways
             stack.pop()
             continue
         if number == len(chunks):
-            outcomes[state] = _Outcome()
+            placements[state] = Placements()
             continue
         chunk = chunks[number]
         if state not in places:
             places[state] = _places(lines, keys, raw, cursor, chunk)
         found = places[state]
         nexts = [(number + 1, cursor)] if isinstance(found, str) else [(number + 1, place.stop) for place in found]
-        if missing := [after for after in nexts if after not in outcomes]:
+        if missing := [after for after in nexts if after not in placements]:
             stack += missing
             continue
         stack.pop()
         if isinstance(found, str):
-            outcomes[state] = outcomes[nexts[0]].after(None, f"{found} (the chunk starting {chunk.lines[0].strip()!r})")
+            placements[state] = placements[nexts[0]].after(
+                None, f"{found} (the chunk starting {chunk.lines[0].strip()!r})"
+            )
             continue
         # Of the places, the one after which the fewest chunks stay unplaced, then the one whose merge
         # changes clearly fewer characters; two alike are a doubt.
         options = sorted(
-            ((outcomes[(number + 1, place.stop)], _changed(lines, place), place) for place in found),
+            ((placements[(number + 1, place.stop)], _changed(lines, place), place) for place in found),
             key=lambda option: (option[0].unplaced, option[0].changed + option[1]),
         )
         (following, changed, chosen), *others = options  # `following`: how the chunks after it fare
@@ -149,8 +151,8 @@ def place_chunks(chunks: list[Chunk], lines: list[str], keys: list[str], raw: li
             runner_up, runner_up_changed, _ = others[0]
             tie = following.changed + changed > CLEARLY_LESS * (runner_up.changed + runner_up_changed)
         why = f"{chunk.lines[0].strip()!r} could go in more than one place" if tie else ""
-        outcomes[state] = following.after(chosen, why, changed)
-    return outcomes[(0, 0)]
+        placements[state] = following.after(chosen, why, changed)
+    return placements[(0, 0)]
 
 
 def _changed(lines: list[str], place: _Placement) -> int:
@@ -265,10 +267,10 @@ def _place(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk
     if not held:
         reasons = [placement for placement in placements if isinstance(placement, str)]
         return reasons[0] if reasons else "its lines in the original do not fit together"
-    kept = set(chunk_keys)
+    in_chunk = set(chunk_keys)
 
     def lost(placement: tuple[int, int, list[str]]) -> int:
-        return sum(counts(key) and key not in kept for key in keys[placement[0] : placement[1]])
+        return sum(counts(key) and key not in in_chunk for key in keys[placement[0] : placement[1]])
 
     start, stop, new_lines = min(held, key=lambda placement: (lost(placement), placement[1] - placement[0]))
     return _Placement(start, stop, _keeping_unchanged(lines[start:stop], new_lines))

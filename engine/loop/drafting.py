@@ -93,8 +93,8 @@ def generate_drafted(
     target cache they share: from the engine's prefix cache when it keeps one that shares the prompt's
     start, and kept there afterwards (the prompt's part) for the next request on the same document."""
     sampling = sampling or SamplingConfig()
-    kept = engine.prefix_cache
-    cache = kept.take(prompt_ids)[0] if kept is not None else None
+    prefix_cache = engine.prefix_cache
+    cache = prefix_cache.take(prompt_ids)[0] if prefix_cache is not None else None
     cache = engine.loaded.new_cache() if cache is None else cache
     drafter, governor = build_drafter(
         engine, method, source_ids=source_ids, output_start=len(prompt_ids), sampling=sampling, cache=cache
@@ -111,7 +111,7 @@ def generate_drafted(
         governor=governor,
         cache=cache,
     )
-    if kept is not None:  # (not after an exception: a forward cut short may leave the layers uneven)
+    if prefix_cache is not None:  # (not after an exception: a forward cut short may leave the layers uneven)
         kv_cache.rollback(cache, min(kv_cache.length(cache), len(prompt_ids) - 1))
-        kept.put(prompt_ids, cache)
+        prefix_cache.put(prompt_ids, cache)
     return generation
