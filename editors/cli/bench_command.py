@@ -19,6 +19,7 @@ from specedit.engine.errors import InputError
 from specedit.engine.options import EngineOptions
 
 if TYPE_CHECKING:
+    from specedit.engine.ops.bench import BenchCase
     from specedit.engine.serving.local import LocalBackend
 
 
@@ -199,7 +200,7 @@ def bench_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def merges_only(cases: list[Any], json_path: Path | None) -> int:
+def merges_only(cases: list[BenchCase], json_path: Path | None) -> int:
     """`bench --merges-only`: each sketch case merged by its lines, no model: the verdict, per case."""
     from specedit.engine.ops.bench import merge_record, summarise_merges
 

@@ -334,7 +334,7 @@ def write_stdout(text: str) -> None:
 
 
 def write_stats(path: str, stats: list[dict[str, Any]]) -> None:
-    payload: Any = stats[0] if len(stats) == 1 else stats
+    payload: dict[str, Any] | list[dict[str, Any]] = stats[0] if len(stats) == 1 else stats
     write_atomically(Path(path), json.dumps(payload, indent=2) + "\n")
 
 

@@ -6,10 +6,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specedit.cli.usage import add_model_arguments, engine_options
 from specedit.engine.errors import InputError
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
+    from specedit.engine.model.fetch import ProgressCallback
 
 
 def add_model_parsers(commands: Any) -> None:
@@ -107,10 +112,10 @@ class fetch_progress:
 
     def __init__(self, *, always: bool = False) -> None:
         self._enabled = sys.stderr.isatty() or always
-        self._progress: Any = None
-        self._tasks: dict[str, Any] = {}
+        self._progress: Progress | None = None
+        self._tasks: dict[str, TaskID] = {}
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> ProgressCallback | None:
         if not self._enabled:
             return None
         from rich.console import Console
@@ -128,6 +133,7 @@ class fetch_progress:
         return self.update
 
     def update(self, stage: str, done: int, total: int | None) -> None:
+        assert self._progress is not None, "handed out by __enter__, once the bar is drawn"
         if stage not in self._tasks:
             self._tasks[stage] = self._progress.add_task(stage, total=total)
         self._progress.update(self._tasks[stage], completed=done, total=total)

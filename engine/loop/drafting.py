@@ -12,7 +12,6 @@ Every drafter runs under a `CostGovernor`, so speculation backs off wherever it 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from specedit.drafters.base import Drafter, NoDrafter
 from specedit.drafters.chain import ChainDrafter
@@ -24,6 +23,7 @@ from specedit.engine.events import Step
 from specedit.engine.loop.generate import Engine, Generation
 from specedit.engine.loop.governor import CostGovernor
 from specedit.engine.model import kv_cache
+from specedit.engine.model.kv_cache import Cache
 from specedit.engine.requests import DraftMethod, SamplingConfig
 
 
@@ -34,7 +34,7 @@ def build_drafter(
     source_ids: Sequence[int],
     output_start: int,
     sampling: SamplingConfig,
-    cache: Any,
+    cache: Cache,
 ) -> tuple[Drafter, CostGovernor | None]:
     """The drafter for one generation, and the governor that keeps it paying (None for plain decoding).
 
