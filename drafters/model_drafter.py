@@ -29,6 +29,7 @@ from specedit.drafters.base import NO_DRAFT, Draft
 from specedit.engine.errors import ModelLoadError
 from specedit.engine.loop.sampling import DRAFT_STREAM, SamplingConfig, draw_token, target_probs
 from specedit.engine.model import kv_cache
+from specedit.engine.model.kv_cache import Cache
 from specedit.engine.model.loading import LoadedModel
 
 
@@ -171,7 +172,7 @@ class LayerSkipDrafter:
     def __init__(
         self,
         target: LoadedModel,
-        cache: Any,
+        cache: Cache,
         kept_layers: Sequence[int],
         *,
         output_start: int,

@@ -31,11 +31,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from specedit.lsp.hunks import Hunk, HunkState, HunkTracker, RegionTracker, SettleConfig, apply_edits
+from specedit.lsp.hunks import Hunk, HunkTracker, SettleConfig
+from specedit.lsp.protocol import Delivery
+from specedit.lsp.region import HunkState, RegionTracker, apply_edits
 
 Edit = tuple[int, int, str]  # (start, end, new text): replace text[start:end]
-DeliveryMode = Literal["live", "preview", "final"]
-DELIVERY_MODES: tuple[DeliveryMode, ...] = ("live", "preview", "final")
 
 MAX_ATTEMPTS = 50  # re-plans of one intent (each after the user typed meanwhile) before giving up
 # Versions of our own edits a request may be behind: a live rewrite writes many, one per echo (a tiny model
@@ -43,18 +43,19 @@ MAX_ATTEMPTS = 50  # re-plans of one intent (each after the user typed meanwhile
 OWN_VERSIONS = 64
 
 
-class Outcome(enum.Enum):
+class IntentResult(enum.Enum):
     DONE = "done"  # written (or nothing left to write)
     REFUSED = "refused"  # the client declined an up-to-date edit
     DROPPED = "dropped"  # no longer wanted: the job stopped writing live
 
 
 @dataclass
-class Job:
-    """One rewrite's hunks on one document."""
+class WriteOut:
+    """One rewrite job's hunks on their way into its document: the tracker that settles them, the region
+    that follows them through the user's typing, and whether they are written live."""
 
     id: str
-    delivery: DeliveryMode
+    delivery: Delivery
     region: RegionTracker
     tracker: HunkTracker
     stopped: bool = False  # live writing ended (cancelled, superseded, closed)
@@ -64,14 +65,14 @@ class Job:
     def start(
         cls,
         job_id: str,
-        delivery: DeliveryMode,
+        delivery: Delivery,
         original: str,
         start: int,
         config: SettleConfig | None = None,
         *,
         label: str = "specedit",
         newline: str | None = None,
-    ) -> Job:
+    ) -> WriteOut:
         """`newline`: the document's line end (default: the original's)."""
         tracker = HunkTracker(original, config, newline=newline)
         return cls(job_id, delivery, RegionTracker(original, start), tracker, label=label)
@@ -110,13 +111,13 @@ class Job:
 class Intent:
     """Something to write for a job: apply hunks, or revert applied ones (None: all that qualify)."""
 
-    job: Job
+    write_out: WriteOut
     kind: Literal["apply", "revert"]
     hunk_ids: list[int] | None = None
     live: bool = False  # keep a live job's document in step: its pending hunks and its provisional text
     confirm: bool = False  # ask the user to confirm it, where the client can (a `final` rewrite's edit)
     attempts: int = 0
-    outcome: Outcome | None = None
+    result: IntentResult | None = None
 
 
 @dataclass
@@ -147,7 +148,7 @@ class DocumentState:
     text: str
     version: int
     language_id: str = ""
-    jobs: list[Job] = field(default_factory=list)
+    write_outs: list[WriteOut] = field(default_factory=list)
     intents: deque[Intent] = field(default_factory=deque)
     in_flight: PlannedEdit | None = None
     closed: bool = False
@@ -162,22 +163,22 @@ class DocumentState:
 
     def queue(self, intent: Intent) -> None:
         if self.closed:  # a live job that had written may still ask to bring a closed document in step
-            intent.outcome = Outcome.DROPPED
+            intent.result = IntentResult.DROPPED
             return
         self.intents.append(intent)
 
-    def settled(self, job: Job, hunks: Sequence[Hunk]) -> None:
+    def settled(self, write_out: WriteOut, hunks: Sequence[Hunk]) -> None:
         """New output of a job (and the hunks it settled): a live job's document is brought in step."""
-        if job.delivery != "live" or (not (hunks and job.writes_live) and job.in_step()):
+        if write_out.delivery != "live" or (not (hunks and write_out.writes_live) and write_out.in_step()):
             return
         waiting = self.in_flight.intent if self.in_flight is not None else None
-        if not any(intent.job is job and intent.live and intent is not waiting for intent in self.intents):
-            self.queue(Intent(job, "apply", live=True))  # planned on the job's state when its turn comes
+        if not any(intent.write_out is write_out and intent.live and intent is not waiting for intent in self.intents):
+            self.queue(Intent(write_out, "apply", live=True))  # planned on the job's state when its turn comes
 
-    def pending_intents(self, job: Job) -> bool:
+    def pending_intents(self, write_out: WriteOut) -> bool:
         """True while the job has something queued or in flight."""
-        return any(intent.job is job for intent in self.intents) or (
-            self.in_flight is not None and self.in_flight.intent.job is job
+        return any(intent.write_out is write_out for intent in self.intents) or (
+            self.in_flight is not None and self.in_flight.intent.write_out is write_out
         )
 
     def plan(self) -> PlannedEdit | None:
@@ -188,7 +189,7 @@ class DocumentState:
             intent = self.intents[0]
             provisional = None
             if intent.live:
-                edits, hunk_ids, provisional = self._live_edits(intent.job)
+                edits, hunk_ids, provisional = self._live_edits(intent.write_out)
             else:
                 edits, hunk_ids = self._edits_for(intent)
             planned = PlannedEdit(next(self._ids), intent, self.version, [], hunk_ids, self.text, provisional)
@@ -196,21 +197,24 @@ class DocumentState:
             if not planned.edits:
                 if hunk_ids or provisional is not None:  # the document holds it already: nothing to send
                     self._confirm(planned)
-                self._retire(intent, Outcome.DROPPED if intent.live and not intent.job.writes_live else Outcome.DONE)
+                self._retire(
+                    intent,
+                    IntentResult.DROPPED if intent.live and not intent.write_out.writes_live else IntentResult.DONE,
+                )
                 continue
             planned.expected_text = apply_edits(self.text, planned.edits)
             self.in_flight = planned
             return planned
         return None
 
-    def _live_edits(self, job: Job) -> tuple[list[Edit], list[int], tuple[int, str] | None]:
+    def _live_edits(self, write_out: WriteOut) -> tuple[list[Edit], list[int], tuple[int, str] | None]:
         """What brings a live job's document in step: its pending hunks, and its provisional text moved to
         the frontier (or taken out, once the job no longer writes live)."""
-        region = job.region
-        edits, hunk_ids = self._edits_for(Intent(job, "apply", live=True)) if job.writes_live else ([], [])
-        if job.in_step():
+        region = write_out.region
+        edits, hunk_ids = self._edits_for(Intent(write_out, "apply", live=True)) if write_out.writes_live else ([], [])
+        if write_out.in_step():
             return edits, hunk_ids, None
-        text, at = job.provisional, region.frontier
+        text, at = write_out.provisional, region.frontier
         where = region.offset_of(at) if text else None
         if where is None:
             text = ""
@@ -225,10 +229,10 @@ class DocumentState:
         return _joined(edits), hunk_ids, (at, text)
 
     def _edits_for(self, intent: Intent) -> tuple[list[Edit], list[int]]:
-        job, region = intent.job, intent.job.region
+        write_out, region = intent.write_out, intent.write_out.region
         found: list[tuple[Edit, int]] = []
         if intent.kind == "apply":
-            if intent.live and not job.writes_live:
+            if intent.live and not write_out.writes_live:
                 return [], []
             ids = intent.hunk_ids if intent.hunk_ids is not None else region.ids(HunkState.PENDING)
             for hunk_id in ids:
@@ -304,8 +308,8 @@ class DocumentState:
             self._ours.clear()  # the user's: a request made before it is stale
         for start, end, new_text in changes[first_user:]:
             self.text = self.text[:start] + new_text + self.text[end:]
-            for job in self.jobs:
-                job.region.user_edit(start, end, new_text)
+            for write_out in self.write_outs:
+                write_out.region.user_edit(start, end, new_text)
         self.version = version
 
     def on_response(self, edit: PlannedEdit, applied: bool) -> None:
@@ -327,39 +331,39 @@ class DocumentState:
             self._expired.append(edit)  # no change seen since: the echo may still be on its way
         if edit.echo:
             # An intent for all pending hunks may have more to do (hunks settled meanwhile): it ends here.
-            self._retire(intent, Outcome.DONE)
+            self._retire(intent, IntentResult.DONE)
             if intent.live:  # what is in the document now is not what the job wants (it stopped meanwhile)
-                self.settled(intent.job, [])
+                self.settled(intent.write_out, [])
             return intent
         refused = edit.response is False and edit.echo is None and self.version == edit.version
         intent.attempts += 1
         if refused or intent.attempts >= MAX_ATTEMPTS:
-            self._retire(intent, Outcome.REFUSED)
+            self._retire(intent, IntentResult.REFUSED)
         return intent
 
     def drop_all(self) -> None:
         """The document is gone: nothing more will be written, nor queued."""
         self.closed = True
         for intent in self.intents:
-            intent.outcome = Outcome.DROPPED
+            intent.result = IntentResult.DROPPED
         self.intents.clear()
 
-    def _retire(self, intent: Intent, outcome: Outcome) -> None:
+    def _retire(self, intent: Intent, result: IntentResult) -> None:
         if intent in self.intents:
             self.intents.remove(intent)
-        intent.outcome = outcome
+        intent.result = result
 
     def _confirm(self, edit: PlannedEdit) -> None:
-        job = edit.intent.job
+        write_out = edit.intent.write_out
         for hunk_id in edit.hunk_ids:
             if edit.intent.kind == "apply":
-                job.region.mark_applied(hunk_id)
+                write_out.region.mark_applied(hunk_id)
             else:
-                job.region.mark_reverted(hunk_id)
+                write_out.region.mark_reverted(hunk_id)
         if edit.provisional is not None:
-            job.region.mark_provisional(*edit.provisional)
-        for other in self.jobs:
-            if other is not job:
+            write_out.region.mark_provisional(*edit.provisional)
+        for other in self.write_outs:
+            if other is not write_out:
                 for start, end, new_text in reversed(edit.edits):
                     other.region.our_edit(start, end, new_text)
 

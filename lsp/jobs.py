@@ -28,11 +28,12 @@ from specedit.engine.requests import RewriteOutcome, RewriteRequest
 from specedit.engine.session import Session
 from specedit.lsp import protocol
 from specedit.lsp.config import Settings
-from specedit.lsp.delivery import DocumentState, Intent, Job, Outcome, Rebase
+from specedit.lsp.delivery import DocumentState, Intent, IntentResult, Rebase, WriteOut
 from specedit.lsp.documents import TextIndex
 from specedit.lsp.errors import InvalidRequestError, StaleVersionError, error_payload
-from specedit.lsp.hunks import HunkState, line_end
+from specedit.lsp.hunks import line_end
 from specedit.lsp.params import JobSelector, RewriteCall
+from specedit.lsp.region import HunkState
 from specedit.lsp.waiting import Waiting
 from specedit.lsp.writer import EditWriter
 
@@ -81,7 +82,7 @@ class RewriteJob:
 
     id: str
     uri: str
-    core: Job
+    write_out: WriteOut
     request: RewriteRequest
     asked: Rebase  # the document at the request's version, and our edits since: hunks are reported in it
     request_start: int  # where the region began when the job started
@@ -105,10 +106,10 @@ class RewriteJob:
             log.info("%s: %s", self.id, reason)
             self.stop_reason = reason
             self.cancel.set()
-        self.core.stopped = True
+        self.write_out.stopped = True
 
     def live_stats(self) -> dict[str, Any]:
-        return self.stats.to_dict(self.core.tracker.lines_done, self.core.tracker.lines_total)
+        return self.stats.to_dict(self.write_out.tracker.lines_done, self.write_out.tracker.lines_total)
 
 
 class Rewrites:
@@ -158,7 +159,9 @@ class Rewrites:
         superseded = self._supersede(doc, *self._now(doc, rebase, start, end, call.range is None))
         if superseded:
             await self._waiting.until(
-                lambda: not any(doc.pending_intents(job.core) for job in superseded) or call.uri not in self._documents
+                lambda: (
+                    not any(doc.pending_intents(job.write_out) for job in superseded) or call.uri not in self._documents
+                )
             )
             if call.uri not in self._documents:
                 raise InvalidRequestError(f"{call.uri} was closed")
@@ -169,12 +172,14 @@ class Rewrites:
         job_id = f"r{next(self._numbers)}"
         delivery = call.delivery or self._settings().delivery
         label = f"specedit: {call.instruction or 'sketch'}"[:80]
-        core = Job.start(job_id, delivery, request.original, now_start, label=label, newline=line_end(doc.text))
-        doc.jobs.append(core)
+        write_out = WriteOut.start(
+            job_id, delivery, request.original, now_start, label=label, newline=line_end(doc.text)
+        )
+        doc.write_outs.append(write_out)
         job = RewriteJob(
             job_id,
             call.uri,
-            core,
+            write_out,
             request,
             rebase,
             now_start,
@@ -219,7 +224,7 @@ class Rewrites:
         superseded: list[RewriteJob] = []
         finished = [job for job in self.jobs.values() if job.uri == doc.uri and not job.running]
         for other in [job for job in self.jobs.values() if job.uri == doc.uri]:
-            region = other.core.region
+            region = other.write_out.region
             if other.running and overlap(region.start, region.end, start, end):
                 other.stop("superseded")
                 self._stop_writing(other)
@@ -228,8 +233,8 @@ class Rewrites:
                 overlap(region.start, region.end, start, end) or finished.index(other) < len(finished) - RETAINED_JOBS
             ):
                 del self.jobs[other.id]
-                if other.core in doc.jobs:
-                    doc.jobs.remove(other.core)
+                if other.write_out in doc.write_outs:
+                    doc.write_outs.remove(other.write_out)
         return superseded
 
     # -------------------------------------------------------------------------------------------- run
@@ -290,9 +295,9 @@ class Rewrites:
 
     def _on_text(self, job: RewriteJob, text: str) -> None:
         doc = self._documents.get(job.uri)
-        hunks = job.core.feed(text)
+        hunks = job.write_out.feed(text)
         if doc is not None:
-            doc.settled(job.core, hunks)
+            doc.settled(job.write_out, hunks)
             self._writer.kick(doc)
         if hunks:
             self._report(job, force=True)
@@ -308,13 +313,13 @@ class Rewrites:
             return await self._not_written(job, doc, outcome, error)
         if outcome.complete and job.stop_reason is None:
             try:
-                hunks = job.core.finish(outcome.text)
+                hunks = job.write_out.finish(outcome.text)
             except ValueError as error:  # the stream and the final text disagree: a bug, never written
                 return self._error_result(job, error)
             if doc is not None:
-                doc.settled(job.core, hunks)
-                if job.core.delivery == "final" and not job.core.region.conflict:
-                    job.final_intent = Intent(job.core, "apply", confirm=True)
+                doc.settled(job.write_out, hunks)
+                if job.write_out.delivery == "final" and not job.write_out.region.conflict:
+                    job.final_intent = Intent(job.write_out, "apply", confirm=True)
                     doc.queue(job.final_intent)
                 self._writer.kick(doc)
             self._report(job, force=True)
@@ -325,17 +330,17 @@ class Rewrites:
             status = job.stop_reason or "cancelled"
 
         if doc is not None:
-            await self._waiting.until(lambda: not doc.pending_intents(job.core) or job.uri not in self._documents)
-        if status == "complete" and job.core.region.conflict:
+            await self._waiting.until(lambda: not doc.pending_intents(job.write_out) or job.uri not in self._documents)
+        if status == "complete" and job.write_out.region.conflict:
             status, message = "conflict", "the document was edited where the rewrite had not written yet"
-        if job.final_intent is not None and job.final_intent.outcome is Outcome.REFUSED:
+        if job.final_intent is not None and job.final_intent.result is IntentResult.REFUSED:
             status, message = "error", "the editor did not apply the edit"
         result: protocol.RewriteResult = {"jobId": job.id, "status": status, "stats": outcome.stats}
         if message:
             result["message"] = message
         if job.partial_token is None:
-            result["hunks"] = [self._hunk_payload(job, hunk_id) for hunk_id in sorted(job.core.region.hunks)]
-        if doc is not None and job.core.region.ids(HunkState.APPLIED):
+            result["hunks"] = [self._hunk_payload(job, hunk_id) for hunk_id in sorted(job.write_out.region.hunks)]
+        if doc is not None and job.write_out.region.ids(HunkState.APPLIED):
             result["written"] = self._written(job, doc)
         if job.stop_reason is not None:
             result["stepsAfterCancel"] = outcome.stats.get("steps_after_cancel", 0)
@@ -351,16 +356,16 @@ class Rewrites:
         offered."""
         self._stop_writing(job)
         if doc is not None:
-            await self._drop(job, doc, sorted(job.core.region.hunks))
-            await self._waiting.until(lambda: not doc.pending_intents(job.core) or job.uri not in self._documents)
+            await self._drop(job, doc, sorted(job.write_out.region.hunks))
+            await self._waiting.until(lambda: not doc.pending_intents(job.write_out) or job.uri not in self._documents)
         return {"jobId": job.id, "status": "error", "message": str(error), "stats": outcome.stats}
 
     def _stop_writing(self, job: RewriteJob) -> None:
         """The job writes no more into its document: what it wrote provisionally is taken out."""
-        job.core.stopped = True
+        job.write_out.stopped = True
         doc = self._documents.get(job.uri)
         if doc is not None:
-            doc.settled(job.core, [])
+            doc.settled(job.write_out, [])
             self._writer.kick(doc)
 
     def _error_result(self, job: RewriteJob, error: BaseException) -> protocol.RewriteResult:
@@ -377,14 +382,14 @@ class Rewrites:
     # -------------------------------------------------------------------------------------- reporting
 
     def _hunk_payload(self, job: RewriteJob, hunk_id: int) -> protocol.HunkPayload:
-        hunk = job.core.region.hunks[hunk_id]
+        hunk = job.write_out.region.hunks[hunk_id]
         start, end = job.asked.back(job.request_start + hunk.start, job.request_start + hunk.end)
         where = job.asked_index.range_payload(start, end, self._lsp.workspace.position_codec)
         return {"id": hunk.id, "range": where, "newText": hunk.new_text}
 
     def _written(self, job: RewriteJob, doc: DocumentState) -> protocol.WrittenHunks:
         """Where the job's written hunks are now, for the editor to mark them (each can still be undone)."""
-        index, codec, region = TextIndex(doc.text), self._lsp.workspace.position_codec, job.core.region
+        index, codec, region = TextIndex(doc.text), self._lsp.workspace.position_codec, job.write_out.region
         hunks: list[protocol.HunkPayload] = []
         for hunk_id in region.ids(HunkState.APPLIED):
             where = region.applied_range(hunk_id)
@@ -402,7 +407,7 @@ class Rewrites:
         stats = job.live_stats()
         lsp = self._lsp
         if job.partial_token is not None:
-            hunk_ids = sorted(job.core.region.hunks)[job.reported :]
+            hunk_ids = sorted(job.write_out.region.hunks)[job.reported :]
             job.reported += len(hunk_ids)
             partial: protocol.RewritePartialResult = {
                 "jobId": job.id,
@@ -458,9 +463,9 @@ class Rewrites:
         """Write a job's pending hunks (all, or the selected) that the user has not touched."""
         job = self.find(selector)
         doc = self._document(job)
-        region = job.core.region
+        region = job.write_out.region
         wanted = selector.pick(region.ids(HunkState.PENDING))
-        intent = Intent(job.core, "apply", wanted)
+        intent = Intent(job.write_out, "apply", wanted)
         await self._carry_out(job, doc, intent)
         applied = [hunk_id for hunk_id in wanted if region.states[hunk_id] is HunkState.APPLIED]
         return {"jobId": job.id, "applied": applied, "skipped": [i for i in wanted if i not in applied]}
@@ -469,7 +474,7 @@ class Rewrites:
         """Stop the job, drop its unwritten hunks, and restore the original where hunks were written."""
         job = self.find(selector)
         doc = self._document(job)
-        region = job.core.region
+        region = job.write_out.region
         job.stop("cancelled")
         wanted = selector.pick(sorted(region.hunks))
         intent = await self._drop(job, doc, wanted)
@@ -479,17 +484,17 @@ class Rewrites:
 
     async def _drop(self, job: RewriteJob, doc: DocumentState, hunk_ids: list[int]) -> Intent:
         """Reject `hunk_ids`: those not written are no longer offered, those written are restored."""
-        region = job.core.region
+        region = job.write_out.region
         for hunk_id in hunk_ids:
             region.mark_rejected(hunk_id)
-        intent = Intent(job.core, "revert", [i for i in hunk_ids if region.states[i] is HunkState.APPLIED])
+        intent = Intent(job.write_out, "revert", [i for i in hunk_ids if region.states[i] is HunkState.APPLIED])
         await self._carry_out(job, doc, intent)
         return intent
 
     async def _carry_out(self, job: RewriteJob, doc: DocumentState, intent: Intent) -> None:
         doc.queue(intent)
         self._writer.kick(doc)
-        await self._waiting.until(lambda: intent.outcome is not None or job.uri not in self._documents)
+        await self._waiting.until(lambda: intent.result is not None or job.uri not in self._documents)
 
     def cancel(self, selector: JobSelector) -> dict[str, list[str]]:
         running = [job for job in self.jobs.values() if job.running]

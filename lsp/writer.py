@@ -12,7 +12,7 @@ from pygls.exceptions import JsonRpcException
 from pygls.lsp.server import LanguageServer
 
 from specedit.lsp import protocol
-from specedit.lsp.delivery import DocumentState, Outcome, PlannedEdit
+from specedit.lsp.delivery import DocumentState, IntentResult, PlannedEdit
 from specedit.lsp.documents import TextIndex
 from specedit.lsp.waiting import Waiting
 
@@ -62,20 +62,20 @@ class EditWriter:
                 log.info("edit %d: no echo within %.1f s; planning it again", edit.id, ECHO_TIMEOUT)
                 doc.expire(edit)
             intent = doc.finish(edit)
-            if intent.outcome is Outcome.REFUSED:
-                log.warning("%s: the editor refused an edit", intent.job.id)
+            if intent.result is IntentResult.REFUSED:
+                log.warning("%s: the editor refused an edit", intent.write_out.id)
             if edit.echo and edit.provisional is not None:
                 self._provisional(doc, edit)
             self._waiting.notify()
 
     def _provisional(self, doc: DocumentState, edit: PlannedEdit) -> None:
         """Tell the client where the provisional text now is, for it to mark as pending."""
-        where = edit.intent.job.region.provisional_range()
+        where = edit.intent.write_out.region.provisional_range()
         codec = self._lsp.workspace.position_codec
         params: protocol.ProvisionalParams = {
             "uri": doc.uri,
             "version": doc.version,
-            "jobId": edit.intent.job.id,
+            "jobId": edit.intent.write_out.id,
             "range": None if where is None else TextIndex(doc.text).range_payload(where[0], where[1], codec),
         }
         self._lsp.protocol.notify(protocol.PROVISIONAL_NOTIFICATION, params)
@@ -90,7 +90,7 @@ class EditWriter:
                 edits.append(types.AnnotatedTextEdit(range=where, new_text=new_text, annotation_id="specedit"))
             else:
                 edits.append(types.TextEdit(range=where, new_text=new_text))
-        label = edit.intent.job.label
+        label = edit.intent.write_out.label
         workspace_edit = types.WorkspaceEdit(
             document_changes=[
                 types.TextDocumentEdit(

@@ -120,7 +120,16 @@ ROOMS = (
     ),
     ("the session", ("specedit.engine.session",)),
     ("backends and their transports", ("specedit.engine.serving",)),
-    ("the loop and the merge", ("specedit.engine.loop", "specedit.engine.merge", "specedit.engine.merge_checks")),
+    (
+        "the loop and the merge",
+        (
+            "specedit.engine.loop",
+            "specedit.engine.merge",
+            "specedit.engine.merge_checks",
+            "specedit.engine.placement",
+            "specedit.engine.anchors",
+        ),
+    ),
     ("drafters", ("specedit.drafters",)),
     ("the model", ("specedit.engine.model", "specedit.engine.loop.sampling")),
     ("records", ("specedit.engine",)),  # requests, events, the wire, errors, options, prompts, patches

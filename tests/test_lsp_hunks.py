@@ -17,18 +17,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from specedit.lsp.delivery import DocumentState, Edit, Intent, Job, Outcome, PlannedEdit, Rebase
-from specedit.lsp.hunks import (
-    Hunk,
-    HunkState,
-    HunkTracker,
-    LineEnds,
-    RegionTracker,
-    apply_edits,
-    apply_hunks,
-    line_end,
-    split_lines,
-)
+from specedit.lsp.delivery import DocumentState, Edit, Intent, IntentResult, PlannedEdit, Rebase, WriteOut
+from specedit.lsp.hunks import Hunk, HunkTracker, LineEnds, apply_hunks, line_end, split_lines
+from specedit.lsp.region import HunkState, RegionTracker, apply_edits
 
 LINES = [
     "def add(a, b):",
@@ -246,8 +237,8 @@ class Simulation:
         self.typing_inside = typing_inside
         self.editor = FakeEditor(kind, prefix + original + suffix)
         self.doc = DocumentState("file:///t.py", prefix + original + suffix, 1)
-        self.job = Job.start("r1", mode, original, len(prefix), newline=line_end(prefix + original + suffix))
-        self.doc.jobs.append(self.job)
+        self.job = WriteOut.start("r1", mode, original, len(prefix), newline=line_end(prefix + original + suffix))
+        self.doc.write_outs.append(self.job)
         self.to_client: deque[PlannedEdit] = deque()
         self.to_server: deque[Any] = deque()
         self.user_edits_left = data.draw(st.integers(0, 8))
@@ -393,8 +384,8 @@ def test_typing_anywhere_is_never_clobbered(data: st.DataObject, kind: Any, mode
 
 def test_refused_edit_is_not_retried() -> None:
     doc = DocumentState("file:///t.py", "a\nb\n", 1)
-    job = Job.start("r1", "final", "a\nb\n", 0)
-    doc.jobs.append(job)
+    job = WriteOut.start("r1", "final", "a\nb\n", 0)
+    doc.write_outs.append(job)
     doc.settled(job, job.finish("a\nB\n"))
     intent = Intent(job, "apply")
     doc.queue(intent)
@@ -402,7 +393,7 @@ def test_refused_edit_is_not_retried() -> None:
     assert planned is not None and planned.edits == [(2, 4, "B\n")]
     doc.on_response(planned, False)  # the user said no in VS Code's refactor preview
     doc.finish(planned)
-    assert intent.outcome is Outcome.REFUSED and doc.plan() is None
+    assert intent.result is IntentResult.REFUSED and doc.plan() is None
 
 
 # ------------------------------------------------------------------------------ provisional text (live)
@@ -411,10 +402,10 @@ HEAD = "# head\n"
 BEFORE = "def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n"
 
 
-def _live(original: str = BEFORE) -> tuple[DocumentState, Job]:
+def _live(original: str = BEFORE) -> tuple[DocumentState, WriteOut]:
     doc = DocumentState("file:///t.py", HEAD + original + "# tail\n", 1)
-    job = Job.start("r1", "live", original, len(HEAD))
-    doc.jobs.append(job)
+    job = WriteOut.start("r1", "live", original, len(HEAD))
+    doc.write_outs.append(job)
     return doc, job
 
 

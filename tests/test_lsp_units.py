@@ -129,7 +129,7 @@ def test_an_empty_instruction_comment_offers_nothing(line: str) -> None:
     assert instruction_comment(line) is None
 
 
-@pytest.mark.parametrize("module", ["hunks", "documents", "code_actions"])
+@pytest.mark.parametrize("module", ["hunks", "region", "documents", "code_actions"])
 def test_docstring_examples(module: str) -> None:
     """The worked examples in the docstrings are true."""
     import doctest

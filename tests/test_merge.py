@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from specedit.cli.main import main
-from specedit.engine import merge
+from specedit.engine import merge, placement
 from specedit.engine.errors import ModelLoadError
 from specedit.engine.merge import merge_sketch
 from specedit.engine.merge_checks import check_merge
@@ -242,9 +242,11 @@ def test_a_placement_between_context_pairs_must_not_keep_the_old_code_it_rewrite
     ]
     keys = [line.strip() for line in original]
     call = ["resp = conn.urlopen(\n", "    method=m,\n", "    url=u,\n", "    chunked=chunked,\n", ")\n"]
-    assert merge._repeats_old_code(keys, merge._Placement(5, 9, ["    try:\n", *call, "    except Exception:\n"]))
-    assert not merge._repeats_old_code(keys, merge._Placement(0, 9, ["try:\n", *call]))
-    assert not merge._repeats_old_code(keys, merge._Placement(5, 9, ["    try:\n", *call[:2], *call[3:]]))
+    assert placement._repeats_old_code(
+        keys, placement._Placement(5, 9, ["    try:\n", *call, "    except Exception:\n"])
+    )
+    assert not placement._repeats_old_code(keys, placement._Placement(0, 9, ["try:\n", *call]))
+    assert not placement._repeats_old_code(keys, placement._Placement(5, 9, ["    try:\n", *call[:2], *call[3:]]))
 
 
 ASSERT = '    assertEquals("1", map.get("a"));\n'

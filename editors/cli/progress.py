@@ -9,9 +9,12 @@ from __future__ import annotations
 import sys
 import time
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING
 
 from specedit.engine.events import DecodingRate, Event, Phase, Step
+
+if TYPE_CHECKING:
+    from rich.live import Live
 
 
 class StatusLine:
@@ -21,7 +24,7 @@ class StatusLine:
         self.enabled = sys.stderr.isatty() if enabled is None else enabled
         self._label = label
         self._start = time.perf_counter()
-        self._live: Any = None
+        self._live: Live | None = None
 
     def describe(self, elapsed: float) -> str:
         return f"{elapsed:.0f} s"

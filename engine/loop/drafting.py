@@ -12,7 +12,6 @@ Every drafter runs under a `CostGovernor`, so speculation backs off wherever it 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from specedit.drafters.base import Drafter, NoDrafter
 from specedit.drafters.chain import ChainDrafter
@@ -24,6 +23,7 @@ from specedit.engine.events import Step
 from specedit.engine.loop.generate import Engine, Generation
 from specedit.engine.loop.governor import CostGovernor
 from specedit.engine.model import kv_cache
+from specedit.engine.model.kv_cache import Cache
 from specedit.engine.requests import DraftMethod, SamplingConfig
 
 
@@ -34,7 +34,7 @@ def build_drafter(
     source_ids: Sequence[int],
     output_start: int,
     sampling: SamplingConfig,
-    cache: Any,
+    cache: Cache,
 ) -> tuple[Drafter, CostGovernor | None]:
     """The drafter for one generation, and the governor that keeps it paying (None for plain decoding).
 
@@ -94,8 +94,8 @@ def generate_drafted(
     target cache they share: from the engine's prefix cache when it keeps one that shares the prompt's
     start, and kept there afterwards (the prompt's part) for the next request on the same document."""
     sampling = sampling or SamplingConfig()
-    kept = engine.prefix_cache
-    cache = kept.take(prompt_ids)[0] if kept is not None else None
+    prefix_cache = engine.prefix_cache
+    cache = prefix_cache.take(prompt_ids)[0] if prefix_cache is not None else None
     cache = engine.loaded.new_cache() if cache is None else cache
     drafter, governor = build_drafter(
         engine, method, source_ids=source_ids, output_start=len(prompt_ids), sampling=sampling, cache=cache
@@ -113,7 +113,7 @@ def generate_drafted(
         cache=cache,
         pause=pause,
     )
-    if kept is not None:  # (not after an exception: a forward cut short may leave the layers uneven)
+    if prefix_cache is not None:  # (not after an exception: a forward cut short may leave the layers uneven)
         kv_cache.rollback(cache, min(kv_cache.length(cache), len(prompt_ids) - 1))
-        kept.put(prompt_ids, cache)
+        prefix_cache.put(prompt_ids, cache)
     return generation

@@ -21,6 +21,7 @@ from specedit.engine.loop.stats import Clock, DrafterStats, Stats
 from specedit.engine.loop.verify import verify
 from specedit.engine.model import kv_cache
 from specedit.engine.model.energy import EnergyMeter
+from specedit.engine.model.kv_cache import Cache
 from specedit.engine.model.loading import LoadedModel
 from specedit.engine.model.prefix_cache import PrefixCache
 from specedit.engine.requests import FinishReason, SamplingConfig
@@ -79,7 +80,7 @@ class Engine:
         cancel: Callable[[], bool] | None = None,
         on_step: Callable[[Step], None] | None = None,
         governor: CostGovernor | None = None,
-        cache: Any = None,
+        cache: Cache | None = None,
         pause: Callable[[], None] | None = None,
     ) -> Generation:
         """Continue `prompt_ids` by at most `max_new_tokens` tokens.

@@ -33,7 +33,10 @@ from specedit.engine.requests import DraftMethod, FinishReason, RewriteOutcome, 
 
 
 @dataclass
-class RewriteResult:
+class RewriteRun:
+    """One run of the loop on a prepared rewrite: the region it wrote, why it ended, and the generation
+    (`outcome()`: the record a session hands on)."""
+
     text: str  # the rewritten region, in the original's line endings
     finish_reason: FinishReason
     generation: Generation
@@ -110,7 +113,7 @@ def run_rewrite(
     cancel: Callable[[], bool] | None = None,
     on_step: Callable[[Step], None] | None = None,
     pause: Callable[[], None] | None = None,
-) -> RewriteResult:
+) -> RewriteRun:
     """Decode `prepared` with the drafters `draft` asks for (default: the request's own method);
     `on_text` streams the new region's text as it is committed; `pause` between parts of a long prefill
     (`Engine.generate`)."""
@@ -161,7 +164,7 @@ def run_rewrite(
     merge = None
     if prepared.sketch_merge is not None:
         merge = {"merge": "model", "merge_unresolved": list(prepared.sketch_merge.unresolved)}
-    return RewriteResult(code.replace("\n", "\r\n") if crlf else code, generation.finish_reason, generation, merge)
+    return RewriteRun(code.replace("\n", "\r\n") if crlf else code, generation.finish_reason, generation, merge)
 
 
 def rewrite(
@@ -172,7 +175,7 @@ def rewrite(
     cancel: Callable[[], bool] | None = None,
     on_step: Callable[[Step], None] | None = None,
     pause: Callable[[], None] | None = None,
-) -> RewriteResult:
+) -> RewriteRun:
     """Rewrite `request.original`; `on_text` streams the new region's text as it is committed."""
     prepared = prepare_rewrite(engine, request)
     return run_rewrite(engine, prepared, on_text=on_text, cancel=cancel, on_step=on_step, pause=pause)
@@ -182,15 +185,19 @@ def warm_document(engine: Engine, request: WarmRequest, should_stop: Callable[[]
     """Prefill the start every request on `request.document` shares into the engine's prefix cache, giving
     way as soon as `should_stop()` is true. Returns (tokens cached, tokens of that start); (0, 0) when the
     engine keeps no prompts or the document cannot fit the context."""
-    kept = engine.prefix_cache
+    prefix_cache = engine.prefix_cache
     limit = engine.max_positions
     document = request.document.replace("\r\n", "\n")
-    if kept is None or not kept.keeps_prompts or (limit is not None and len(document) > limit * CHARS_PER_TOKEN_BOUND):
+    if (
+        prefix_cache is None
+        or not prefix_cache.keeps_prompts
+        or (limit is not None and len(document) > limit * CHARS_PER_TOKEN_BOUND)
+    ):
         return 0, 0
     ids = engine.tokenize(file_prefix(engine.tokenizer, document, request.language))
     if limit is not None and len(ids) >= limit // 2:  # no answer of its size would fit after it
         return 0, 0
-    return kept.warm(engine.loaded, ids, should_stop), len(ids)
+    return prefix_cache.warm(engine.loaded, ids, should_stop), len(ids)
 
 
 def keep_prompt_head(engine: Engine, folder: Path | None) -> int:
@@ -199,8 +206,8 @@ def keep_prompt_head(engine: Engine, folder: Path | None) -> int:
     prefilled and kept there (`PrefixCache.keep_head`). Returns its length in tokens; 0 where the engine
     keeps no prefixes, or where its prefill is not row-invariant (the start computed alone would not be,
     bit for bit, the start computed inside a prompt)."""
-    kept, loaded = engine.prefix_cache, engine.loaded
-    if kept is None or not loaded.row_invariant:
+    prefix_cache, loaded = engine.prefix_cache, engine.loaded
+    if prefix_cache is None or not loaded.row_invariant:
         return 0
     # Two prompts that differ from their code on: the tokens they share are every prompt's start.
     one, other = (engine.tokenize(file_prefix(engine.tokenizer, code, tag)) for code, tag in (("a", "py"), ("1", "")))
@@ -208,7 +215,7 @@ def keep_prompt_head(engine: Engine, folder: Path | None) -> int:
     files = weight_files(loaded.name)
     named_by = f"{fingerprint(loaded)}\0{json.dumps(ids)}".encode()
     file = kept_file(folder, "head", files, "safetensors", named_by) if folder is not None and files else None
-    kept.keep_head(loaded, ids, file)
+    prefix_cache.keep_head(loaded, ids, file)
     return len(ids)
 
 

@@ -49,6 +49,7 @@ from specedit.engine.model import decoder, invariant, kernels, kv_cache, quantiz
 from specedit.engine.model.cpu import cpu_class, cpu_flags, cpu_model
 from specedit.engine.model.integrity import is_sealed
 from specedit.engine.model.kept import versions, write_atomically
+from specedit.engine.model.kv_cache import Cache
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +266,7 @@ def probe_holds(loaded: Any) -> bool:
         return torch.equal(_split_logits(loaded, ids, PROBE_SPLITS[2], pieces), reference)
 
 
-def _prefilled(loaded: Any, ids: Sequence[int], pieces: Sequence[int]) -> Any:
+def _prefilled(loaded: Any, ids: Sequence[int], pieces: Sequence[int]) -> Cache:
     """A cache holding the probe's context, prefilled `pieces[i]` tokens per forward."""
     cache, position = loaded.new_cache(), 0
     for size in pieces:
@@ -274,7 +275,7 @@ def _prefilled(loaded: Any, ids: Sequence[int], pieces: Sequence[int]) -> Any:
     return cache
 
 
-def _split_logits(loaded: Any, ids: Sequence[int], split: Sequence[int], cache: Any) -> torch.Tensor:
+def _split_logits(loaded: Any, ids: Sequence[int], split: Sequence[int], cache: Cache) -> torch.Tensor:
     """The probe's continuation, `split[i]` tokens per forward; the cache is left holding the context."""
     rows, position = [], PROBE_CONTEXT
     for size in split:

@@ -26,7 +26,7 @@ from specedit.engine.model.invariant import KV_BUCKET
 Cache = Any  # a `KVCache` (for `model.decoder`'s models), or transformers' `DynamicCache` (for its own)
 
 
-def new_cache(model: Any) -> Any:
+def new_cache(model: Any) -> Cache:
     """An empty cache for `model`: a `KVCache` where the model makes its own (`model.decoder`, which needs
     nothing of transformers), else transformers' `DynamicCache`."""
     if hasattr(model, "new_cache"):

@@ -21,6 +21,7 @@ from specedit.engine.errors import ModelLoadError
 from specedit.engine.model import decoder, exactness, invariant, kernels, kv_cache, quantized
 from specedit.engine.model.integrity import is_sealed
 from specedit.engine.model.kept import kept_file, write_atomically
+from specedit.engine.model.kv_cache import Cache
 from specedit.engine.model.tokenizer import KeptTokenizer
 from specedit.engine.options import DTYPE_CHOICES
 
@@ -76,7 +77,7 @@ class LoadedModel:
         )
         return int(value) if value else None
 
-    def forward(self, ids: Sequence[int], cache: Any, logits_to_keep: int = 0) -> torch.Tensor:
+    def forward(self, ids: Sequence[int], cache: Cache, logits_to_keep: int = 0) -> torch.Tensor:
         """One forward over `ids` after what `cache` holds; the cache grows by len(ids) positions.
 
         Returns (T, V) logits, or only the last `logits_to_keep` rows. With `step_rows` 2 (where the
@@ -89,7 +90,7 @@ class LoadedModel:
             return logits
         return self._run(ids, cache, logits_to_keep)
 
-    def new_cache(self) -> Any:
+    def new_cache(self) -> Cache:
         """An empty KV cache of the kind the model takes (`kv_cache.new_cache`)."""
         return kv_cache.new_cache(self.model)
 
@@ -118,7 +119,7 @@ class LoadedModel:
                 return list(module)
         return []
 
-    def _run(self, ids: Sequence[int], cache: Any, logits_to_keep: int) -> torch.Tensor:
+    def _run(self, ids: Sequence[int], cache: Cache, logits_to_keep: int) -> torch.Tensor:
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # (1, T)
         arguments = {self._cache_argument: cache, "use_cache": True, "logits_to_keep": logits_to_keep}
         logits: torch.Tensor = self.model(input_ids=input_ids, **arguments).logits[0]  # (T, V)

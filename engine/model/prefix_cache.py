@@ -34,6 +34,7 @@ from safetensors import SafetensorError
 from specedit.engine.model import kv_cache
 from specedit.engine.model.integrity import is_sealed
 from specedit.engine.model.kept import write_atomically
+from specedit.engine.model.kv_cache import Cache
 from specedit.engine.model.loading import Interrupted, LoadedModel
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ WARM_CHUNK = 256
 @dataclass
 class _Entry:
     ids: tuple[int, ...]  # what the cache holds, position by position
-    cache: Any
+    cache: Cache
     nbytes: int
     used: int  # when it was last put back: the least recently used goes first
 
@@ -71,7 +72,7 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def take(self, ids: Sequence[int]) -> tuple[Any, int]:
+    def take(self, ids: Sequence[int]) -> tuple[Cache | None, int]:
         """A cache holding the longest prefix of `ids` that a kept cache shares (never all of `ids`: the
         loop's first forward needs the last one), for the caller to extend, and how many tokens it holds: the
         kept cache itself, taken out of the store, when it holds nothing else; else a copy of the shared
@@ -87,10 +88,10 @@ class PrefixCache:
                 best, shared = entry, common
         return best, shared
 
-    def _take(self, ids: Sequence[int], limit: int) -> tuple[Any, int]:
+    def _take(self, ids: Sequence[int], limit: int) -> tuple[Cache | None, int]:
         return self._taken(*self._best(ids, limit))
 
-    def _taken(self, best: _Entry | None, shared: int) -> tuple[Any, int]:
+    def _taken(self, best: _Entry | None, shared: int) -> tuple[Cache | None, int]:
         """`best`'s first `shared` tokens for a caller to extend (see `take`)."""
         if best is None or shared < MIN_SHARED:
             return None, 0
@@ -99,7 +100,7 @@ class PrefixCache:
         self._entries.remove(best)
         return best.cache, shared
 
-    def put(self, ids: Sequence[int], cache: Any) -> None:
+    def put(self, ids: Sequence[int], cache: Cache) -> None:
         """Keep `cache`, which holds `ids` (at least), cropped to them; a kept cache that holds a prefix of
         them is dropped (this one holds it too), as is this one when a kept cache holds all of it; the least
         recently used go until the budget holds.

@@ -16,7 +16,10 @@ import json
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jinja2 import Template
 
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
@@ -72,7 +75,7 @@ class KeptTokenizer:
         return rendered
 
     @cached_property
-    def _template(self) -> Any:
+    def _template(self) -> Template:
         import jinja2.ext
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 

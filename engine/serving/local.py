@@ -20,7 +20,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from specedit.engine.errors import SpeceditError
 from specedit.engine.events import Event, Phase, Text
@@ -29,6 +29,7 @@ from specedit.engine.requests import CompletionRequest, RewriteOutcome, RewriteR
 
 if TYPE_CHECKING:
     from specedit.engine.loop.generate import Engine
+    from specedit.engine.model.fetch import ProgressCallback
     from specedit.engine.model.loading import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 WARM_PENDING = 8  # documents waiting to be warmed; the least recently offered go
 
 
-def open_engine(options: EngineOptions, *, progress: Any = None) -> Engine:
+def open_engine(options: EngineOptions, *, progress: ProgressCallback | None = None) -> Engine:
     """The engine `options` describe: the target (provisioned if it is a known model; its kernels chosen
     by the self-check, whose verdict is remembered in the cache), the fallback drafter, if any, and its
     prefix cache, holding the start every prompt shares (`loop.rewrite.keep_prompt_head`)."""
@@ -60,7 +61,9 @@ def open_engine(options: EngineOptions, *, progress: Any = None) -> Engine:
     return engine
 
 
-def load_target(options: EngineOptions, *, progress: Any = None, remembered: bool = True) -> LoadedModel:
+def load_target(
+    options: EngineOptions, *, progress: ProgressCallback | None = None, remembered: bool = True
+) -> LoadedModel:
     """The target `options` describe, on their threads: provisioned if it is a known model, its kernels
     chosen by the self-check, whose verdict is taken from the cache if it is there (`remembered`; else the
     self-check runs afresh), its own kernels compiled into the cache once, its tokenizer as built and its
@@ -193,7 +196,13 @@ class _Turn:
 class LocalBackend:
     """The model in this process: loaded on first use (or given), one rewrite at a time, in fair turns."""
 
-    def __init__(self, options: EngineOptions | None = None, *, engine: Engine | None = None, progress: Any = None):
+    def __init__(
+        self,
+        options: EngineOptions | None = None,
+        *,
+        engine: Engine | None = None,
+        progress: ProgressCallback | None = None,
+    ):
         self.options = options or EngineOptions()
         self._engine = engine
         self._progress = progress

@@ -1,0 +1,136 @@
+"""A chunk's anchors: its lines that say something and that the original has once after the chunk before,
+grown into runs of equal lines, and the chains of them that fit together (`placement`'s rules 1 and 2).
+`placement` places the chunk on them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from specedit.engine.merge_checks import counts
+
+# Lines of the original (that say something) a chunk may replace between two anchors, or between its edge
+# and an anchor: twice its own there, and some more (a deletion). A coincidental anchor in new code would
+# replace far more (68 lines for 18 in a requests test file); a longer deletion is left to the model.
+REPLACED_PER_LINE = 2
+REPLACED_SLACK = 16
+# The same between a chunk's first and last lines when both are once in the original (its context): a
+# deletion the sketch shows only by its context's lines (a parser's 50 lines replaced by a signature's)
+# goes through up to a screenful; longer, a coincidence of new code's last line is likelier (fmt: 190
+# lines lost). Chosen on the sets of every size but heldout5: 40 to 100 merged the same.
+CONTEXT_SLACK = 64
+
+
+@dataclass(frozen=True)
+class Anchor:
+    original: int  # where the run starts in the original (a line index)
+    chunk: int  # where it starts in the chunk
+    size: int
+    said: int  # lines that say something in the run, grown over lines the chunk has twice too
+
+
+def find_lines(keys: list[str], cursor: int, wanted: set[str]) -> dict[str, list[int]]:
+    """Where each of the `wanted` lines is in the original after `cursor` (line indices, in order)."""
+    places: dict[str, list[int]] = {}
+    for index in range(cursor, len(keys)):
+        if keys[index] in wanted:
+            places.setdefault(keys[index], []).append(index)
+    return places
+
+
+def find_anchors(keys: list[str], cursor: int, chunk_keys: list[str]) -> list[Anchor]:
+    """The chunk's anchors: its lines that say something and occur once in the original after `cursor`,
+    grown into runs of equal lines, in the chunk's order."""
+    places = find_lines(keys, cursor, {key for key in chunk_keys if counts(key)})
+    # A line the chunk has twice (`done();` closing the new test and the old one after it) says nothing of
+    # which of its places the original's line is: a run does not grow over it.
+    twice = {key for key, number in Counter(chunk_keys).items() if number > 1 and counts(key)}
+    anchors: list[Anchor] = []
+    for position, key in enumerate(chunk_keys):
+        found = places.get(key, [])
+        if not counts(key) or len(found) != 1:
+            continue
+        a, b = position, found[0]
+        if anchors and anchors[-1].original - anchors[-1].chunk == b - a and a < anchors[-1].chunk + anchors[-1].size:
+            continue  # inside the run before
+        while a > 0 and b > cursor and chunk_keys[a - 1] == keys[b - 1] and chunk_keys[a - 1] not in twice:
+            a, b = a - 1, b - 1
+        end = position + 1
+        while end < len(chunk_keys) and b + end - a < len(keys) and chunk_keys[end] == keys[b + end - a]:
+            end += 1
+        reach = end  # as far as the lines agree: a run of two lines or more, if they say something
+        if end < len(chunk_keys):  # nor on over one, short of the chunk's end (its context): new code may
+            end = next((k for k in range(position + 1, end) if chunk_keys[k] in twice), end)  # start there
+        # A run ends in lines that say something: whether a `}` or a blank line next to it is the
+        # original's or new code's is for the edges to find out (`placement._edge`).
+        while not counts(chunk_keys[a]):
+            a, b = a + 1, b + 1
+        while not counts(chunk_keys[end - 1]):
+            end -= 1
+        anchors.append(Anchor(b, a, end - a, sum(map(counts, chunk_keys[a:reach]))))
+    return anchors
+
+
+def best_chain(keys: list[str], chunk_keys: list[str], anchors: list[Anchor]) -> list[Anchor]:
+    """The anchors that fit together: in order in both, with what lies between two of them in the chunk
+    fitting where the original has what lies between them (`fits`), saying the most lines, and rather
+    ones at the chunk's edges (where a sketch repeats its context). A line of new code that happens to be
+    unique in the original (`s = requests.session()`) is left out this way."""
+    said = [n for n, key in enumerate(chunk_keys) if counts(key)]
+
+    def worth(anchor: Anchor) -> float:
+        lines = chunk_keys[anchor.chunk : anchor.chunk + anchor.size]
+        edges = (anchor.chunk <= said[0]) + (anchor.chunk + anchor.size > said[-1])
+        return float(sum(map(counts, lines)) + 0.5 * edges)
+
+    best: list[tuple[float, list[Anchor]]] = []
+    for anchor in anchors:
+        options = [
+            (score, chain)
+            for score, chain in best
+            if chain[-1].original + chain[-1].size <= anchor.original
+            and chain[-1].chunk + chain[-1].size <= anchor.chunk
+            and fits(
+                chunk_keys[chain[-1].chunk + chain[-1].size : anchor.chunk],
+                keys[chain[-1].original + chain[-1].size : anchor.original],
+            )
+        ]
+        score, chain = max(options, key=lambda option: option[0], default=(0.0, []))
+        best.append((score + worth(anchor), [*chain, anchor]))
+    return max(best, key=lambda option: option[0])[1]
+
+
+def context_chain(keys: list[str], chunk_keys: list[str], anchors: list[Anchor]) -> list[list[Anchor]]:
+    """The anchors holding the chunk's first and last lines that say something (the context a sketch
+    repeats around a change), when they stand in order and what lies between them is not much more code
+    than the chunk shows (`CONTEXT_SLACK`): whatever its brackets (a template or a string may open more
+    than it closes)."""
+    said = [n for n, key in enumerate(chunk_keys) if counts(key)]
+    if len(anchors) < 2 or anchors[0].chunk > said[0] or anchors[-1].chunk + anchors[-1].size <= said[-1]:
+        return []
+    first, last = anchors[0], anchors[-1]
+    if not first.original + first.size <= last.original:
+        return []
+    new = chunk_keys[first.chunk + first.size : last.chunk]
+    old = keys[first.original + first.size : last.original]
+    return [[first, last]] if replaces_little(old, new, CONTEXT_SLACK) else []
+
+
+def fits(new: list[str], old: list[str]) -> bool:
+    """Whether the chunk's lines `new` can stand where the original has `old`: they open and close as many
+    brackets, and do not replace much more code than they hold (a unique line of new code must not pull
+    the chunk over a screenful of the original's)."""
+    return balance(new) == balance(old) and replaces_little(old, new)
+
+
+def replaces_little(old: list[str], new: list[str], slack: int = REPLACED_SLACK) -> bool:
+    """Whether lines `new` in place of `old` replace not much more code than they hold (`REPLACED_PER_LINE`)."""
+    said_new, said_old = sum(map(counts, new)), sum(map(counts, old))
+    return bool(said_old <= REPLACED_PER_LINE * said_new + slack)
+
+
+def balance(lines: list[str]) -> int:
+    """Brackets opened minus brackets closed (strings and comments not told apart: an estimate)."""
+    text = "".join(lines)
+    return sum(text.count(c) for c in "([{") - sum(text.count(c) for c in ")]}")

@@ -1,0 +1,531 @@
+"""Where one chunk of an edit sketch goes among the original's lines: `merge` places a sketch's chunks in
+order, each after the one before, each replacing a span of the original, by these rules:
+
+1. *Anchors*: the chunk's lines that say something (`merge_checks.counts`: a few letters or digits) and
+   occur once in the original after the chunk before, grown into runs of equal lines (compared stripped,
+   so a re-indented chunk still matches; not over a line the chunk itself has twice, which may be the
+   copy that closes new code or the start of new code shaped like the context before it, unless the
+   run reaches the chunk's end). `def total(items):` can anchor, `return this;` cannot.
+2. *Which anchors*: those that fit together (in order in both, and what lies between two of them in the
+   chunk can stand where the original has what lies between them: as many brackets opened and closed, not
+   much more code replaced than shown), and, since new code may repeat a unique line of old code, each
+   anchor alone too; the two holding the chunk's first and last lines (its context), whatever the
+   brackets between them (a template's `{{end}}}`) and over up to a screenful of code deleted there; and
+   a chunk that ends the file, at each place where the original has its first lines, replacing not much
+   more than it holds (likewise one that starts it). Each choice gives a placement; of those that cover
+   the anchors holding the chunk's first and last lines (its context) and, if any can, its runs of two
+   lines or more (new code written beside a near copy of old code repeats them), the one that loses the
+   fewest of the original's lines (lines that say something and that the chunk lacks) is taken.
+3. *Edges*: the chunk's lines before its first anchor start where the original has the most of their
+   first lines before the anchor (context it repeats: a `}` and a blank line before a new function), less
+   the lines skipping there loses (not one alike to a new line of the chunk: it is changed, as `if (x) {`
+   into `if (x) y;`), if the rest fits there; else its last lines may be changes of the lines just
+   before the anchor (alike, `EDGE_SCORE`); else they are new, and go in before the anchor if they close
+   what they open and do not land inside a deeper block. Likewise after the last anchor. A chunk
+   with no marker before it starts the file, one with no marker after it ends it; one that is a changed
+   line alone (a new signature) goes where the one line alike to it is.
+4. *Repeated blocks*: a chunk none of whose lines the original has once is placed in each stretch around
+   a place of its rarest line where it changes something; the place after which the chunks that follow
+   can still be placed is taken; if several can, the one whose merge changes clearly fewer characters
+   (`CLEARLY_LESS`), else none (`_places`, `place_chunks`). Failing that, a chunk whose first and last lines
+   (its context) the original has several times each goes between each place of its first line and
+   the nearest of its last after it.
+5. Lines the chunk repeats keep the original's own text (a sketch drops trailing spaces), but for a line
+   trimmed beside a line the chunk changes.
+
+Measured on sketches of real edits (see docs/benchmarks.md, "Edit sketches"). Wrong merges seen while
+tuning: a chunk whose lines are, verbatim, another place of the file (a Go template holding the same
+imports) goes there; a new test whose lines (unique ones among them) repeat an old test's far above
+chains onto them and replaces what lies between (guzzle's XML visitor test); a deletion longer than the
+chunk shows (two `--no-x` options replaced by one `--x`) keeps the rest.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+from rapidfuzz import fuzz
+from rapidfuzz.distance import Indel
+
+from specedit.engine.anchors import (
+    Anchor,
+    balance,
+    best_chain,
+    context_chain,
+    find_anchors,
+    find_lines,
+    fits,
+    replaces_little,
+)
+from specedit.engine.merge_checks import counts
+
+# rapidfuzz's ratio (0-100) from which a chunk's line next to an anchor is taken for a change of the
+# original's line there (it replaces it) rather than a new one (it goes in beside it). Chosen on the
+# continue_lazy fixtures, sketches of git_history edits and hand-written ones (2026-11): `return round(s,
+# 2)` for `return s` scores 62, `s += item.price * item.count` for `s += item.price` 70, a changed import
+# `from x import A, B` for `from x import A` 78; a new method's first line against the one it would
+# replace ~50. 50 and 55 let one wrong merge through on continue_lazy; 60 to 70 merged the same sketches
+# of real edits, and only 60 all the hand-written ones.
+EDGE_SCORE = 60
+# A chunk whose every line the original has more than once is tried at each place of its rarest line, if
+# it has at most this many (a block a file repeats: the same lines in two lists, an import block a template
+# holds too).
+MAX_REPEATS = 8
+# Of two places for a chunk after which as many chunks are placed, the one whose merge changes at most
+# this share of the characters the other's changes is taken (the chunk is clearly more like what stands
+# there); closer, it is a doubt. On the sketch sets of every size (1,119 sketches) and HumanEvalFix's
+# (812, Rust's left out): 0.4 settles 12 of 31 such doubts, 10 rightly; 0.5 settles 15, 12 rightly; taking
+# the least change whatever the margin settles 23, 15 rightly.
+CLEARLY_LESS = 0.4
+
+
+@dataclass(frozen=True)
+class Chunk:
+    lines: list[str]  # with their newlines, blank lines at either end left out
+    at_start: bool  # no marker before it: it starts the file
+    at_end: bool  # no marker after it: it ends the file
+
+
+@dataclass(frozen=True)
+class _Placement:
+    start: int  # the chunk replaces the original's lines[start:stop]
+    stop: int
+    lines: list[str]
+
+
+@dataclass(frozen=True)
+class Placements:
+    """How the chunks from one on fare: per chunk its placement, or why it has none or is doubtful; with
+    the number of those, to compare one placement's consequences with another's."""
+
+    steps: tuple[tuple[_Placement | None, str], ...] = ()  # (placement, "" or why it is doubtful or missing)
+    unplaced: int = 0
+    changed: int = 0  # characters the placements change
+
+    def after(self, placement: _Placement | None, why: str = "", changed: int = 0) -> Placements:
+        unplaced = self.unplaced + (placement is None or bool(why))
+        return Placements(((placement, why), *self.steps), unplaced, self.changed + changed)
+
+
+def place_chunks(chunks: list[Chunk], lines: list[str], keys: list[str], raw: list[str]) -> Placements:
+    """Where each chunk goes, after the one before: where a chunk may go in several places (`_places`), the
+    one after which the fewest chunks stay unplaced (a tie is a doubt: which of two equal blocks a sketch
+    meant: what each would change did not tell it reliably). Worked out from the last chunk back, for the
+    states (chunk, cursor) that the first chunk's choices reach: a stack, not recursion, since a sketch may
+    have many chunks."""
+    placements: dict[tuple[int, int], Placements] = {}
+    places: dict[tuple[int, int], list[_Placement] | str] = {}
+    stack = [(0, 0)]
+    while stack:
+        number, cursor = state = stack[-1]
+        if state in placements:  # reached two ways
+            stack.pop()
+            continue
+        if number == len(chunks):
+            placements[state] = Placements()
+            continue
+        chunk = chunks[number]
+        if state not in places:
+            places[state] = _places(lines, keys, raw, cursor, chunk)
+        found = places[state]
+        nexts = [(number + 1, cursor)] if isinstance(found, str) else [(number + 1, place.stop) for place in found]
+        if missing := [after for after in nexts if after not in placements]:
+            stack += missing
+            continue
+        stack.pop()
+        if isinstance(found, str):
+            placements[state] = placements[nexts[0]].after(
+                None, f"{found} (the chunk starting {chunk.lines[0].strip()!r})"
+            )
+            continue
+        # Of the places, the one after which the fewest chunks stay unplaced, then the one whose merge
+        # changes clearly fewer characters; two alike are a doubt.
+        options = sorted(
+            ((placements[(number + 1, place.stop)], _changed(lines, place), place) for place in found),
+            key=lambda option: (option[0].unplaced, option[0].changed + option[1]),
+        )
+        (following, changed, chosen), *others = options  # `following`: how the chunks after it fare
+        tie = bool(others) and others[0][0].unplaced == following.unplaced
+        if tie:
+            runner_up, runner_up_changed, _ = others[0]
+            tie = following.changed + changed > CLEARLY_LESS * (runner_up.changed + runner_up_changed)
+        why = f"{chunk.lines[0].strip()!r} could go in more than one place" if tie else ""
+        placements[state] = following.after(chosen, why, changed)
+    return placements[(0, 0)]
+
+
+def _changed(lines: list[str], place: _Placement) -> int:
+    """How many characters `place` changes (inserted and deleted)."""
+    return Indel.distance("".join(lines[place.start : place.stop]), "".join(place.lines))
+
+
+def _places(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk: Chunk) -> list[_Placement] | str:
+    """Where `chunk` may go after `cursor` (`_place`); or why nowhere.
+
+    A chunk whose lines all occur more than once (a block that a file repeats) is placed in each stretch
+    of the original that holds one of the places of its rarest line (up to `MAX_REPEATS`), where it
+    changes something (a chunk is in a sketch for a change: one that changes nothing at any of them may
+    mean a deletion its lines do not show, as of one of two equal tests): the chunks after it then choose,
+    or it stays unresolved (`merge_sketch`). Failing that, it is placed between each pair of places of its
+    context lines (`_between_context`) where it does not keep old code it rewrites (`_repeats_old_code`).
+    """
+    placed = _place(lines, keys, raw, cursor, chunk)
+    if not isinstance(placed, str):
+        return [placed]
+    found = find_lines(keys, cursor, {line.strip() for line in chunk.lines if counts(line)})
+    repeats = min(found.values(), key=len, default=[])
+    places = []
+    if 1 < len(repeats) <= MAX_REPEATS:  # else it has anchors (and did not fit on them), or too many places
+        for number, at in enumerate(repeats):
+            low = repeats[number - 1] + 1 if number else cursor
+            high = repeats[number + 1] if number + 1 < len(repeats) else len(lines)
+            if (chunk.at_start and low > cursor) or (chunk.at_end and high < len(lines)):
+                continue
+            place = _place(lines[:high], keys[:high], raw[:high], low, chunk)
+            if not isinstance(place, str) and place.start <= at < place.stop:
+                places.append(place)
+    changing = [place for place in places if place.lines != lines[place.start : place.stop]]
+    if not changing:
+        changing = [
+            place
+            for place in _between_context(lines, keys, raw, chunk, found)
+            if place.lines != lines[place.start : place.stop] and not _repeats_old_code(keys, place)
+        ]
+    return changing or placed
+
+
+def _between_context(
+    lines: list[str], keys: list[str], raw: list[str], chunk: Chunk, found: dict[str, list[int]]
+) -> list[_Placement]:
+    """The placements of a chunk by its first and last lines that say something (its context), for when
+    the original has each several times: between each place of its first line and the nearest place of
+    its last line after it (with no place of the first line between them), where the two are once (gson:
+    a new test after asserts two tests share, before a comment three share). Up to `MAX_REPEATS`. `found`:
+    where each of the chunk's lines that say something is in the original after the cursor (`find_lines`)."""
+    said = [line.strip() for line in chunk.lines if counts(line)]
+    if len(said) < 2 or chunk.at_start or chunk.at_end or said[0] == said[-1]:
+        return []
+    firsts, lasts = found.get(said[0], []), found.get(said[-1], [])
+    places = []
+    for number, first in enumerate(firsts):
+        last = next((at for at in lasts if at > first), None)
+        if last is None:
+            break
+        if number + 1 < len(firsts) and firsts[number + 1] < last:
+            continue
+        place = _place(lines[: last + 1], keys[: last + 1], raw[: last + 1], first, chunk)
+        if not isinstance(place, str) and place.start <= first and last < place.stop:
+            places.append(place)
+    return places if len(places) <= MAX_REPEATS else []
+
+
+def _repeats_old_code(keys: list[str], place: _Placement, run: int = 3) -> bool:
+    """Whether the lines `place` adds hold `run` lines in a row, saying something, that the original has
+    in a row outside the lines it replaces: a placement between the wrong pair of context lines (a nested
+    `try:` and the `except` of the outer one) keeps the old code the chunk rewrites."""
+    old = set(keys[place.start : place.stop])
+    new = [line.strip() for line in place.lines if counts(line) and line.strip() not in old]
+    said = [key if counts(key) else None for key in keys]
+    outside = [*said[: place.start], None, *said[place.stop :]]
+    runs = {tuple(outside[k : k + run]) for k in range(len(outside) - run + 1) if None not in outside[k : k + run]}
+    return any(tuple(new[k : k + run]) in runs for k in range(len(new) - run + 1))
+
+
+def _place(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk: Chunk) -> _Placement | str:
+    """Where `chunk` goes: it replaces `lines[start:stop]` with its lines (re-indented like the original's
+    where all its anchors are shifted alike); or why that cannot be said.
+
+    The anchors that fit together best are tried, and each anchor alone (a unique line of new code may
+    fit with the real ones), and those by the context of a chunk that starts or ends the file
+    (`_by_context`); of the placements that hold and cover the anchors they must (`_required`: the
+    context, and the runs if any can; two readings of a context that disagrees are a doubt), the one that
+    loses the fewest lines of the original (lines that say something, and that the chunk does not have) is
+    taken, and of those the one that replaces the fewest.
+    """
+    chunk_keys = [line.strip() for line in chunk.lines]
+    anchors = find_anchors(keys, cursor, chunk_keys)
+    chains = [best_chain(keys, chunk_keys, anchors), *([a] for a in anchors)] if anchors else [[]]
+    chains += context_chain(keys, chunk_keys, anchors)
+    placements = [_place_on(chain, lines, raw, cursor, chunk) for chain in chains] + _by_context(
+        lines, raw, cursor, chunk
+    )
+    placed = [placement for placement in placements if not isinstance(placement, str)]
+
+    def covers(placement: tuple[int, int, list[str]], required: list[Anchor]) -> bool:
+        return all(placement[0] <= a.original < placement[1] for a in required)
+
+    readings = []  # what each reading of the context holds
+    for edges, runs in _required(anchors, chunk_keys, chunk):
+        with_edges = [placement for placement in placed if covers(placement, edges)]
+        covering = [placement for placement in with_edges if covers(placement, runs)]
+        readings.append(covering or (with_edges if edges else []))  # new code may repeat old code
+    alternatives = [placements for placements in readings[1:] if placements]
+    if not readings[0] and len(alternatives) > 1:
+        return f"{chunk.lines[0].strip()!r} could go in more than one place"
+    held = readings[0] or (alternatives[0] if alternatives else [])
+    if not held:
+        reasons = [placement for placement in placements if isinstance(placement, str)]
+        return reasons[0] if reasons else "its lines in the original do not fit together"
+    in_chunk = set(chunk_keys)
+
+    def lost(placement: tuple[int, int, list[str]]) -> int:
+        return sum(counts(key) and key not in in_chunk for key in keys[placement[0] : placement[1]])
+
+    start, stop, new_lines = min(held, key=lambda placement: (lost(placement), placement[1] - placement[0]))
+    return _Placement(start, stop, _keeping_unchanged(lines[start:stop], new_lines))
+
+
+def _by_context(lines: list[str], raw: list[str], cursor: int, chunk: Chunk) -> list[tuple[int, int, list[str]]]:
+    """The placements of a chunk that ends the file (no marker after it) at each place where the original
+    has its first lines (its context: one at least that says something), replacing all after; of a chunk
+    that starts the file, at each place where the original has its last lines, replacing all before. Its
+    anchors may be new code repeating old code (a test appended after a near copy of it)."""
+    new_raw = [line.rstrip() for line in chunk.lines]
+    if chunk.at_start == chunk.at_end:
+        return []
+    # Only where the first line (the last, backwards) is the same: the original is not copied for every line.
+    if chunk.at_end:
+        placements = [
+            (place, len(lines), chunk.lines)
+            for place in range(cursor, len(lines))
+            if raw[place] == new_raw[0] and _says(new_raw, raw[place:])
+        ]
+    else:
+        placements = [
+            (cursor, place, chunk.lines)
+            for place in range(cursor + 1, len(lines) + 1)
+            if raw[place - 1] == new_raw[-1] and _says(new_raw[::-1], raw[place - 1 :: -1])
+        ]
+    # Not over much more code than the chunk holds (new code beside a near copy repeats its first lines).
+    return [placement for placement in placements if replaces_little(raw[placement[0] : placement[1]], new_raw)]
+
+
+def _says(new: list[str], old: list[str]) -> bool:
+    """Whether the first lines `new` and `old` have in common hold one that says something."""
+    return any(counts(line) for line in new[: common_length(new, old)])
+
+
+Reading = tuple[list["Anchor"], list["Anchor"]]  # the context anchors a placement must cover, and the runs
+
+
+def _required(anchors: list[Anchor], chunk_keys: list[str], chunk: Chunk) -> list[Reading]:
+    """The anchors a placement must cover: those holding the chunk's first or last line that says something
+    (where a sketch repeats its context; not the end a file's start or end fixes); and, if it can, runs of
+    two such lines or more in the same order as those (new code may repeat a line of old code, seldom two
+    together; a placement that leaves them out, beside the chunk's copy, doubles them; but new code written
+    beside a near copy of it does repeat them: a placement that covers the context anchors need not cover
+    the runs, when none can). Where the two context anchors disagree (new code at one end repeating old
+    code elsewhere), the first reading has neither and every run; then each alone, with the runs in order
+    with it, to be taken where the first reading holds nothing and exactly one of them holds something."""
+    said = [n for n, key in enumerate(chunk_keys) if counts(key)]
+    edges = [
+        a
+        for a in anchors
+        if (a.chunk <= said[0] and not chunk.at_start) or (a.chunk + a.size > said[-1] and not chunk.at_end)
+    ]
+    long = [a for a in anchors if a.said >= 2]
+    if all(_in_order(a, b) for a in edges for b in edges):
+        return [(edges, [a for a in long if all(_in_order(a, e) for e in edges)])]
+    return [([], long), *(([edge], [a for a in long if _in_order(a, edge)]) for edge in edges)]
+
+
+def _in_order(a: Anchor, b: Anchor) -> bool:
+    """Whether two anchors stand in the same order in the chunk and in the original (or are one)."""
+    return a == b or (a.chunk < b.chunk) == (a.original < b.original)
+
+
+def _keeping_unchanged(old: list[str], new: list[str]) -> list[str]:
+    """`new`, with the original's own text for the lines it repeats: a sketch writes blank lines without
+    their spaces, and a merge changes no line it did not mean to (a line indented anew is changed). But a
+    line that the sketch gives without the original's trailing spaces, right beside a line it changes, is
+    the sketch's: an edit trims the lines it touches (` * ` in a doc comment it rewrites)."""
+    matcher = difflib.SequenceMatcher(
+        None, [line.rstrip() for line in old], [line.rstrip() for line in new], autojunk=False
+    )
+    opcodes = matcher.get_opcodes()
+    merged: list[str] = []
+    for number, (tag, old_start, old_stop, new_start, new_stop) in enumerate(opcodes):
+        if tag != "equal":
+            merged += new[new_start:new_stop]
+            continue
+        kept = old[old_start:old_stop]
+        if number > 0 and kept[0].strip():  # the line after a change
+            kept[0] = new[new_start]
+        if number < len(opcodes) - 1 and kept[-1].strip():  # the line before one
+            kept[-1] = new[new_stop - 1]
+        merged += kept
+    return merged
+
+
+def _place_on(
+    chain: list[Anchor], lines: list[str], raw: list[str], cursor: int, chunk: Chunk
+) -> tuple[int, int, list[str]] | str:
+    """The placement of `chunk` on the anchors `chain` (see `_place`)."""
+    new_lines = _reindented(chunk.lines, chain, lines)
+    new_raw = [line.rstrip() for line in new_lines]
+    if chain:
+        start, stop = chain[0].original, chain[-1].original + chain[-1].size
+        lead, tail = new_raw[: chain[0].chunk], new_raw[chain[-1].chunk + chain[-1].size :]
+    elif chunk.at_start:  # it begins as the file does, if at all (`x = 1` says too little to anchor)
+        same = common_length(new_raw, raw[cursor:])
+        start, stop, lead, tail = cursor, cursor + same, [], new_raw[same:]
+    elif chunk.at_end:
+        same = common_length(new_raw[::-1], raw[::-1])
+        start, stop, lead, tail = len(lines) - same, len(lines), new_raw[: len(new_raw) - same], []
+    else:  # one changed line alone (a new signature): where the one line alike to it is
+        said = [line.strip() for line in new_raw if counts(line)]
+        alike = [
+            index for index in range(cursor, len(lines)) if len(said) == 1 and is_change_of(said[0], raw[index].strip())
+        ]
+        if len(alike) != 1:  # (a new function `sub` beside `add` is no change of `add`)
+            return "none of its lines is in the original once"
+        start = stop = alike[0]
+        lead, tail = [], new_raw
+    if chunk.at_start:
+        start = cursor
+    else:
+        start, unplaced = _edge(lead, raw, cursor, start)
+        if unplaced and not _insertable(unplaced, raw, start, cursor, start):
+            return f"{unplaced[0].strip()!r} could go in more than one place"
+    if chunk.at_end:
+        stop = len(lines)
+    else:
+        # The chunk's end, read backwards, is placed like its start.
+        back, unplaced = _edge(tail[::-1], raw[::-1], 0, len(lines) - stop)
+        stop = len(lines) - back
+        if unplaced and not _insertable(unplaced[::-1], raw, stop, stop, len(lines)):
+            return f"{unplaced[0].strip()!r} could go in more than one place"
+    return start, stop, new_lines
+
+
+def _edge(edge: list[str], raw: list[str], low: int, start: int) -> tuple[int, list[str]]:
+    """Where the chunk's lines before its first anchor (`edge`) begin in the original, and those of them
+    that are new, to go in right before `start`.
+
+    The edge may begin with lines of the original (context the chunk repeats: a closing `}` and a blank
+    line before a new function): of the places before `start` where the chunk's lines after them fit where
+    the original has its lines up to `start`, the one where the most of them are, less the lines it loses
+    (lines that say something, that the chunk lacks), then the most of them, then the nearest.
+    Else its last lines may be changes of the original's lines just before `start` (alike). Lines compared
+    with their indentation. Used backwards for the chunk's end.
+    """
+    if edge:
+        places = []  # (lines it repeats, place), nearest first
+        for place in range(start - 1, low - 1, -1):
+            if raw[place] != edge[0]:
+                continue
+            size = 1
+            while size < len(edge) and place + size < start and raw[place + size] == edge[size]:
+                size += 1
+            rest, skipped = [line.strip() for line in edge[size:]], [line.strip() for line in raw[place + size : start]]
+            if fits(rest, skipped):
+                lost = _lost(skipped, rest)
+                places.append((size - lost, size, place))
+        if places:  # the most repeated less lost, then the most repeated, then the nearest
+            return max(places, key=lambda found: found[:2])[2], []
+    # Changed lines: alike pairs from `start` back, over equal lines between them (blank lines, `}`).
+    unplaced, placed_start = len(edge), start
+    walked, at = unplaced, start
+    while walked and at > low:
+        new, old = edge[walked - 1].strip(), raw[at - 1].strip()
+        if new != old and not is_change_of(new, old):
+            break
+        walked, at = walked - 1, at - 1
+        if is_change_of(new, old):
+            unplaced, placed_start = walked, at
+    return placed_start, edge[:unplaced]
+
+
+def _lost(old: list[str], new: list[str]) -> int:
+    """How many of the lines `old` that say something `new` replaces without keeping them: neither among
+    its lines nor changed into one (alike to one of its lines the original lacks there, each of those a
+    change of one line at most)."""
+    changes = [line for line in new if line not in old]
+    lost = 0
+    for line in old:
+        if not counts(line) or line in new:
+            continue
+        alike = next((number for number, change in enumerate(changes) if is_change_of(change, line)), None)
+        if alike is None:
+            lost += 1
+        else:
+            del changes[alike]
+    return lost
+
+
+def _insertable(new: list[str], raw: list[str], at: int, low: int, high: int) -> bool:
+    """Whether lines that nothing places can go in before `raw[at]` as new code: none of them (but bare
+    brackets) is a line of the original between `low` and `high` (that would be context the chunk
+    repeats, not found where it fits), they close what they open, and the line after them is not deeper
+    inside a block than their first line."""
+    nearby = {line.strip() for line in raw[low:high]}
+    if any(_has_words(line) and line.strip() in nearby for line in new) or balance(new) != 0:
+        return False
+    after = next((line for line in raw[at:] if line.strip()), "")
+    first = next(line for line in new if line.strip())
+    return _indent(first) >= _indent(after)
+
+
+def _indent(line: str) -> int:
+    return len(line.expandtabs(4)) - len(line.expandtabs(4).lstrip())
+
+
+def is_change_of(new: str, old: str) -> bool:
+    """Whether a chunk's line is a change of the original's `old` (it replaces it), not a new one."""
+    return _has_words(new) and _has_words(old) and fuzz.ratio(new, old) >= EDGE_SCORE
+
+
+def _has_words(line: str) -> bool:
+    """Whether a line has a letter or digit: `x = 1` does, `});` does not (too little to anchor, enough
+    to tell a changed line or a doubled one)."""
+    return any(c.isalnum() for c in line)
+
+
+def common_length(a: list[str], b: list[str]) -> int:
+    """How many of the first lines of `a` and `b` are equal."""
+    same = 0
+    while same < min(len(a), len(b)) and a[same] == b[same]:
+        same += 1
+    return same
+
+
+def _reindented(chunk_lines: list[str], anchors: list[Anchor], lines: list[str]) -> list[str]:
+    """The chunk's lines, with the indentation its anchors lack in front of each, when every anchored line
+    that says something lacks the same (a method shown without its class's indentation); indented with
+    tabs where the original's anchored lines are and the chunk's have spaces for them (`_retabbed`)."""
+    chunk_lines = _retabbed(chunk_lines, anchors, lines)
+    shifts = set()
+    for anchor in anchors:
+        for k in range(anchor.size):
+            new, old = chunk_lines[anchor.chunk + k], lines[anchor.original + k]
+            if counts(new):
+                new_indent = new[: len(new) - len(new.lstrip())]
+                old_indent = old[: len(old) - len(old.lstrip())]
+                shifts.add(old_indent[: len(old_indent) - len(new_indent)] if old_indent.endswith(new_indent) else None)
+    if len(shifts) != 1 or not (shift := shifts.pop()):
+        return chunk_lines
+    return [shift + line if line.strip() else line for line in chunk_lines]
+
+
+def _retabbed(chunk_lines: list[str], anchors: list[Anchor], lines: list[str]) -> list[str]:
+    """The chunk's lines with their leading spaces as tabs, `width` spaces a tab, where every anchored line
+    of the original is indented with tabs and the chunk's with `width` spaces for each (a chat answer's
+    code block turns a Go file's tabs into spaces); else as they are."""
+    widths = set()
+    for anchor in anchors:
+        for k in range(anchor.size):
+            new, old = chunk_lines[anchor.chunk + k], lines[anchor.original + k]
+            new_indent, old_indent = new[: len(new) - len(new.lstrip())], old[: len(old) - len(old.lstrip())]
+            if not counts(new) or not old_indent:
+                continue
+            if old_indent.strip("\t") or new_indent.strip(" ") or len(new_indent) % len(old_indent):
+                return chunk_lines
+            widths.add(len(new_indent) // len(old_indent))
+    if len(widths) != 1 or (width := widths.pop()) < 2:
+        return chunk_lines
+    retabbed = []
+    for line in chunk_lines:
+        spaces = len(line) - len(line.lstrip(" "))
+        retabbed.append("\t" * (spaces // width) + " " * (spaces % width) + line[spaces:] if line.strip() else line)
+    return retabbed
