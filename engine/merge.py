@@ -229,14 +229,16 @@ def _doubled(lines: list[str], longest: int = 24) -> set[tuple[str, ...]]:
     """The blocks of two lines or more, saying something, that `lines` has twice in a row (compared
     stripped), up to `longest` lines."""
     keys = [line.strip() for line in lines]
+    said = [0]  # said[k]: how many of the first k lines say something (a block's count in O(1))
+    for key in keys:
+        said.append(said[-1] + counts(key))
     found = set()
     for size in range(2, longest + 1):
         run = 0  # how many lines up to here equal the line `size` after them
         for start in range(len(keys) - size):
             run = run + 1 if keys[start] == keys[start + size] else 0
-            block = keys[start - size + 1 : start + 1]
-            if run >= size and sum(map(counts, block)) >= 2:
-                found.add(tuple(block))
+            if run >= size and said[start + 1] - said[start - size + 1] >= 2:
+                found.add(tuple(keys[start - size + 1 : start + 1]))
     return found
 
 

@@ -130,13 +130,8 @@ def check_merge(original: str, sketch: str, answer: str, sketch_format: SketchFo
         covered.update(range(first))
     if covered and ends:
         covered.update(range(last + 1, len(original_lines)))
-    matcher = difflib.SequenceMatcher(None, original_lines, answer_lines, autojunk=False)
     dropped = [
-        i
-        for tag, start, stop, _, _ in matcher.get_opcodes()
-        if tag in ("delete", "replace")
-        for i in range(start, stop)
-        if i not in covered and original_lines[i] not in answer_set
+        i for i in _removed(original_lines, answer_lines) if i not in covered and original_lines[i] not in answer_set
     ]
     # Past the last line a chunk spans (before the first), as many lines may go as the sketch has new lines
     # past its last line found in the original (before its first), up to `EDGE_DROPS`: they replace the
@@ -164,6 +159,25 @@ def _reaches_edges(sketch: str, original: str) -> tuple[bool, bool]:
         return bool(sketch_edge) and not is_elision(sketch_edge[0]) and same >= 2
 
     return reaches(said, file), reaches(said[::-1], file[::-1])
+
+
+def _removed(old: list[str], new: list[str]) -> list[int]:
+    """The indices of `old`'s lines that a diff to `new` deletes or replaces. The lines both start and end
+    with are equal and left out of the diff (an answer changes a part of a file: difflib's quadratic worst
+    case, a file of repeated lines, then costs that part, not the whole file)."""
+    head = 0
+    while head < min(len(old), len(new)) and old[head] == new[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(old), len(new)) - head and old[-1 - tail] == new[-1 - tail]:
+        tail += 1
+    matcher = difflib.SequenceMatcher(None, old[head : len(old) - tail], new[head : len(new) - tail], autojunk=False)
+    return [
+        head + i
+        for tag, start, stop, _, _ in matcher.get_opcodes()
+        if tag in ("delete", "replace")
+        for i in range(start, stop)
+    ]
 
 
 def _counted(text: str) -> list[str]:
