@@ -262,6 +262,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     import specedit.drafters
     import specedit.engine
     from specedit.drafters.fallback import calibration_path
+    from specedit.engine.model.model_thread import on_model_thread
     from specedit.engine.ops.calibrate import calibrate, calibration_record
 
     if args.tokens < 16:
@@ -278,9 +279,11 @@ def calibrate_command(args: argparse.Namespace) -> int:
         raise InputError("the sample is too short: give at least 16 tokens of text")
     print(f"calibrating layer skip for {target.name} on {len(sample_ids)} tokens", file=sys.stderr)
     try:
-        candidates = calibrate(
-            target, sample_ids, p_min=options.p_min, on_progress=lambda line: print(line, file=sys.stderr)
-        )
+        candidates = on_model_thread(
+            lambda: calibrate(
+                target, sample_ids, p_min=options.p_min, on_progress=lambda line: print(line, file=sys.stderr)
+            )
+        )  # where the model loaded: its costs are those a rewrite pays
     except ValueError as error:
         raise InputError(str(error)) from None
     best = candidates[0]

@@ -41,6 +41,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ from specedit.engine.loop.rewrite import PreparedRewrite, prepare_rewrite, run_r
 from specedit.engine.merge import merge_sketch
 from specedit.engine.merge_checks import check_merge, counts
 from specedit.engine.model.invariant import stock_kernels
+from specedit.engine.model.model_thread import on_model_thread
 from specedit.engine.ops.llama_server import LlamaServerRunner
 from specedit.engine.ops.method_run import MethodRun, Timer
 from specedit.engine.ops.openai_door import OpenAIDoor
@@ -530,13 +532,14 @@ def _run_cases(
             continue
         runs: dict[str, MethodRun] = {}
         for method in ordered:
+            # Our methods run where the product runs the model (`model_thread`; the door's requests go there).
             if method == "plain-stock":
                 with as_transformers_runs_it(engine):
-                    runs[method] = run_ours(engine, prepared, draft="none")
+                    runs[method] = on_model_thread(partial(run_ours, engine, prepared, draft="none"))
             elif method in DRAFT_OF:
-                runs[method] = run_ours(engine, prepared, draft=DRAFT_OF[method])
+                runs[method] = on_model_thread(partial(run_ours, engine, prepared, draft=DRAFT_OF[method]))
             elif method == "prompt-lookup":
-                runs[method] = run_prompt_lookup(engine, prepared, lookup_tokens)
+                runs[method] = on_model_thread(partial(run_prompt_lookup, engine, prepared, lookup_tokens))
             elif method == "llama-cpp" and llama is not None:
                 runs.update(llama.run(prepared))
             elif method == "llama-server" and server is not None:

@@ -8,7 +8,8 @@ fairly across clients (a client's k-th waiting rewrite goes after every other cl
 ones, so one busy editor cannot starve another), each told where it is (`Phase`). Between rewrites the
 documents editors have open (`warm`, the most recent first) are prefilled into the prefix cache, giving
 way within a layer as soon as a rewrite waits, and resumed after it. This module imports torch only when
-the model loads; the daemon, a cluster replica and the command line all run their rewrites here.
+the model loads; the daemon, a cluster replica and the command line all run their rewrites here, on the
+process's one model thread (`model.model_thread`: whichever thread asked, the model runs on that one).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from specedit.engine.errors import SpeceditError
 from specedit.engine.events import Event, Phase, Text
+from specedit.engine.model.model_thread import on_model_thread, serve_while, serving
 from specedit.engine.options import EngineOptions
 from specedit.engine.requests import CompletionRequest, RewriteOutcome, RewriteRequest, WarmRequest
 
@@ -179,12 +181,14 @@ class _Turn:
         return self._ticket is not None
 
     def give_way(self) -> None:
-        """Between two parts of a prefill: rewrites that wait take the model first, in their turns (this
-        one, told where it is, after them); then it goes on where it was. Cancelled meanwhile, it holds
-        nothing (the prefill stops before its next part)."""
-        if self._backend._turns.waiting():
+        """Between two parts of a prefill (on the model thread): rewrites that wait take the model first,
+        in their turns, run here meanwhile (this one, told where it is, after them); then it goes on where
+        it was. Cancelled meanwhile, it holds nothing (the prefill stops before its next part). A rewrite
+        run so (above another one's prefill on the model thread's stack) keeps the model to its end: the one
+        beneath waits for it, and can go on only after it."""
+        if self._backend._turns.waiting() and not serving():
             self.leave()
-            self.take(told=True)
+            serve_while(lambda: self.take(told=True))
 
     def leave(self) -> None:
         if self._ticket is not None:
@@ -242,7 +246,7 @@ class LocalBackend:
             if self._engine is None:
                 log.info("loading %s", self.options.model or "the default model")
                 try:
-                    self._engine = open_engine(self.options, progress=self._progress)
+                    self._engine = on_model_thread(lambda: open_engine(self.options, progress=self._progress))
                 except SpeceditError as error:
                     self._failure = error
                     raise
@@ -269,20 +273,21 @@ class LocalBackend:
         turn = _Turn(self, client, emit, cancel)
         if not turn.take(told=loading):
             return RewriteOutcome.cancelled_before_start({"queue_seconds": round(turn.waited, 4)})
-        try:
-            emit(Phase("started"))
+        on_text = lambda delta: emit(Text(delta))  # noqa: E731
+
+        def work() -> RewriteOutcome:
             apply_threads(self.options)
-            on_text = lambda delta: emit(Text(delta))  # noqa: E731
             if isinstance(request, CompletionRequest):
                 run = complete(
                     engine, request, on_text=on_text, on_step=emit, cancel=cancel.is_set, pause=turn.give_way
                 )
-                outcome = run.outcome()
-            else:
-                done = rewrite(
-                    engine, request, on_text=on_text, on_step=emit, cancel=cancel.is_set, pause=turn.give_way
-                )
-                outcome = done.outcome()
+                return run.outcome()
+            done = rewrite(engine, request, on_text=on_text, on_step=emit, cancel=cancel.is_set, pause=turn.give_way)
+            return done.outcome()
+
+        try:
+            emit(Phase("started"))
+            outcome = on_model_thread(work)
         finally:
             turn.leave()
             release_freed_memory(collect=False)  # a big request's buffers go back to the system
@@ -313,14 +318,18 @@ class LocalBackend:
             return len(self._to_warm)
 
     def prefill(self, request: WarmRequest, should_stop: Callable[[], bool]) -> tuple[int, int]:
-        """Warm `request` now, in this thread, between rewrites, giving way to one as soon as it waits or
+        """Warm `request` now (on the model thread), between rewrites, giving way to one as soon as it waits or
         `should_stop()`; (tokens cached, tokens of the prompt's start) (see `loop.rewrite.warm_document`)."""
         from specedit.engine.loop.rewrite import warm_document
 
         engine = self.load()
-        with self._run_lock:
+
+        def work() -> tuple[int, int]:
             apply_threads(self.options)
             return warm_document(engine, request, lambda: self._turns.wanted() or should_stop())
+
+        with self._run_lock:
+            return on_model_thread(work)
 
     def _warm_soon(self) -> None:
         """Start the warmer thread, if documents wait and none runs."""
