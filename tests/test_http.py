@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -23,8 +24,10 @@ import torch
 from specedit.engine.http.openai import DEFAULT_TEMPERATURE
 from specedit.engine.loop.completion import prompt_text
 from specedit.engine.loop.generate import Engine
+from specedit.engine.loop.rewrite import rewrite
 from specedit.engine.model.loading import load_model
-from specedit.engine.requests import ChatMessage, CompletionRequest
+from specedit.engine.requests import ChatMessage, CompletionRequest, RewriteRequest
+from specedit.engine.serving.client import EngineClient
 from specedit.engine.serving.config import DaemonConfig
 from specedit.engine.serving.daemon import Daemon, serve
 from specedit.engine.serving.local import LocalBackend
@@ -171,6 +174,17 @@ def test_sampling_with_a_seed_is_the_same_with_and_without_a_prediction(client: 
     predicted = client.chat.completions.create(**asked, prediction={"type": "content", "content": alone})
     assert predicted.choices[0].message.content == alone
     assert DEFAULT_TEMPERATURE == 1.0  # OpenAI's: a client that says nothing samples
+
+
+def test_the_daemons_unix_socket_still_serves_its_own_user_without_the_token(
+    door: Daemon, random_engine: Engine
+) -> None:
+    """The token file given for the HTTP door does not lock the editors out of the daemon's socket."""
+    assert door.config.socket_path is not None
+    request = RewriteRequest("x = 1\n", "Rename x.", max_new_tokens=3)
+    with EngineClient.connect(door.config.socket_path) as engine_client:
+        assert engine_client.daemon_pid == os.getpid()
+        assert engine_client.rewrite(request).text == rewrite(random_engine, request).text
 
 
 def test_a_wrong_key_is_refused_and_nothing_runs(door: Daemon) -> None:

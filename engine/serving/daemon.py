@@ -147,7 +147,7 @@ class Daemon:
         self._listener = listener
         self._backend = backend
         self._session = Session(backend)
-        self._token = token
+        self._token = token if config.tcp else None  # the handshake's; a unix socket's peer is checked by uid
         self._state = "ready" if backend.engine is not None else "loading"
         self._failure: tuple[ErrorCode, str] | None = None
         self._exit_code = 0
