@@ -67,7 +67,7 @@ def through_door(openai_client: object, request: RewriteRequest) -> tuple[float,
             usage = {"accepted": details.accepted_prediction_tokens, "rejected": details.rejected_prediction_tokens}
         for choice in chunk.choices:
             pieces.append(choice.delta.content or "")
-    return time.perf_counter() - started, "".join(pieces) + "\n", usage
+    return time.perf_counter() - started, "".join(pieces), usage
 
 
 def main() -> int:
@@ -97,6 +97,8 @@ def main() -> int:
             token_file,
             "--threads",
             str(args.threads),
+            "--prefix-cache-mb",  # none kept: the second to ask would reuse the first's prompt
+            "0",
         ],
         stdout=subprocess.DEVNULL,
     )
@@ -113,7 +115,7 @@ def main() -> int:
         through_door(door, warm)
         print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}; {len(cases)} cases")
         print(f"{'case':<34} {'socket s':>9} {'door s':>8} {'ratio':>6} same  accepted/rejected")
-        ratios, added = [], []
+        ratios, added, differ = [], [], 0
         for index, case in enumerate(cases):
             request = RewriteRequest(case.before, case.instruction, language=case.language)
             if index % 2:
@@ -124,12 +126,19 @@ def main() -> int:
                 door_s, door_text, usage = through_door(door, request)
             ratios.append(door_s / socket_s)
             added.append(door_s - socket_s)
-            same = "yes" if door_text == socket_text else "NO"
+            # A rewrite ends the file as the original did; the answer before the closing fence has no newline.
+            same = door_text.rstrip("\n") == socket_text.rstrip("\n")
+            if not same:
+                differ += 1
+                for name, text in (("socket", socket_text), ("door", door_text)):
+                    (folder / f"{index}.{name}").write_text(text)
             print(
-                f"{case.id[:34]:<34} {socket_s:>9.2f} {door_s:>8.2f} {ratios[-1]:>6.3f} {same:<5} "
+                f"{case.id[:34]:<34} {socket_s:>9.2f} {door_s:>8.2f} {ratios[-1]:>6.3f} {'yes' if same else 'NO':<5} "
                 f"{usage.get('accepted')}/{usage.get('rejected')}",
                 flush=True,
             )
+        if differ:
+            print(f"{differ} answers differ: {folder}/N.socket and N.door")
         print(
             f"the door beside the socket: median {statistics.median(ratios):.3f}x its time, "
             f"{statistics.median(added):+.3f} s a request (median); "
