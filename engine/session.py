@@ -61,6 +61,11 @@ class Backend(Protocol):
         loads a model or starts a daemon."""
         ...
 
+    def start(self) -> None:
+        """Have the engine ready before the first rewrite: the model loaded (a daemon started, which loads
+        it, if none answers); blocking. Errors are raised, and the next rewrite meets them again."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -105,6 +110,9 @@ class Session:
 
     def keep_alive(self, wanted: bool) -> None:
         self.backend.keep_alive(wanted)
+
+    def start(self) -> None:
+        self.backend.start()
 
     def close(self) -> None:
         self.backend.close()

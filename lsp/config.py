@@ -2,7 +2,7 @@
 (section `specedit`), then the command line, each overriding the one before.
 
 Keys as the editors spell them (camelCase): engine, engineTokenFile, model, dtype, device, threads, draft,
-draftModel, draftLayers, pMin, prefixCacheMb, delivery, presets, maxNewTokens, warm. `engine` is
+draftModel, draftLayers, pMin, prefixCacheMb, delivery, presets, maxNewTokens, warm, loadOnStart. `engine` is
 "inprocess", a daemon address, or absent: the shared daemon, started if none runs. The engine's own
 settings are an `EngineOptions` (`ENGINE_KEYS`: the editors' names of its fields).
 """
@@ -53,6 +53,7 @@ class Settings:
     presets: tuple[Preset, ...] = field(default=DEFAULT_PRESETS)
     max_new_tokens: int | None = None
     warm: bool = True  # offer open documents to the engine to prefill while it is idle (`warming`)
+    load_on_start: bool = True  # start the engine with the editor, not on the first rewrite (False: memory)
 
     def __post_init__(self) -> None:
         if self.draft not in DRAFT_METHODS:
@@ -89,6 +90,8 @@ class Settings:
             return replace(self, max_new_tokens=value)
         if key == "warm" and isinstance(value, bool):
             return replace(self, warm=value)
+        if key == "loadOnStart" and isinstance(value, bool):
+            return replace(self, load_on_start=value)
         if key == "presets":
             return replace(self, presets=_presets(value))
         if key in ("trace", "server", "serverCommand", "pythonPath"):

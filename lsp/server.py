@@ -116,7 +116,7 @@ class SpeceditServer(LanguageServer):
         self._loop = asyncio.get_running_loop()
         self.documents[item.uri] = DocumentState(item.uri, item.text, item.version, item.language_id)
         self.warmer.touch(item.uri)
-        self.keep_engine()
+        self.keep_engine(start=True)
 
     def did_change(self, params: types.DidChangeTextDocumentParams) -> None:
         doc = self.documents.get(params.text_document.uri)
@@ -158,11 +158,24 @@ class SpeceditServer(LanguageServer):
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self.close_all)
 
-    def keep_engine(self) -> None:
+    def keep_engine(self, *, start: bool = False) -> None:
         """The shared engine stays while documents are open here, not only while a rewrite runs (else the
-        next rewrite after a pause waits for the model to load again). On a thread: it connects."""
-        session = self.session()
-        self._keeper.submit(lambda: session.keep_alive(bool(self.documents)))  # in order, as things are then
+        next rewrite after a pause waits for the model to load again). With `start` (the editor started, a
+        document opened) and the setting `loadOnStart`, the engine starts first: the model loads now, and
+        the open documents are read into its cache while the user reads them, so that the first rewrite is
+        a warm one. On a thread, in order: it connects, and may wait for the load."""
+        session, wanted = self.session(), bool(self.documents)
+        self._keeper.submit(self._keep_engine, session, start and self.settings.load_on_start, wanted)
+
+    def _keep_engine(self, session: Session, start: bool, wanted: bool) -> None:
+        if start:
+            try:
+                session.start()
+            except SpeceditError as error:  # the first rewrite meets it again, and says it
+                log.warning("the engine did not start: %s", error)
+            else:
+                self.warmer.touch_all()  # offers made while it started found no one
+        session.keep_alive(wanted)
 
 
 # --------------------------------------------------------------------------------------- handlers
@@ -200,6 +213,7 @@ def on_initialize(ls: SpeceditServer, params: types.InitializeParams) -> None:
 
 async def on_initialized(ls: SpeceditServer, params: types.InitializedParams) -> None:
     await fetch_configuration(ls)
+    ls.keep_engine(start=True)  # with the editor: loaded by the time the user asks
 
 
 async def on_did_change_configuration(ls: SpeceditServer, params: types.DidChangeConfigurationParams) -> None:

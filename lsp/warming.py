@@ -4,7 +4,9 @@ while it has nothing else to do, and gives way at once to a real request (`model
 
 A document is offered `WARM_DELAY` seconds after it was opened or last changed (typing pushes it back), and
 only when its text differs from what was offered last. Offering is cheap (one message to the daemon; an
-in-process engine warms on a thread of its own); it never loads a model or starts a daemon.
+in-process engine warms on a thread of its own); it never loads a model or starts a daemon. The server
+starts the engine with the editor (`loadOnStart`) and offers every open document again once it answers:
+an offer no engine took is made again.
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ class Warmer:
         timer.daemon = True
         timer.start()
 
+    def touch_all(self) -> None:
+        """The engine has just started: every open document is offered (again) once quiet."""
+        for uri in list(self._documents):
+            self.touch(uri)
+
     def forget(self, uri: str) -> None:
         timer = self._timers.pop(uri, None)
         if timer is not None:
@@ -70,6 +77,9 @@ class Warmer:
         self._offered[uri] = text
         self.offers += 1
         try:
-            session.warm(request)
+            taken = session.warm(request)
         except Exception:  # an offer is a hint: nothing may fail because of it
             log.debug("offering %s to warm failed", uri, exc_info=True)
+            taken = False
+        if not taken:  # no engine answered yet: offered again when it starts, or when the text changes
+            self._offered.pop(uri, None)

@@ -21,6 +21,13 @@ instead rewrites examples/sample.py to its end, live, once per instruction of EX
 reports when the editor first showed something (the text being written, marked pending), when the first
 hunk settled (all an editor showed before), and, from the stats, when the model wrote the answer's first
 text and how long one speculative step took.
+
+    .venv/bin/python scripts/first_edit.py --fresh [--sizes 200,1000] [--open-seconds 60]
+
+instead plays a freshly started editor, once per size: a new language server and no daemon running (a
+private runtime folder each time), the file opened at once, left open `--open-seconds`, then the live
+rewrite; the time to its first edit, and when the engine had loaded and read the file (from the
+editor's start). With `loadOnStart` (the default) the engine starts with the editor.
 """
 
 from __future__ import annotations
@@ -158,16 +165,72 @@ def cli_prefills(socket: Path, path: Path) -> list[float]:
     return seconds
 
 
-async def measure(sizes: list[int], example: bool) -> dict[str, Any]:
-    lines = source_lines()
+def private_server() -> tuple[ClientServerConfig, Path]:
+    """The language server as an editor starts it, with the shared daemon in a runtime folder of its own."""
     runtime = Path(tempfile.mkdtemp(prefix="se-"))
     runtime.chmod(0o700)
-    socket = runtime / "specedit" / SOCKET_NAME
     config = ClientServerConfig(
         server_command=[sys.executable, "-m", "specedit.lsp", "--threads", "2"],
         client_factory=lambda: make_client("nvim"),
         server_env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
     )
+    return config, runtime / "specedit" / SOCKET_NAME
+
+
+async def fresh(size: int, open_seconds: float) -> dict[str, Any]:
+    """A freshly started editor on the first `size` lines, open `open_seconds`, then the live rewrite."""
+    config, socket = private_server()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    client = await config.start()
+    assert isinstance(client, EditorClient)
+    text = "".join(source_lines()[:size])
+    uri = f"file:///work/fresh-{size}.py"
+    run: dict[str, Any] = {"lines": size, "mode": f"fresh, open {open_seconds:.0f} s", "load_average": os.getloadavg()}
+    try:
+        result = await client.initialize_session(
+            types.InitializeParams(
+                capabilities=client_capabilities("neovim"), initialization_options={"specedit": {"delivery": "live"}}
+            )
+        )
+        client.encoding = str(result.capabilities.position_encoding or "utf-16")
+        client.open(uri, text)
+        loaded = read = None
+        while loop.time() - started < open_seconds:
+            if read is None and socket.exists():
+                try:
+                    info = daemon_status(socket)
+                except Exception:  # (made, not yet listening)
+                    info = None
+                if info is not None and info["state"] == "ready":
+                    loaded = loaded or round(loop.time() - started, 2)
+                    if (info["prefix_cache"] or {}).get("documents", 0) >= 1 and not info["warming"]:
+                        read = round(loop.time() - started, 2)
+            await asyncio.sleep(0.1)
+        run.update(engine_loaded_seconds=loaded, file_read_seconds=read, **await first_edit(client, uri, text))
+    finally:
+        await client.shutdown_session()
+        await client.stop()
+        if socket.exists():
+            with EngineClient.connect(socket) as daemon:
+                daemon.stop()
+    return run
+
+
+async def measure_fresh(sizes: list[int], open_seconds: float) -> dict[str, Any]:
+    report: dict[str, Any] = {"load_average_before": os.getloadavg(), "runs": []}
+    for size in sizes:
+        run = await fresh(size, open_seconds)
+        report["runs"].append(run)
+        print(json.dumps(run), file=sys.stderr)
+    report["load_average_after"] = os.getloadavg()
+    return report
+
+
+async def measure(sizes: list[int], example: bool) -> dict[str, Any]:
+    lines = source_lines()
+    config, socket = private_server()
+    runtime = socket.parent.parent
     client = await config.start()
     assert isinstance(client, EditorClient)
     report: dict[str, Any] = {"load_average_before": os.getloadavg(), "runs": []}
@@ -228,9 +291,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="50,200,1000")
     parser.add_argument("--example", action="store_true", help="rewrite examples/sample.py to its end instead")
+    parser.add_argument("--fresh", action="store_true", help="a freshly started editor, once per size")
+    parser.add_argument("--open-seconds", type=float, default=60.0, help="--fresh: how long the file is open")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    report = asyncio.run(measure([int(size) for size in args.sizes.split(",")], args.example))
+    sizes = [int(size) for size in args.sizes.split(",")]
+    if args.fresh:
+        report = asyncio.run(measure_fresh(sizes, args.open_seconds))
+    else:
+        report = asyncio.run(measure(sizes, args.example))
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     for run in report["runs"]:
@@ -245,6 +314,12 @@ def main() -> int:
         print(
             f"{run['lines']:>5} lines {run['mode']}: first edit {run['first_edit_seconds']} s "
             f"(prefill {run['prefill_seconds']} s of {run['prefill_tokens']} tokens, {run['reused_tokens']} reused)"
+            + (
+                f"; the engine loaded {run['engine_loaded_seconds']} s, the file read {run['file_read_seconds']} s "
+                "after the editor started"
+                if "engine_loaded_seconds" in run
+                else ""
+            )
         )
     return 0
 

@@ -15,6 +15,7 @@ is a tiny GPT-2 that memorised a few rewrites (tests/conftest.py); one server pe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import re
 import sys
@@ -780,32 +781,59 @@ async def test_the_server_ends_with_its_client_while_a_live_rewrite_writes(tiny_
 # ----------------------------------------------------------------------------------- the daemon
 
 
-async def test_the_default_engine_is_a_shared_daemon(memorising_model_dir: Path, tmp_path: Path, expected: Any) -> None:
-    """Without --engine the server starts the engine daemon (in a private runtime folder here) and
-    rewrites through it; the result is the same."""
+PRIVATE_FLAGS = ("--dtype", "float32", "--device", "cpu")
+
+
+def lsp_with_a_private_daemon(model_dir: Path, runtime: Path) -> ClientServerConfig:
+    """The language server with no --engine (the shared daemon), its runtime folder private to the test."""
     import os
 
+    return ClientServerConfig(
+        server_command=[sys.executable, "-m", "specedit.lsp", "--model", str(model_dir), *PRIVATE_FLAGS],
+        client_factory=lambda: make_client("nvim"),
+        server_env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
+    )
+
+
+def daemon_status(socket: Path) -> dict[str, Any]:
+    from specedit.engine.serving.client import EngineClient
+
+    with EngineClient.connect(socket) as daemon:
+        return daemon.status()
+
+
+def _loaded_and_read(info: dict[str, Any], documents: int) -> bool:
+    cached = (info["prefix_cache"] or {}).get("documents", 0)
+    return info["state"] == "ready" and not (info["warming"] or info["to_warm"]) and cached >= documents
+
+
+async def warmed(socket: Path, documents: int) -> None:
+    """Until the daemon answers at `socket`, its model loaded, with `documents` prompts read into its cache."""
+    from specedit.engine.errors import EngineUnavailableError
+
+    deadline, info = time.monotonic() + 60, None
+    while time.monotonic() < deadline:
+        with contextlib.suppress(EngineUnavailableError):  # (the socket made, not yet listened on)
+            info = daemon_status(socket) if socket.exists() else None
+        if info is not None and _loaded_and_read(info, documents):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the open documents were not read: {info}")
+
+
+async def test_the_default_engine_is_a_shared_daemon_started_with_the_editor(
+    memorising_model_dir: Path, tmp_path: Path, expected: Any
+) -> None:
+    """Without --engine the server starts the engine daemon (in a private runtime folder here) when the
+    editor starts: before any rewrite is asked, the model is loaded and the open document read, so that
+    the first rewrite reads only its request; the result is the same as in process."""
     from specedit.engine.serving.client import EngineClient
     from specedit.engine.serving.config import SOCKET_NAME
 
     runtime = tmp_path / "run"
     runtime.mkdir(mode=0o700)
-    config = ClientServerConfig(
-        server_command=[
-            sys.executable,
-            "-m",
-            "specedit.lsp",
-            "--model",
-            str(memorising_model_dir),
-            "--dtype",
-            "float32",
-            "--device",
-            "cpu",
-        ],
-        client_factory=lambda: make_client("nvim"),
-        server_env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
-    )
-    client = await config.start()
+    socket = runtime / "specedit" / SOCKET_NAME
+    client = await lsp_with_a_private_daemon(memorising_model_dir, runtime).start()
     assert isinstance(client, EditorClient)
     try:
         result = await client.initialize_session(types.InitializeParams(capabilities=client_capabilities("neovim")))
@@ -813,40 +841,68 @@ async def test_the_default_engine_is_a_shared_daemon(memorising_model_dir: Path,
         original, instruction = CRLF
         uri = new_uri("daemon")
         client.open(uri, original)
+        await warmed(socket, documents=1)  # no rewrite asked yet
+        answer = await send_rewrite(
+            client, {"textDocument": {"uri": uri, "version": 1}, "instruction": instruction, "delivery": "final"}
+        )
+        assert answer["status"] == "complete", answer
+        assert answer["stats"]["reused_tokens"] > answer["stats"]["prefill_tokens"]
+        assert (await settle(client, uri)) == expected(original, instruction)
+
+        # A document opened later is offered to the loaded engine, which reads it while idle.
+        original, instruction = ADD
+        later = new_uri("warmed")
+        client.open(later, original)
+        await warmed(socket, documents=2)
+        answer = await send_rewrite(
+            client, {"textDocument": {"uri": later, "version": 1}, "instruction": instruction, "delivery": "final"}
+        )
+        assert answer["status"] == "complete", answer
+        assert answer["stats"]["reused_tokens"] > answer["stats"]["prefill_tokens"]
+        assert (await settle(client, later)) == expected(original, instruction)
+    finally:
+        await client.shutdown_session()
+        await client.stop()
+        if socket.exists():
+            with EngineClient.connect(socket) as daemon:
+                daemon.stop()
+
+
+async def test_load_on_start_false_leaves_the_engine_to_the_first_rewrite(
+    memorising_model_dir: Path, tmp_path: Path, expected: Any
+) -> None:
+    """`loadOnStart: false` (memory kept until it is needed): opening a document starts nothing; the first
+    rewrite starts the daemon and gets the same answer."""
+    from specedit.engine.serving.client import EngineClient
+    from specedit.engine.serving.config import SOCKET_NAME
+    from specedit.lsp.warming import WARM_DELAY
+
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    socket = runtime / "specedit" / SOCKET_NAME
+    client = await lsp_with_a_private_daemon(memorising_model_dir, runtime).start()
+    assert isinstance(client, EditorClient)
+    try:
+        result = await client.initialize_session(
+            types.InitializeParams(
+                capabilities=client_capabilities("neovim"), initialization_options={"loadOnStart": False}
+            )
+        )
+        client.encoding = str(result.capabilities.position_encoding)
+        original, instruction = ADD
+        uri = new_uri("on-demand")
+        client.open(uri, original)
+        await asyncio.sleep(WARM_DELAY + 2.0)  # an offer to warm comes and finds no engine
+        assert not socket.exists()
         answer = await send_rewrite(
             client, {"textDocument": {"uri": uri, "version": 1}, "instruction": instruction, "delivery": "final"}
         )
         assert answer["status"] == "complete", answer
         assert (await settle(client, uri)) == expected(original, instruction)
-
-        # A document opened now is offered to the loaded engine, which prefills it while idle: asked
-        # later, the rewrite reads only its request.
-        socket = runtime / "specedit" / SOCKET_NAME
-        original, instruction = ADD
-        warmed = new_uri("warmed")
-        client.open(warmed, original)
-
-        def daemon_status() -> dict[str, Any]:
-            with EngineClient.connect(socket) as daemon:
-                return daemon.status()
-
-        def warmed_up(info: dict[str, Any]) -> bool:
-            return info["prefix_cache"]["documents"] >= 2 and info["warming"] is None and not info["to_warm"]
-
-        deadline = time.monotonic() + 30
-        while not warmed_up(info := daemon_status()):
-            assert time.monotonic() < deadline, f"the open document was not warmed: {info}"
-            await asyncio.sleep(0.1)
-        answer = await send_rewrite(
-            client, {"textDocument": {"uri": warmed, "version": 1}, "instruction": instruction, "delivery": "final"}
-        )
-        assert answer["status"] == "complete", answer
-        assert answer["stats"]["reused_tokens"] > answer["stats"]["prefill_tokens"]
-        assert (await settle(client, warmed)) == expected(original, instruction)
+        assert daemon_status(socket)["state"] == "ready"
     finally:
         await client.shutdown_session()
         await client.stop()
-        socket = runtime / "specedit" / SOCKET_NAME
         if socket.exists():
             with EngineClient.connect(socket) as daemon:
                 daemon.stop()

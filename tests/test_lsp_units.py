@@ -77,6 +77,8 @@ def test_settings_layers_and_bad_values() -> None:
     assert section({"specedit": {"engine": "inprocess"}}) == {"engine": "inprocess"}
     assert section({"engine": "inprocess"}) == {"engine": "inprocess"}
     assert section(None) == {}
+    assert Settings().load_on_start and not Settings().merged({"loadOnStart": False}).load_on_start
+    assert Settings().merged({"loadOnStart": "no"}).load_on_start  # not a boolean: skipped
 
 
 def test_errors_map_in_one_place() -> None:

@@ -54,6 +54,9 @@ class ScriptedBackend:
     def keep_alive(self, wanted: bool) -> None:
         pass
 
+    def start(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

@@ -161,6 +161,9 @@ class ClusterBackend:
     def keep_alive(self, wanted: bool) -> None:
         pass  # the cluster's replicas live as long as the deployment
 
+    def start(self) -> None:
+        pass  # its replicas load their models when the deployment starts
+
     def close(self) -> None:
         pass
 

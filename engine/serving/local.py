@@ -364,5 +364,8 @@ class LocalBackend:
     def keep_alive(self, wanted: bool) -> None:
         pass  # this process is the engine: it lives as long as its front end
 
+    def start(self) -> None:
+        self.load()
+
     def close(self) -> None:
         self._engine = None

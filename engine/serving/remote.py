@@ -94,6 +94,10 @@ class DaemonBackend:
                 except SpeceditError as error:
                     log.debug("no daemon to keep: %s", error)
 
+    def start(self) -> None:
+        """The daemon at the address answers, or the shared one is started (it loads the model at once)."""
+        self.connect().close()
+
     def _connect_running(self) -> EngineClient:
         """A connection to the daemon if one answers; none is started."""
         address = self.address if self.address is not None else EngineAddress.of(DaemonConfig(options=self._spawn))

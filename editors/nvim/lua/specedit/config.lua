@@ -15,7 +15,7 @@ M.defaults = {
   ---   "final"   one edit at the end.
   delivery = "live",
   --- Server settings (the `specedit` section: engine, model, dtype, weights, device, draft, draftModel, draftLayers,
-  --- pMin, prefixCacheMb, presets, maxNewTokens, warm),
+  --- pMin, prefixCacheMb, presets, maxNewTokens, warm, loadOnStart),
   --- sent as `initializationOptions` and answered to `workspace/configuration`. Flags in `cmd` win.
   settings = {},
   --- A short message (vim.notify) when a rewrite ends, with its speed and acceptance rate.
