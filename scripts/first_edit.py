@@ -109,6 +109,9 @@ async def first_edit(client: EditorClient, uri: str, text: str) -> dict[str, Any
         "reused_tokens": stats.get("reused_tokens"),
         "prefill_tokens": stats.get("prefill_tokens"),
         "queue_seconds": stats.get("queue_seconds"),
+        "first_text_seconds": stats.get("first_text_seconds"),
+        "target_forwards": stats.get("target_forwards"),
+        "generated_tokens": stats.get("generated_tokens"),
     }
 
 
@@ -184,7 +187,7 @@ async def fresh(size: int, open_seconds: float) -> dict[str, Any]:
     started = loop.time()
     client = await config.start()
     assert isinstance(client, EditorClient)
-    text = "".join(source_lines()[:size])
+    text = f"# fresh {size}\n" + "".join(source_lines()[:size])  # as the other runs' texts begin
     uri = f"file:///work/fresh-{size}.py"
     run: dict[str, Any] = {"lines": size, "mode": f"fresh, open {open_seconds:.0f} s", "load_average": os.getloadavg()}
     try:
