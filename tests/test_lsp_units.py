@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 import time
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -164,3 +165,36 @@ def test_progress_says_what_happens_before_the_first_step_and_rates_decoding_onl
     later = stats.to_dict(5, 24)
     assert later["tokens_per_second"] == pytest.approx(4.5, abs=0.1)
     assert later["message"] == "5/24 lines · 4.5 tok/s · 75% accepted"
+
+
+def test_an_offer_to_warm_no_engine_took_is_made_again() -> None:
+    """Before the engine answers (it starts with the editor) an offer finds no one: the same text is
+    offered again when the engine has started (`touch_all`); once taken, it is not offered again."""
+    from specedit.engine.requests import WarmRequest
+    from specedit.lsp.delivery import DocumentState
+    from specedit.lsp.warming import Warmer
+
+    class Engine:
+        def __init__(self) -> None:
+            self.answers, self.offered = False, []
+
+        def warm(self, request: WarmRequest) -> bool:
+            self.offered.append(request.name)
+            return self.answers
+
+    engine = Engine()
+    uri = "file:///work/a.py"
+    documents = {uri: DocumentState(uri, "x = 1\n", 1, "python")}
+    warmer = Warmer(documents, lambda: engine, lambda: True, delay=0.01)  # type: ignore[arg-type,return-value]
+
+    def offers_after(touch: Any) -> int:
+        before = len(engine.offered)
+        touch()
+        time.sleep(0.3)
+        return len(engine.offered) - before
+
+    assert offers_after(lambda: warmer.touch(uri)) == 1  # no engine yet
+    engine.answers = True
+    assert offers_after(warmer.touch_all) == 1  # the engine started: offered again, and taken
+    assert offers_after(warmer.touch_all) == 0  # the same text, taken already
+    assert engine.offered == [uri, uri]
