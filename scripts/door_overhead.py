@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""What the HTTP door costs, as its users meet it: one `specedit serve --http` daemon (started here, the
-project's own command), and each case asked twice, side by side, alternating which goes first: as
+"""What the HTTP door costs, as its users meet it: one engine daemon with its HTTP door (started here as
+the editors start it), and each case asked twice, side by side, alternating which goes first: as
 `specedit rewrite --engine SOCKET` asks it (`EngineClient.rewrite` over the daemon's socket) and as an
 OpenAI client asks it (the `openai` package, streamed `/v1/chat/completions` with the rewrite's prompt as
 messages, the opening fence as the assistant's started answer, the file as the `prediction`). Prints each
@@ -18,18 +18,18 @@ import os
 import secrets
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from specedit.engine.ops.bench import load_cases
+from specedit.engine.options import EngineOptions
 from specedit.engine.prompts import SYSTEM_PROMPT
 from specedit.engine.requests import RewriteRequest
 from specedit.engine.serving.client import EngineClient
-
-REPO = Path(__file__).resolve().parent.parent
+from specedit.engine.serving.config import DaemonConfig
+from specedit.engine.serving.remote import ensure_daemon
 
 
 def free_port() -> int:
@@ -83,32 +83,16 @@ def main() -> int:
     token_file = folder / "token"
     token_file.write_text(secrets.token_hex(16) + "\n")
     token_file.chmod(0o600)
-    sock, port = folder / "engine.sock", free_port()
-    specedit = REPO / ".venv" / "bin" / "specedit"
-    daemon = subprocess.Popen(
-        [
-            specedit,
-            "serve",
-            "--socket",
-            sock,
-            "--http",
-            f"127.0.0.1:{port}",
-            "--token-file",
-            token_file,
-            "--threads",
-            str(args.threads),
-            "--prefix-cache-mb",  # none kept: the second to ask would reuse the first's prompt
-            "0",
-        ],
-        stdout=subprocess.DEVNULL,
+    port = free_port()
+    config = DaemonConfig(
+        socket_path=folder / "engine.sock",
+        http=f"127.0.0.1:{port}",
+        token_file=token_file,
+        # No prefix cache: of the two asking the same case, the second would reuse the first's prompt.
+        options=EngineOptions(threads=args.threads, prefix_cache_mb=0),
     )
+    client = ensure_daemon(config)  # started as the editors start it; the model loads on the first request
     try:
-        deadline = time.monotonic() + 600
-        while not sock.exists():
-            if daemon.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the daemon did not start")
-            time.sleep(0.2)
-        client = EngineClient.connect(sock)
         door = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=token_file.read_text().strip(), max_retries=0)
         warm = RewriteRequest("x = 1\n", "Rename x to y.", language="python")
         through_socket(client, warm)  # the model loads and its kernels warm up
@@ -144,10 +128,8 @@ def main() -> int:
             f"{statistics.median(added):+.3f} s a request (median); "
             f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}"
         )
-        client.close()
     finally:
-        daemon.terminate()
-        daemon.wait(30)
+        client.stop()
     return 0
 
 

@@ -49,10 +49,16 @@ from pytest_lsp import ClientServerConfig, client_capabilities
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from test_lsp_e2e import EditorClient, command, make_client, send_rewrite  # noqa: E402
+from test_lsp_e2e import (  # noqa: E402
+    EditorClient,
+    command,
+    daemon_status,
+    lsp_with_a_private_daemon,
+    private_socket,
+    send_rewrite,
+    stop_with_its_daemon,
+)
 
-from specedit.engine.serving.client import EngineClient  # noqa: E402
-from specedit.engine.serving.config import SOCKET_NAME  # noqa: E402
 from specedit.lsp import protocol  # noqa: E402
 
 SOURCE_CASE = "git/psf/requests/dfe46c1b7f55"  # 1,094 lines of requests' Python
@@ -69,11 +75,6 @@ def source_lines() -> list[str]:
             if case["id"] == SOURCE_CASE:
                 return list(case["before"].splitlines(keepends=True))
     raise SystemExit(f"{SOURCE_CASE} is not in git_history.jsonl")
-
-
-def daemon_status(socket: Path) -> dict[str, Any]:
-    with EngineClient.connect(socket) as daemon:
-        return daemon.status()
 
 
 async def wait_warmed(socket: Path, timeout: float = 900.0) -> float:
@@ -171,13 +172,7 @@ def cli_prefills(socket: Path, path: Path) -> list[float]:
 def private_server() -> tuple[ClientServerConfig, Path]:
     """The language server as an editor starts it, with the shared daemon in a runtime folder of its own."""
     runtime = Path(tempfile.mkdtemp(prefix="se-"))
-    runtime.chmod(0o700)
-    config = ClientServerConfig(
-        server_command=[sys.executable, "-m", "specedit.lsp", "--threads", "2"],
-        client_factory=lambda: make_client("nvim"),
-        server_env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
-    )
-    return config, runtime / "specedit" / SOCKET_NAME
+    return lsp_with_a_private_daemon(runtime, "--threads", "2"), private_socket(runtime)
 
 
 async def fresh(size: int, open_seconds: float) -> dict[str, Any]:
@@ -212,11 +207,7 @@ async def fresh(size: int, open_seconds: float) -> dict[str, Any]:
             await asyncio.sleep(0.1)
         run.update(engine_loaded_seconds=loaded, file_read_seconds=read, **await first_edit(client, uri, text))
     finally:
-        await client.shutdown_session()
-        await client.stop()
-        if socket.exists():
-            with EngineClient.connect(socket) as daemon:
-                daemon.stop()
+        await stop_with_its_daemon(client, socket)
     return run
 
 
@@ -282,11 +273,7 @@ async def measure(sizes: list[int], example: bool) -> dict[str, Any]:
         print(f"command line, the same file twice: prefill {report['cli_prefill_seconds']} s", file=sys.stderr)
     finally:
         report["load_average_after"] = os.getloadavg()
-        await client.shutdown_session()
-        await client.stop()
-        if socket.exists():
-            with EngineClient.connect(socket) as daemon:
-                daemon.stop()
+        await stop_with_its_daemon(client, socket)
     return report
 
 

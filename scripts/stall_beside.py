@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""How long a good client's rewrite waits beside four 1 MB requests (issue 39): one `specedit serve`
-daemon (started here; no prefix cache, so each rewrite reads its prompt), the example rewritten alone and
-then while four requests of 1 MB (two instructions, two sketches) arrive from other connections, which the
-daemon refuses before their turn. Three rounds; prints both times and what the four got.
+"""How long a good client's rewrite waits beside four 1 MB requests (issue 39): one engine daemon
+(started here as the editors start it; no prefix cache, so each rewrite reads its prompt), the example
+rewritten alone and then while four requests of 1 MB (two instructions, two sketches) arrive from other
+connections, which the daemon refuses before their turn. Three rounds; prints both times and what the four got.
 
     .venv/bin/python scripts/stall_beside.py
 
@@ -12,7 +12,6 @@ The four are sent from this process, so its own work building and sending 4 MB i
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -20,24 +19,20 @@ import time
 from pathlib import Path
 
 from specedit.engine.errors import SpeceditError
+from specedit.engine.options import EngineOptions
 from specedit.engine.requests import RewriteRequest
 from specedit.engine.serving.client import EngineClient
+from specedit.engine.serving.config import DaemonConfig
+from specedit.engine.serving.remote import ensure_daemon
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def main() -> int:
-    folder = Path(tempfile.mkdtemp(prefix="stall-", dir="/tmp"))
-    sock = folder / "engine.sock"
-    command = [str(REPO / ".venv" / "bin" / "specedit"), "serve", "--socket", str(sock), "--threads", "2"]
-    daemon = subprocess.Popen([*command, "--prefix-cache-mb", "0"], stdout=subprocess.DEVNULL)
+    sock = Path(tempfile.mkdtemp(prefix="stall-", dir="/tmp")) / "engine.sock"
+    client = ensure_daemon(DaemonConfig(socket_path=sock, options=EngineOptions(threads=2, prefix_cache_mb=0)))
     try:
-        while not sock.exists():
-            if daemon.poll() is not None:
-                raise SystemExit("the daemon did not start")
-            time.sleep(0.2)
         good = RewriteRequest((REPO / "examples" / "sample.py").read_text(), "Rename merge to merge_configs.")
-        client = EngineClient.connect(sock)
         client.rewrite(good)  # the model loads
 
         def timed() -> float:
@@ -68,10 +63,8 @@ def main() -> int:
                 sender.join()
             print(f"alone {alone:.2f} s, beside four 1 MB requests {beside:.2f} s (+{beside - alone:.2f} s): {answers}")
         print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
-        client.close()
     finally:
-        daemon.terminate()
-        daemon.wait(30)
+        client.stop()
     return 0
 
 

@@ -781,18 +781,55 @@ async def test_the_server_ends_with_its_client_while_a_live_rewrite_writes(tiny_
 # ----------------------------------------------------------------------------------- the daemon
 
 
-PRIVATE_FLAGS = ("--dtype", "float32", "--device", "cpu")
-
-
-def lsp_with_a_private_daemon(model_dir: Path, runtime: Path) -> ClientServerConfig:
-    """The language server with no --engine (the shared daemon), its runtime folder private to the test."""
+def lsp_with_a_private_daemon(runtime: Path, *flags: str) -> ClientServerConfig:
+    """The language server with no --engine (the shared daemon) and `flags`, its runtime folder `runtime`
+    (made here, private), so that its daemon is nobody else's."""
     import os
 
+    runtime.mkdir(mode=0o700, exist_ok=True)
     return ClientServerConfig(
-        server_command=[sys.executable, "-m", "specedit.lsp", "--model", str(model_dir), *PRIVATE_FLAGS],
+        server_command=[sys.executable, "-m", "specedit.lsp", *flags],
         client_factory=lambda: make_client("nvim"),
         server_env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
     )
+
+
+def private_socket(runtime: Path) -> Path:
+    from specedit.engine.serving.config import SOCKET_NAME
+
+    return runtime / "specedit" / SOCKET_NAME
+
+
+async def stop_with_its_daemon(client: EditorClient, socket: Path) -> None:
+    """The editor goes, and the daemon its server started (which would outlive it until idle)."""
+    from specedit.engine.serving.client import EngineClient
+
+    await client.shutdown_session()
+    await client.stop()
+    if socket.exists():
+        with EngineClient.connect(socket) as daemon:
+            daemon.stop()
+
+
+@contextlib.asynccontextmanager
+async def editor_with_a_private_daemon(
+    model_dir: Path, tmp_path: Path, options: dict[str, Any] | None = None
+) -> AsyncIterator[tuple[EditorClient, Path]]:
+    """A Neovim-like editor on a language server without --engine, initialized with `options`; the socket
+    of the daemon the server starts. Both go at the end."""
+    runtime = tmp_path / "run"
+    config = lsp_with_a_private_daemon(runtime, "--model", str(model_dir), "--dtype", "float32", "--device", "cpu")
+    client = await config.start()
+    assert isinstance(client, EditorClient)
+    socket = private_socket(runtime)
+    try:
+        result = await client.initialize_session(
+            types.InitializeParams(capabilities=client_capabilities("neovim"), initialization_options=options)
+        )
+        client.encoding = str(result.capabilities.position_encoding)
+        yield client, socket
+    finally:
+        await stop_with_its_daemon(client, socket)
 
 
 def daemon_status(socket: Path) -> dict[str, Any]:
@@ -821,51 +858,29 @@ async def warmed(socket: Path, documents: int) -> None:
     raise AssertionError(f"the open documents were not read: {info}")
 
 
+async def rewrite_final(client: EditorClient, uri: str, instruction: str) -> dict[str, Any]:
+    answer = await send_rewrite(
+        client, {"textDocument": {"uri": uri, "version": 1}, "instruction": instruction, "delivery": "final"}
+    )
+    assert answer["status"] == "complete", answer
+    return answer
+
+
 async def test_the_default_engine_is_a_shared_daemon_started_with_the_editor(
     memorising_model_dir: Path, tmp_path: Path, expected: Any
 ) -> None:
     """Without --engine the server starts the engine daemon (in a private runtime folder here) when the
     editor starts: before any rewrite is asked, the model is loaded and the open document read, so that
-    the first rewrite reads only its request; the result is the same as in process."""
-    from specedit.engine.serving.client import EngineClient
-    from specedit.engine.serving.config import SOCKET_NAME
-
-    runtime = tmp_path / "run"
-    runtime.mkdir(mode=0o700)
-    socket = runtime / "specedit" / SOCKET_NAME
-    client = await lsp_with_a_private_daemon(memorising_model_dir, runtime).start()
-    assert isinstance(client, EditorClient)
-    try:
-        result = await client.initialize_session(types.InitializeParams(capabilities=client_capabilities("neovim")))
-        client.encoding = str(result.capabilities.position_encoding)
-        original, instruction = CRLF
-        uri = new_uri("daemon")
-        client.open(uri, original)
-        await warmed(socket, documents=1)  # no rewrite asked yet
-        answer = await send_rewrite(
-            client, {"textDocument": {"uri": uri, "version": 1}, "instruction": instruction, "delivery": "final"}
-        )
-        assert answer["status"] == "complete", answer
-        assert answer["stats"]["reused_tokens"] > answer["stats"]["prefill_tokens"]
-        assert (await settle(client, uri)) == expected(original, instruction)
-
-        # A document opened later is offered to the loaded engine, which reads it while idle.
-        original, instruction = ADD
-        later = new_uri("warmed")
-        client.open(later, original)
-        await warmed(socket, documents=2)
-        answer = await send_rewrite(
-            client, {"textDocument": {"uri": later, "version": 1}, "instruction": instruction, "delivery": "final"}
-        )
-        assert answer["status"] == "complete", answer
-        assert answer["stats"]["reused_tokens"] > answer["stats"]["prefill_tokens"]
-        assert (await settle(client, later)) == expected(original, instruction)
-    finally:
-        await client.shutdown_session()
-        await client.stop()
-        if socket.exists():
-            with EngineClient.connect(socket) as daemon:
-                daemon.stop()
+    the first rewrite reads only its request; the result is the same as in process. A document opened
+    later is offered to the loaded engine, which reads it while idle, the same way."""
+    async with editor_with_a_private_daemon(memorising_model_dir, tmp_path) as (client, socket):
+        for documents, (name, (original, instruction)) in enumerate((("daemon", CRLF), ("warmed", ADD)), 1):
+            uri = new_uri(name)
+            client.open(uri, original)
+            await warmed(socket, documents)  # no rewrite asked for it yet
+            answer = await rewrite_final(client, uri, instruction)
+            assert answer["stats"]["reused_tokens"] > answer["stats"]["prefill_tokens"]
+            assert (await settle(client, uri)) == expected(original, instruction)
 
 
 async def test_load_on_start_false_leaves_the_engine_to_the_first_rewrite(
@@ -873,36 +888,17 @@ async def test_load_on_start_false_leaves_the_engine_to_the_first_rewrite(
 ) -> None:
     """`loadOnStart: false` (memory kept until it is needed): opening a document starts nothing; the first
     rewrite starts the daemon and gets the same answer."""
-    from specedit.engine.serving.client import EngineClient
-    from specedit.engine.serving.config import SOCKET_NAME
     from specedit.lsp.warming import WARM_DELAY
 
-    runtime = tmp_path / "run"
-    runtime.mkdir(mode=0o700)
-    socket = runtime / "specedit" / SOCKET_NAME
-    client = await lsp_with_a_private_daemon(memorising_model_dir, runtime).start()
-    assert isinstance(client, EditorClient)
-    try:
-        result = await client.initialize_session(
-            types.InitializeParams(
-                capabilities=client_capabilities("neovim"), initialization_options={"loadOnStart": False}
-            )
-        )
-        client.encoding = str(result.capabilities.position_encoding)
+    async with editor_with_a_private_daemon(memorising_model_dir, tmp_path, {"loadOnStart": False}) as (
+        client,
+        socket,
+    ):
         original, instruction = ADD
         uri = new_uri("on-demand")
         client.open(uri, original)
         await asyncio.sleep(WARM_DELAY + 2.0)  # an offer to warm comes and finds no engine
         assert not socket.exists()
-        answer = await send_rewrite(
-            client, {"textDocument": {"uri": uri, "version": 1}, "instruction": instruction, "delivery": "final"}
-        )
-        assert answer["status"] == "complete", answer
+        await rewrite_final(client, uri, instruction)
         assert (await settle(client, uri)) == expected(original, instruction)
         assert daemon_status(socket)["state"] == "ready"
-    finally:
-        await client.shutdown_session()
-        await client.stop()
-        if socket.exists():
-            with EngineClient.connect(socket) as daemon:
-                daemon.stop()
