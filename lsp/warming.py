@@ -54,9 +54,10 @@ class Warmer:
         timer.start()
 
     def touch_all(self) -> None:
-        """The engine has just started: every open document is offered (again) once quiet."""
-        for uri in list(self._documents):
-            self.touch(uri)
+        """The engine has just started: every open document it has not taken is offered once quiet."""
+        for uri, doc in list(self._documents.items()):
+            if self._offered.get(uri) != doc.text:
+                self.touch(uri)
 
     def forget(self, uri: str) -> None:
         timer = self._timers.pop(uri, None)
