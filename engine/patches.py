@@ -28,6 +28,7 @@ from __future__ import annotations
 import difflib
 import itertools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -40,6 +41,11 @@ _ANY_HUNK_HEADER = re.compile(r"^@@(?: .*)?$")
 _SEARCH = re.compile(r"^<{5,9} ?SEARCH\b")
 _DIVIDER = re.compile(r"^={5,9}\s*$")
 _REPLACE = re.compile(r"^>{5,9} ?REPLACE\b")
+# How many of a sketch's first lines (not blank) may open a patch: a file's name, a fence, the patch's
+# first line.
+OPENING = 3
+_NEW_FILE = re.compile(r"^\+\+\+ ")
+_BEGIN_PATCH = re.compile(r"^\s*\*\*\* Begin Patch\s*$")
 _V4A_FILE = re.compile(r"^\*\*\* (Update|Add|Delete) File: (.+?)\s*$")
 # The lines of a patch's own syntax: a merge that holds them (and an original that does not) wrote the
 # patch into the file instead of applying it.
@@ -66,25 +72,35 @@ class Patch:
 
 def detect(sketch: str, original: str = "") -> Literal["lazy", "udiff", "search-replace", "v4a"]:
     """The format `sketch` is written in: a patch's syntax where it has some that the original has not
-    (editing a diff file is not a diff), else a lazy sketch."""
+    (editing a diff file is not a diff), or where it opens with it (within its first `OPENING` lines:
+    a file name and a fence may come first; SEARCH/REPLACE blocks that edit aider's own parser, whose
+    source holds the markers), else a lazy sketch."""
     lines = sketch.splitlines()
     own = set(original.splitlines())
 
     def has(pattern: re.Pattern[str]) -> bool:
         return any(pattern.match(line) and line not in own for line in lines)
 
-    if any(line.strip() == "*** Begin Patch" for line in lines if line not in own) or has(_V4A_FILE):
+    found = _written_as(lines, has)
+    if found is None:  # the original's own syntax: a patch only if the sketch opens with it and it applies
+        opening = [line for line in lines if line.strip()][:OPENING]
+        found = _written_as(lines, lambda pattern: any(pattern.match(line) for line in opening))
+        if found is not None and apply_patch(original, parse_patch(sketch, found))[1]:
+            found = None
+    return found or "lazy"
+
+
+def _written_as(lines: list[str], has: Callable[[re.Pattern[str]], bool]) -> PatchFormat | None:
+    """The patch format whose syntax `has` finds (a patch's own markers, among the sketch's `lines`)."""
+    if has(_BEGIN_PATCH) or has(_V4A_FILE):
         return "v4a"
-    if has(_SEARCH) and has(_REPLACE):
+    if has(_SEARCH) and (has(_REPLACE) or any(_REPLACE.match(line) for line in lines)):
         return "search-replace"
     changes = any(line[:1] in "+-" and line[:3] not in ("+++", "---") for line in lines)
-    if changes and (has(_HUNK_HEADER) or has(_ANY_HUNK_HEADER) or _has_file_headers(lines, own)):
+    headers = has(_NEW_FILE) and any(a.startswith("--- ") and _NEW_FILE.match(b) for a, b in itertools.pairwise(lines))
+    if changes and (has(_HUNK_HEADER) or has(_ANY_HUNK_HEADER) or headers):
         return "udiff"
-    return "lazy"
-
-
-def _has_file_headers(lines: list[str], own: set[str]) -> bool:
-    return any(a.startswith("--- ") and b.startswith("+++ ") and a not in own for a, b in itertools.pairwise(lines))
+    return None
 
 
 def parse_patch(text: str, format: PatchFormat) -> Patch:

@@ -14,8 +14,9 @@ order, each after the one before, each replacing a span of the original, by thes
    a chunk that ends the file, at each place where the original has its first lines, replacing not much
    more than it holds (likewise one that starts it). Each choice gives a placement; of those that cover
    the anchors holding the chunk's first and last lines (its context) and, if any can, its runs of two
-   lines or more (new code written beside a near copy of old code repeats them), the one that loses the
-   fewest of the original's lines (lines that say something and that the chunk lacks) is taken.
+   lines or more (new code written beside a near copy of old code repeats them; not where covering them
+   loses lines and the context alone loses none: `RUN_LOSSES`), the one that loses the fewest of the
+   original's lines (lines that say something and that the chunk lacks) is taken.
 3. *Edges*: the chunk's lines before its first anchor start where the original has the most of their
    first lines before the anchor (context it repeats: a `}` and a blank line before a new function), less
    the lines skipping there loses (not one alike to a new line of the chunk: it is changed, as `if (x) {`
@@ -35,9 +36,10 @@ order, each after the one before, each replacing a span of the original, by thes
 
 Measured on sketches of real edits (see docs/benchmarks.md, "Edit sketches"). Wrong merges seen while
 tuning: a chunk whose lines are, verbatim, another place of the file (a Go template holding the same
-imports) goes there; a new test whose lines (unique ones among them) repeat an old test's far above
-chains onto them and replaces what lies between (guzzle's XML visitor test); a deletion longer than the
-chunk shows (two `--no-x` options replaced by one `--x`) keeps the rest.
+imports) goes there; a new test whose generic first lines (`}`, `subprocess.run(cmd, check=True)`) the
+original has in several places starts at the wrong one and replaces what lies between (express, aider's
+versionbump); a deletion longer than the chunk shows (two `--no-x` options replaced by one `--x`) keeps
+the rest.
 """
 
 from __future__ import annotations
@@ -78,6 +80,14 @@ MAX_REPEATS = 8
 # (812, Rust's left out): 0.4 settles 12 of 31 such doubts, 10 rightly; 0.5 settles 15, 12 rightly; taking
 # the least change whatever the margin settles 23, 15 rightly.
 CLEARLY_LESS = 0.4
+# A placement that covers a chunk's runs (two equal lines or more in a row) is taken over one that covers
+# only its context, unless it loses more than this many of the original's lines and the other loses none:
+# then the runs are new code repeating an old near copy far away (guzzle's XML visitor test: a new test
+# whose array lines repeat an old test's replaced the 150 lines between). Where both lose lines, the
+# covering one is an edit that deleted them (gson's tests rewritten without their try/finally). On the
+# sketch sets of docs/sketches.md (2026-12-03): 2 turned two merges losing code into exact ones and changed
+# nothing else; 0 and 1 also broke one exact merge.
+RUN_LOSSES = 2
 
 
 @dataclass(frozen=True)
@@ -255,10 +265,17 @@ def _place(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk
     def covers(placement: tuple[int, int, list[str]], required: list[Anchor]) -> bool:
         return all(placement[0] <= a.original < placement[1] for a in required)
 
+    in_chunk = set(chunk_keys)
+
+    def lost(placement: tuple[int, int, list[str]]) -> int:
+        return sum(counts(key) and key not in in_chunk for key in keys[placement[0] : placement[1]])
+
     readings = []  # what each reading of the context holds
     for edges, runs in _required(anchors, chunk_keys, chunk):
         with_edges = [placement for placement in placed if covers(placement, edges)]
         covering = [placement for placement in with_edges if covers(placement, runs)]
+        if covering and edges and min(map(lost, with_edges)) == 0 and min(map(lost, covering)) > RUN_LOSSES:
+            covering = []  # the runs are new code repeating old code far from where the context puts it
         readings.append(covering or (with_edges if edges else []))  # new code may repeat old code
     alternatives = [placements for placements in readings[1:] if placements]
     if not readings[0] and len(alternatives) > 1:
@@ -267,11 +284,6 @@ def _place(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk
     if not held:
         reasons = [placement for placement in placements if isinstance(placement, str)]
         return reasons[0] if reasons else "its lines in the original do not fit together"
-    in_chunk = set(chunk_keys)
-
-    def lost(placement: tuple[int, int, list[str]]) -> int:
-        return sum(counts(key) and key not in in_chunk for key in keys[placement[0] : placement[1]])
-
     start, stop, new_lines = min(held, key=lambda placement: (lost(placement), placement[1] - placement[0]))
     return _Placement(start, stop, _keeping_unchanged(lines[start:stop], new_lines))
 

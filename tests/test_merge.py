@@ -113,6 +113,25 @@ def test_a_method_added_as_a_near_copy_of_another_keeps_the_original() -> None:
     assert merged(original, sketch) == original + "\n" + added
 
 
+def test_a_new_test_repeating_an_old_tests_lines_goes_where_its_context_is() -> None:
+    """A new test whose argument lines repeat an old test's far above, between generic context (`assert
+    value`) and the next test's name: placing the chunk over the repeated lines would delete every test
+    in between (guzzle's XML visitor test lost 150 lines so); its context alone places it losing nothing."""
+    original = (
+        'def test_a():\n    value = run(\n        kind="object",\n        sent_as="item",\n        name="a",\n'
+        "    )\n    assert value\n\n\n"
+        'def test_b():\n    value = run(name="b")\n    assert value\n\n\n'
+        'def test_c():\n    value = run(name="c")\n    assert value\n\n\n'
+        "def test_last():\n    assert True\n"
+    )
+    new_test = (
+        'def test_new():\n    value = run(\n        kind="object",\n        sent_as="item",\n        name="new",\n'
+        "    )\n    assert value\n\n\n"
+    )
+    sketch = "# ...\n    assert value\n\n\n" + new_test + "def test_last():\n# ...\n"
+    assert merged(original, sketch) == original.replace("def test_last", new_test + "def test_last")
+
+
 def test_a_chunk_written_without_its_class_indentation_is_indented_like_the_original() -> None:
     original = "class A:\n    def f(self):\n        return 1\n\n    def g(self):\n        return 2\n"
     sketch = "# ... existing code ...\ndef g(self):\n    return 3\n"

@@ -165,6 +165,19 @@ def test_a_diff_file_being_edited_is_a_lazy_sketch() -> None:
     assert detect(sketch, original) == "lazy"
 
 
+def test_search_replace_blocks_editing_a_file_that_holds_the_markers() -> None:
+    """aider's own parser holds `<<<<<<< SEARCH` in its source: a sketch that opens with a block whose
+    SEARCH lines the file has is that patch, not code to place (it was merged as a lazy sketch, the
+    markers and the fence written into the file over the parser's lines)."""
+    original = (
+        'HELP = """\n<<<<<<< SEARCH\n{original}\n=======\n{updated}\n>>>>>>> REPLACE\n"""\n\n\ndef parse():\n    pass\n'
+    )
+    sketch = "parser.py\n```\n<<<<<<< SEARCH\ndef parse():\n    pass\n=======\ndef parse():\n    return []\n>>>>>>> REPLACE\n```\n"
+    assert detect(sketch, original) == "search-replace"
+    merge = merge_sketch(original, sketch)
+    assert merge.resolved and merge.text == original.replace("    pass", "    return []")
+
+
 def test_a_patch_written_into_the_file_is_not_a_merge() -> None:
     """The worst answer to a diff is the diff itself, pasted over the code: the checks refuse it."""
     answer = ORIGINAL.replace("import os\n", UDIFF_EXACT)
