@@ -5,6 +5,7 @@ grown into runs of equal lines, and the chains of them that fit together (`place
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from dataclasses import dataclass
 
@@ -74,31 +75,65 @@ def find_anchors(keys: list[str], cursor: int, chunk_keys: list[str]) -> list[An
 
 def best_chain(keys: list[str], chunk_keys: list[str], anchors: list[Anchor]) -> list[Anchor]:
     """The anchors that fit together: in order in both, with what lies between two of them in the chunk
-    fitting where the original has what lies between them (`fits`), saying the most lines, and rather
+    fitting where the original has what lies between them (`fits_between`), saying the most lines, and rather
     ones at the chunk's edges (where a sketch repeats its context). A line of new code that happens to be
-    unique in the original (`s = requests.session()`) is left out this way."""
+    unique in the original (`s = requests.session()`) is left out this way.
+
+    Each anchor extends the best-scored chain before it that it fits after (the first in anchor order
+    among equals); the chains are tried best first, and fitting is counted from running sums: a chunk of
+    a few thousand one-line anchors (a file that repeats itself, sketched whole) takes milliseconds, not
+    minutes."""
     said = [n for n, key in enumerate(chunk_keys) if counts(key)]
+    new, old = Sums(chunk_keys), Sums(keys)
 
     def worth(anchor: Anchor) -> float:
         lines = chunk_keys[anchor.chunk : anchor.chunk + anchor.size]
         edges = (anchor.chunk <= said[0]) + (anchor.chunk + anchor.size > said[-1])
         return float(sum(map(counts, lines)) + 0.5 * edges)
 
-    best: list[tuple[float, list[Anchor]]] = []
-    for anchor in anchors:
-        options = [
-            (score, chain)
-            for score, chain in best
-            if chain[-1].original + chain[-1].size <= anchor.original
-            and chain[-1].chunk + chain[-1].size <= anchor.chunk
-            and fits(
-                chunk_keys[chain[-1].chunk + chain[-1].size : anchor.chunk],
-                keys[chain[-1].original + chain[-1].size : anchor.original],
-            )
-        ]
-        score, chain = max(options, key=lambda option: option[0], default=(0.0, []))
-        best.append((score + worth(anchor), [*chain, anchor]))
-    return max(best, key=lambda option: option[0])[1]
+    chains: list[tuple[float, int, list[Anchor]]] = []  # (-score, anchor number, chain), best first
+    for number, anchor in enumerate(anchors):
+        chain: list[Anchor] = []
+        score = 0.0
+        for minus_score, _, before in chains:
+            last = before[-1]
+            new_start, old_start = last.chunk + last.size, last.original + last.size
+            if (
+                old_start <= anchor.original
+                and new_start <= anchor.chunk
+                and fits_between(new, new_start, anchor.chunk, old, old_start, anchor.original)
+            ):
+                chain, score = before, -minus_score
+                break
+        bisect.insort(chains, (-(score + worth(anchor)), number, [*chain, anchor]), key=lambda c: c[:2])
+    return chains[0][2]
+
+
+class Sums:
+    """Running sums over lines, for `fits_between` on any stretch of them at once: brackets opened less
+    closed (`balance`), lines that say something (`counts`)."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self._balance, self._said = [0], [0]
+        for line in lines:
+            self._balance.append(self._balance[-1] + _line_balance(line))
+            self._said.append(self._said[-1] + counts(line))
+
+    def balance(self, start: int, stop: int) -> int:
+        return self._balance[stop] - self._balance[start]
+
+    def said(self, start: int, stop: int) -> int:
+        return self._said[stop] - self._said[start]
+
+
+def fits_between(new: Sums, new_start: int, new_stop: int, old: Sums, old_start: int, old_stop: int) -> bool:
+    """Whether the chunk's lines `new_start:new_stop` can stand where the original has `old_start:old_stop`:
+    they open and close as many brackets, and do not replace much more code than they hold (a unique line
+    of new code must not pull the chunk over a screenful of the original's: `replaces_little`)."""
+    return (
+        new.balance(new_start, new_stop) == old.balance(old_start, old_stop)
+        and old.said(old_start, old_stop) <= REPLACED_PER_LINE * new.said(new_start, new_stop) + REPLACED_SLACK
+    )
 
 
 def context_chain(keys: list[str], chunk_keys: list[str], anchors: list[Anchor]) -> list[list[Anchor]]:
@@ -118,9 +153,7 @@ def context_chain(keys: list[str], chunk_keys: list[str], anchors: list[Anchor])
 
 
 def fits(new: list[str], old: list[str]) -> bool:
-    """Whether the chunk's lines `new` can stand where the original has `old`: they open and close as many
-    brackets, and do not replace much more code than they hold (a unique line of new code must not pull
-    the chunk over a screenful of the original's)."""
+    """Whether the chunk's lines `new` can stand where the original has `old` (see `fits_between`)."""
     return balance(new) == balance(old) and replaces_little(old, new)
 
 
@@ -132,5 +165,8 @@ def replaces_little(old: list[str], new: list[str], slack: int = REPLACED_SLACK)
 
 def balance(lines: list[str]) -> int:
     """Brackets opened minus brackets closed (strings and comments not told apart: an estimate)."""
-    text = "".join(lines)
-    return sum(text.count(c) for c in "([{") - sum(text.count(c) for c in ")]}")
+    return sum(map(_line_balance, lines))
+
+
+def _line_balance(line: str) -> int:
+    return sum(line.count(c) for c in "([{") - sum(line.count(c) for c in ")]}")

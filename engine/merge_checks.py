@@ -18,6 +18,7 @@ Lines are compared stripped (the model may re-indent), and only lines with a few
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ MAX_ELISION_WORDS = 8
 EDGE_DROPS = 2
 MIN_ALNUM = 3  # a line counts when it has at least this many letters or digits
 FUZZY_SCORE = 50  # rapidfuzz's ratio (0-100) from which a changed line is taken to stand for an original one
+_SAYS = re.compile(rf"(?:[\W_]*[^\W_]){{{MIN_ALNUM}}}")  # `MIN_ALNUM` letters or digits (`str.isalnum`'s)
 
 
 @dataclass
@@ -185,9 +187,12 @@ def _counted(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if counts(line)]
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def counts(line: str) -> bool:
-    """Whether a line says enough to be compared: `MIN_ALNUM` letters or digits."""
-    return sum(c.isalnum() for c in line) >= MIN_ALNUM
+    """Whether a line says enough to be compared: `MIN_ALNUM` letters or digits. Kept for the lines seen
+    last: a merge asks it of each line several times, and code repeats its lines (a 1 MB sketch's merge
+    took 0.8 s, 0.4 s so)."""
+    return _SAYS.match(line) is not None
 
 
 def _chunks(sketch_lines: list[str]) -> list[list[str]]:

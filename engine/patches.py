@@ -26,6 +26,7 @@ markers) like any other (`merge_checks`).
 from __future__ import annotations
 
 import difflib
+import functools
 import itertools
 import re
 from collections.abc import Callable
@@ -45,7 +46,9 @@ _REPLACE = re.compile(r"^>{5,9} ?REPLACE\b")
 # first line.
 OPENING = 3
 _NEW_FILE = re.compile(r"^\+\+\+ ")
-_BEGIN_PATCH = re.compile(r"^\s*\*\*\* Begin Patch\s*$")
+_FILE_HEADERS = re.compile(r"^--- .*\n\+\+\+ ", re.MULTILINE)
+_CHANGE = re.compile(r"^[+-](?!\+\+|--)", re.MULTILINE)  # a line taken out or put in, not a file's header
+_BEGIN_PATCH = re.compile(r"^[ \t]*\*\*\* Begin Patch[ \t]*$")
 _V4A_FILE = re.compile(r"^\*\*\* (Update|Add|Delete) File: (.+?)\s*$")
 # The lines of a patch's own syntax: a merge that holds them (and an original that does not) wrote the
 # patch into the file instead of applying it.
@@ -76,31 +79,38 @@ def detect(sketch: str, original: str = "") -> Literal["lazy", "udiff", "search-
     a file name and a fence may come first; SEARCH/REPLACE blocks that edit aider's own parser, whose
     source holds the markers), else a lazy sketch."""
     lines = sketch.splitlines()
+    text = "\n".join(lines)  # searched whole, not a line at a time: a sketch may have 100,000s of lines
     own = set(original.splitlines())
 
     def has(pattern: re.Pattern[str]) -> bool:
-        return any(pattern.match(line) and line not in own for line in lines)
+        return any(line.group(0) not in own for line in _whole_lines(pattern).finditer(text))
 
-    found = _written_as(lines, has)
+    found = _written_as(text, has)
     if found is None:  # the original's own syntax: a patch only if the sketch opens with it and it applies
-        opening = [line for line in lines if line.strip()][:OPENING]
-        found = _written_as(lines, lambda pattern: any(pattern.match(line) for line in opening))
+        opening = list(itertools.islice((line for line in lines if line.strip()), OPENING))
+        found = _written_as(text, lambda pattern: any(pattern.match(line) for line in opening))
         if found is not None and apply_patch(original, parse_patch(sketch, found))[1]:
             found = None
     return found or "lazy"
 
 
-def _written_as(lines: list[str], has: Callable[[re.Pattern[str]], bool]) -> PatchFormat | None:
-    """The patch format whose syntax `has` finds (a patch's own markers, among the sketch's `lines`)."""
+def _written_as(text: str, has: Callable[[re.Pattern[str]], bool]) -> PatchFormat | None:
+    """The patch format whose syntax `has` finds (a patch's own markers), with the lines it needs
+    anywhere in the sketch's `text` (the markers that close a SEARCH/REPLACE block, a diff's changes)."""
     if has(_BEGIN_PATCH) or has(_V4A_FILE):
         return "v4a"
-    if has(_SEARCH) and (has(_REPLACE) or any(_REPLACE.match(line) for line in lines)):
+    if has(_SEARCH) and _whole_lines(_REPLACE).search(text):
         return "search-replace"
-    changes = any(line[:1] in "+-" and line[:3] not in ("+++", "---") for line in lines)
-    headers = has(_NEW_FILE) and any(a.startswith("--- ") and _NEW_FILE.match(b) for a, b in itertools.pairwise(lines))
-    if changes and (has(_HUNK_HEADER) or has(_ANY_HUNK_HEADER) or headers):
+    headers = has(_NEW_FILE) and _FILE_HEADERS.search(text)
+    if _CHANGE.search(text) and (has(_HUNK_HEADER) or has(_ANY_HUNK_HEADER) or headers):
         return "udiff"
     return None
+
+
+@functools.cache
+def _whole_lines(pattern: re.Pattern[str]) -> re.Pattern[str]:
+    """`pattern` (anchored at a line's start) for a whole text: each line it matches, whole."""
+    return re.compile(f"(?:{pattern.pattern}).*", re.MULTILINE)
 
 
 def parse_patch(text: str, format: PatchFormat) -> Patch:

@@ -80,6 +80,10 @@ MAX_REPEATS = 8
 # (812, Rust's left out): 0.4 settles 12 of 31 such doubts, 10 rightly; 0.5 settles 15, 12 rightly; taking
 # the least change whatever the margin settles 23, 15 rightly.
 CLEARLY_LESS = 0.4
+# A chunk with more anchors than twice this tries alone only this many at either end: each is a placement
+# to make and weigh over the whole chunk (a file that repeats itself, sketched whole, has thousands: its
+# merge took minutes). The chunks of docs/sketches.md's sets have 40 at most (2026-12-03).
+ALONE_AT_EDGES = 32
 # A placement that covers a chunk's runs (two equal lines or more in a row) is taken over one that covers
 # only its context, unless it loses more than this many of the original's lines and the other loses none:
 # then the runs are new code repeating an old near copy far away (guzzle's XML visitor test: a new test
@@ -255,7 +259,9 @@ def _place(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk
     """
     chunk_keys = [line.strip() for line in chunk.lines]
     anchors = find_anchors(keys, cursor, chunk_keys)
-    chains = [best_chain(keys, chunk_keys, anchors), *([a] for a in anchors)] if anchors else [[]]
+    # Each anchor alone too, those nearest the chunk's edges where it has many (its context is there).
+    alone = anchors if len(anchors) <= 2 * ALONE_AT_EDGES else anchors[:ALONE_AT_EDGES] + anchors[-ALONE_AT_EDGES:]
+    chains = [best_chain(keys, chunk_keys, anchors), *([a] for a in alone)] if anchors else [[]]
     chains += context_chain(keys, chunk_keys, anchors)
     placements = [_place_on(chain, lines, raw, cursor, chunk) for chain in chains] + _by_context(
         lines, raw, cursor, chunk

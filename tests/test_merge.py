@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import doctest
 import json
+import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -687,3 +689,44 @@ def test_tabs_written_as_spaces_are_tabs_again() -> None:
     original = "func main() {\n\tx := 1\n\tif x > 0 {\n\t\tfmt.Println(x)\n\t}\n}\n"
     sketch = "func main() {\n    x := 1\n    if x > 0 {\n        fmt.Println(x + 1)\n    }\n}\n"
     assert merged(original, sketch) == original.replace("Println(x)", "Println(x + 1)")
+
+
+def test_the_best_chain_is_the_one_every_pair_of_anchors_gives() -> None:
+    """`best_chain` tries the chains best first and counts `fits` from running sums; it must choose what
+    weighing every earlier chain for every anchor chose (the first of the best that fits, in anchor order),
+    on chunks and originals of lines drawn from a few, brackets and all."""
+    from specedit.engine.anchors import REPLACED_PER_LINE, REPLACED_SLACK, balance, best_chain, find_anchors
+    from specedit.engine.merge_checks import counts
+
+    def every_pair(keys: list[str], chunk_keys: list[str], anchors: list[Any]) -> list[Any]:
+        said = [n for n, key in enumerate(chunk_keys) if counts(key)]
+        best: list[tuple[float, list[Any]]] = []
+        for anchor in anchors:
+            options = []
+            for score, chain in best:
+                new = chunk_keys[chain[-1].chunk + chain[-1].size : anchor.chunk]
+                old = keys[chain[-1].original + chain[-1].size : anchor.original]
+                in_order = (
+                    chain[-1].original + chain[-1].size <= anchor.original
+                    and chain[-1].chunk + chain[-1].size <= anchor.chunk
+                )
+                little = sum(map(counts, old)) <= REPLACED_PER_LINE * sum(map(counts, new)) + REPLACED_SLACK
+                if in_order and balance(new) == balance(old) and little:
+                    options.append((score, chain))
+            score, chain = max(options, key=lambda option: option[0], default=(0.0, []))
+            lines = chunk_keys[anchor.chunk : anchor.chunk + anchor.size]
+            edges = (anchor.chunk <= said[0]) + (anchor.chunk + anchor.size > said[-1])
+            best.append((score + sum(map(counts, lines)) + 0.5 * edges, [*chain, anchor]))
+        return max(best, key=lambda option: option[0])[1]
+
+    pool = ["def f(x):", "return x", "if x {", "}", "value = 1", "call(a, b)", "", "end", "total += 1", "(["]
+    chosen = random.Random(7)
+    compared = 0
+    for _ in range(300):
+        keys = [chosen.choice(pool) + (str(chosen.randrange(40)) if chosen.random() < 0.6 else "") for _ in range(60)]
+        chunk_keys = [chosen.choice(keys) if chosen.random() < 0.7 else chosen.choice(pool) for _ in range(30)]
+        anchors = find_anchors(keys, 0, chunk_keys)
+        if anchors:
+            assert best_chain(keys, chunk_keys, anchors) == every_pair(keys, chunk_keys, anchors)
+            compared += 1
+    assert compared > 200

@@ -172,7 +172,10 @@ def test_search_replace_blocks_editing_a_file_that_holds_the_markers() -> None:
     original = (
         'HELP = """\n<<<<<<< SEARCH\n{original}\n=======\n{updated}\n>>>>>>> REPLACE\n"""\n\n\ndef parse():\n    pass\n'
     )
-    sketch = "parser.py\n```\n<<<<<<< SEARCH\ndef parse():\n    pass\n=======\ndef parse():\n    return []\n>>>>>>> REPLACE\n```\n"
+    sketch = (
+        "parser.py\n```\n<<<<<<< SEARCH\ndef parse():\n    pass\n=======\n"
+        "def parse():\n    return []\n>>>>>>> REPLACE\n```\n"
+    )
     assert detect(sketch, original) == "search-replace"
     merge = merge_sketch(original, sketch)
     assert merge.resolved and merge.text == original.replace("    pass", "    return []")
