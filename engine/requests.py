@@ -23,6 +23,11 @@ DraftMethod = Literal["auto", "copy", "fallback", "none"]
 # language server, the daemon's socket): a rewrite repeats the whole input through the model, and the
 # default model's context holds 32k tokens (about 100 KB of code) for prompt and answer together.
 MAX_INPUT_BYTES = 1_000_000
+# A request whose texts are longer costs a noticeable share of the CPU before the model sees it (a sketch's
+# merge by its lines: 0.3-0.8 s for 1 MB), which beside another client's rewrite slows every step of it
+# (the interpreter's lock and the cores are shared): that work takes a turn, as a rewrite does
+# (`Backend.in_turn`).
+HEAVY_CHARS = 100_000
 # Sampling settings outside these are refused: a temperature of 1e-300 divides the logits into infinities.
 MIN_TEMPERATURE = 1e-3
 MIN_TOP_P = 1e-6
@@ -80,6 +85,12 @@ class RewriteRequest:
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
         self.prompt()  # validates
+
+    @property
+    def heavy(self) -> bool:
+        """Whether its texts are long enough that the work on them outside the model takes a turn
+        (`HEAVY_CHARS`)."""
+        return len(self.original) + len(self.instruction or self.sketch or "") > HEAVY_CHARS
 
     def prompt(self) -> RewritePrompt:
         """What the model is asked (line endings as given): the sketch's format found in its text with `auto`."""

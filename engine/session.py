@@ -22,11 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from specedit.engine.events import Done, Event, Step, Text
 from specedit.engine.options import EngineOptions
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 
 EventCallback = Callable[[Event], None]
 Request = RewriteRequest | CompletionRequest
+T = TypeVar("T")
 
 
 class Backend(Protocol):
@@ -49,6 +51,13 @@ class Backend(Protocol):
         """Run one rewrite (or a completion: an OpenAI request, which only a backend in this process runs)
         to its end, or until `cancel` is set (from any thread); blocking. `client` names who asks, for fair
         turns among clients. Errors are raised as `SpeceditError`s."""
+        ...
+
+    def in_turn(self, work: Callable[[], T], emit: EventCallback, cancel: threading.Event, client: str) -> T | None:
+        """Run `work`, the session's own work on a heavy request (`RewriteRequest.heavy`: a long sketch
+        merged by its lines), where it slows no other client's rewrite: in a turn of its own where the
+        model runs in this process (told `Phase("queued")` while it waits), at once where it runs elsewhere.
+        None if `cancel` was set while it waited."""
         ...
 
     def warm(self, request: WarmRequest) -> bool:
@@ -88,7 +97,10 @@ class Session:
         emit = on_event or _ignore
         cancel = cancel or threading.Event()
         counted = _StepsAfterCancel(emit, cancel)
-        outcome = merged_by_lines(request) if isinstance(request, RewriteRequest) else None
+        outcome = None
+        if isinstance(request, RewriteRequest) and request.sketch is not None and request.merge == "auto":
+            merge = functools.partial(merged_by_lines, request, request.sketch)
+            outcome = self.backend.in_turn(merge, counted, cancel, client) if request.heavy else merge()
         if outcome is not None:
             if outcome.text:
                 emit(Text(outcome.text))
@@ -171,17 +183,14 @@ class EventStream:
         self._ended = True
 
 
-def merged_by_lines(request: RewriteRequest) -> RewriteOutcome | None:
-    """The answer to an edit sketch whose every chunk says where it goes (`merge.merge_sketch`): merged by
-    its lines in milliseconds, with no model; None for any other request, or when the request asks for the
-    model (`merge="model"`)."""
-    if request.sketch is None or request.merge != "auto":
-        return None
+def merged_by_lines(request: RewriteRequest, sketch: str) -> RewriteOutcome | None:
+    """The answer to the request's edit sketch where its every chunk says where it goes
+    (`merge.merge_sketch`): merged by its lines in milliseconds, with no model; else None."""
     from specedit.engine.loop.stats import Stats
     from specedit.engine.merge import merge_sketch
 
     started = time.perf_counter()
-    merged = merge_sketch(request.original, request.sketch, request.sketch_format)
+    merged = merge_sketch(request.original, sketch, request.sketch_format)
     if not merged.resolved:
         log.info("the model merges the sketch: %s", "; ".join(merged.unresolved))
         return None

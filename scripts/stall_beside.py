@@ -40,10 +40,13 @@ def main() -> int:
             client.rewrite(good)
             return time.perf_counter() - started
 
-        big = "x = 1\n" * (1_000_000 // 6)
-        outsized = [RewriteRequest("y = 2\n", big), RewriteRequest("y = 2\n", None, sketch=big)] * 2
         print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
-        for _ in range(3):
+        for number in range(3):
+            # New texts each round and each request: the daemon keeps the last few merges.
+            big = [f"# {number} {n}\n" + "x = 1\n" * (1_000_000 // 6 - 2) for n in range(4)]
+            outsized = [RewriteRequest("y = 2\n", big[0]), RewriteRequest("y = 2\n", big[1])] + [
+                RewriteRequest("y = 2\n", None, sketch=text) for text in big[2:]
+            ]
             alone, answers = timed(), []
 
             def send(request: RewriteRequest, answers: list[str]) -> None:

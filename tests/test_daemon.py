@@ -28,7 +28,7 @@ import torch
 
 from specedit.cli.serve_command import add_serve_parser, config_from_args, serve_command
 from specedit.engine.errors import ContextLengthError, EngineUnavailableError
-from specedit.engine.events import Phase, Step
+from specedit.engine.events import Event, Phase, Step
 from specedit.engine.loop.generate import Engine
 from specedit.engine.loop.rewrite import rewrite
 from specedit.engine.model.loading import load_model
@@ -38,7 +38,7 @@ from specedit.engine.requests import RewriteRequest, WarmRequest
 from specedit.engine.serving.client import EngineAddress, EngineClient
 from specedit.engine.serving.config import DaemonConfig
 from specedit.engine.serving.daemon import Daemon, serve
-from specedit.engine.serving.local import LocalBackend
+from specedit.engine.serving.local import LocalBackend, Turns
 from specedit.engine.serving.protocol import (
     HANDSHAKE_NONCE_BYTES,
     PROTOCOL_VERSION,
@@ -888,6 +888,61 @@ def test_an_outsized_sketch_is_refused_before_its_turn(random_engine: Engine) ->
     assert time.monotonic() - started < 2.0
     engine.gate.set()
     running.join(TIMEOUT)
+
+
+def test_a_heavy_sketchs_merge_by_lines_waits_for_the_running_rewrite(random_engine: Engine) -> None:
+    """Merging a sketch by its lines into a request of over 100,000 characters takes a share of the CPU
+    (0.3-0.8 s for 1 MB) that would slow another client's steps: it takes a turn after the rewrites, told
+    it is queued; a short one merges at once, model or not."""
+    engine = GatedEngine(random_engine)
+    session = Session(LocalBackend(engine=engine))  # type: ignore[arg-type]
+    running = threading.Thread(target=session.run, args=(random_model_request(5),), kwargs={"client": "a"})
+    running.start()
+    assert engine.paused.wait(TIMEOUT)  # the model is busy
+    original = "".join(f"value_{n} = {n}\n" for n in range(8_000))
+    sketch = "# ... existing code ...\nvalue_2 = 2\nvalue_3 = 333\nvalue_4 = 4\n# ... existing code ...\n"
+    short = RewriteRequest(original[:600], sketch=sketch)
+    assert session.run(short, client="b").text == original[:600].replace("value_3 = 3\n", "value_3 = 333\n")
+    heavy_sketch = "# ... existing code ...\nvalue_4 = 4\nvalue_5 = 55\nvalue_6 = 6\n# ... existing code ...\n"
+    heavy = RewriteRequest(original, sketch=heavy_sketch)  # a file of over 100,000 characters
+    assert heavy.heavy and not short.heavy
+    events: list[Event] = []
+    merged: list[str] = []
+    waiting = threading.Thread(target=lambda: merged.append(session.run(heavy, events.append, client="b").text))
+    waiting.start()
+    waiting.join(0.5)
+    assert waiting.is_alive() and not merged and Phase("queued", 1) in events
+    engine.gate.set()
+    waiting.join(TIMEOUT)
+    running.join(TIMEOUT)
+    assert merged == [original.replace("value_5 = 5\n", "value_5 = 55\n")]
+
+
+def test_work_other_than_a_rewrite_lets_the_rewrites_that_wait_go_first() -> None:
+    """A turn taken for other work (a heavy sketch's merge) goes after every rewrite waiting, whoever asked
+    first: the rewrites are what a user waits for."""
+    turns = Turns()
+    never = threading.Event()
+    first = turns.take("a", lambda ahead: None, never)
+    assert first is not None
+    order: list[str] = []
+
+    def take(name: str, after_rewrites: bool) -> None:
+        ticket = turns.take(name, lambda ahead: None, never, after_rewrites=after_rewrites)
+        assert ticket is not None
+        order.append(name)
+        turns.leave(ticket)
+
+    other_work = threading.Thread(target=take, args=("merge", True))
+    other_work.start()
+    time.sleep(0.1)
+    rewrite_after = threading.Thread(target=take, args=("rewrite", False))
+    rewrite_after.start()
+    time.sleep(0.1)
+    turns.leave(first)
+    other_work.join(TIMEOUT)
+    rewrite_after.join(TIMEOUT)
+    assert order == ["rewrite", "merge"]
 
 
 def test_a_long_prefill_gives_way_to_a_short_rewrite(random_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:

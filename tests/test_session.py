@@ -13,7 +13,7 @@ import pytest
 from specedit.engine.errors import ContextLengthError, EmptyAnswerError, IncompleteOutputError, MergeError
 from specedit.engine.events import Done, Event, Phase, Step, Text, error_to_wire, event_from_wire, event_to_wire
 from specedit.engine.requests import RewriteOutcome, RewriteRequest, WarmRequest
-from specedit.engine.session import Session
+from specedit.engine.session import Session, T
 
 from conftest import ECHOED_SKETCH, LINES_SKETCH
 
@@ -47,6 +47,9 @@ class ScriptedBackend:
                 return RewriteOutcome.finished("", "cancelled", {})
         emit(Text(self.answer))
         return RewriteOutcome.finished(self.answer, self.finish, {"generated_tokens": 7})  # type: ignore[arg-type]
+
+    def in_turn(self, work: Callable[[], T], emit: Callable[[Event], None], cancel: threading.Event, client: str) -> T:
+        return work()
 
     def warm(self, request: WarmRequest) -> bool:
         return False

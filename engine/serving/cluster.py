@@ -47,7 +47,7 @@ import ssl
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from specedit.engine.errors import EngineUnavailableError, InputError, SpeceditError
@@ -56,6 +56,7 @@ from specedit.engine.requests import CompletionRequest, RewriteOutcome, RewriteR
 from specedit.engine.serving.config import read_token
 from specedit.engine.wire import ProtocolError, error_from, to_wire
 
+T = TypeVar("T")
 DEFAULT_PORT = 8000
 CONNECT_TIMEOUT = 10.0  # s to connect and to get the answer's head (the stream itself has no limit)
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a request's JSON, as the daemon's frames
@@ -154,6 +155,9 @@ class ClusterBackend:
             raise EngineUnavailableError(f"the cluster engine at {self.address}: {error}") from error
         finally:
             connection.close()
+
+    def in_turn(self, work: Callable[[], T], emit: Callable[[Event], None], cancel: threading.Event, client: str) -> T:
+        return work()  # the replica's model runs there: the work here takes no turn
 
     def warm(self, request: WarmRequest) -> bool:
         return False  # a replica is chosen per request: there is no one cache to warm

@@ -21,7 +21,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from specedit.engine.errors import SpeceditError
 from specedit.engine.events import Event, Phase, Text
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from specedit.engine.model.loading import LoadedModel
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 WARM_PENDING = 8  # documents waiting to be warmed; the least recently offered go
 
@@ -97,7 +98,7 @@ def apply_threads(options: EngineOptions) -> None:
 @dataclass(eq=False)
 class _Ticket:
     client: str
-    key: tuple[int, int]  # (the client's rewrites ahead of it in line, arrival): the order of turns
+    key: tuple[bool, int, int]  # (it lets rewrites go first, its client's turns ahead of it, arrival): the order
     told: int = -1  # the place last told
 
 
@@ -105,7 +106,8 @@ class _Ticket:
 class Turns:
     """Rewrites take the model one at a time, fairly across clients: a client's k-th rewrite in line waits
     behind every other client's rewrites numbered below k (arrival breaks ties). Each is told how many are
-    ahead of it (the running one included) when it arrives, and again whenever that changes."""
+    ahead of it (the running one included) when it arrives, and again whenever that changes. A turn for
+    work other than a rewrite (`LocalBackend.in_turn`) lets every rewrite that waits go first."""
 
     _changed: threading.Condition = field(default_factory=threading.Condition)
     _waiting: list[_Ticket] = field(default_factory=list)
@@ -113,13 +115,20 @@ class Turns:
     _arrivals: int = 0
 
     def take(
-        self, client: str, tell: Callable[[int], None], cancel: threading.Event, *, told: bool = False
+        self,
+        client: str,
+        tell: Callable[[int], None],
+        cancel: threading.Event,
+        *,
+        told: bool = False,
+        after_rewrites: bool = False,
     ) -> _Ticket | None:
         """Wait for this rewrite's turn: its ticket, or None if it was cancelled while waiting. `told`: the
-        rewrite was told something already (the model loading), so that none ahead goes unsaid."""
+        rewrite was told something already (the model loading), so that none ahead goes unsaid.
+        `after_rewrites`: the turn is for other work, which lets every rewrite that waits go first."""
         with self._changed:
             in_line = sum(ticket.client == client for ticket in self._line())
-            ticket = _Ticket(client, (in_line, self._arrivals), told=0 if told else -1)
+            ticket = _Ticket(client, (after_rewrites, in_line, self._arrivals), told=0 if told else -1)
             self._arrivals += 1
             self._waiting.append(ticket)
             while True:
@@ -162,8 +171,17 @@ class _Turn:
     (warming, if it holds it, gives way within its step). A long prefill gives way between its parts to
     the rewrites that wait (`give_way`): a short rewrite waits for a part of it, not for all of it."""
 
-    def __init__(self, backend: LocalBackend, client: str, emit: Callable[[Event], None], cancel: threading.Event):
+    def __init__(
+        self,
+        backend: LocalBackend,
+        client: str,
+        emit: Callable[[Event], None],
+        cancel: threading.Event,
+        *,
+        after_rewrites: bool = False,
+    ):
         self._backend, self._client, self._emit, self._cancel = backend, client, emit, cancel
+        self._after_rewrites = after_rewrites
         self._ticket: _Ticket | None = None
         self.waited = 0.0  # seconds spent waiting for the model
 
@@ -171,7 +189,11 @@ class _Turn:
         """Wait for the model; False when the rewrite was cancelled while it waited."""
         backend, asked = self._backend, time.monotonic()
         self._ticket = backend._turns.take(
-            self._client, lambda ahead: self._emit(Phase("queued", ahead)), self._cancel, told=told
+            self._client,
+            lambda ahead: self._emit(Phase("queued", ahead)),
+            self._cancel,
+            told=told,
+            after_rewrites=self._after_rewrites,
         )
         if self._ticket is not None:
             backend._giving_way += 1
@@ -269,7 +291,9 @@ class LocalBackend:
             emit(Phase("loading"))  # torch's import included
         engine = self.load()
         if isinstance(request, RewriteRequest):
-            refuse_early_if_too_long(engine, request)  # before its turn: an outsized request holds no one up
+            # Before its turn, cheaply (a fraction of a second for 1 MB): an outsized request holds no one
+            # up; the whole bound is counted in its turn (`prepare_rewrite`).
+            refuse_early_if_too_long(engine, request, bound=2)
         turn = _Turn(self, client, emit, cancel)
         if not turn.take(told=loading):
             return RewriteOutcome.cancelled_before_start({"queue_seconds": round(turn.waited, 4)})
@@ -316,6 +340,18 @@ class LocalBackend:
     def to_warm(self) -> int:
         with self._warm_lock:
             return len(self._to_warm)
+
+    def in_turn(
+        self, work: Callable[[], T], emit: Callable[[Event], None], cancel: threading.Event, client: str
+    ) -> T | None:
+        """`work` in a turn of its own, after the rewrites that wait (see `Backend.in_turn`)."""
+        turn = _Turn(self, client, emit, cancel, after_rewrites=True)
+        if not turn.take(told=False):
+            return None
+        try:
+            return work()
+        finally:
+            turn.leave()
 
     def prefill(self, request: WarmRequest, should_stop: Callable[[], bool]) -> tuple[int, int]:
         """Warm `request` now (on the model thread), between rewrites, giving way to one as soon as it waits or

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from specedit.engine.errors import EngineUnavailableError, InputError, SpeceditError
 from specedit.engine.events import Event
@@ -30,6 +30,7 @@ from specedit.engine.serving.client import EngineAddress, EngineClient, answers
 from specedit.engine.serving.config import DaemonConfig, prepare_state_dir
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEFAULT_SPAWN_IDLE_TIMEOUT = 300.0  # a daemon a client started exits after 5 minutes without clients
 _LOG_ROTATE_BYTES = 4 * 1024 * 1024
@@ -70,6 +71,9 @@ class DaemonBackend:
             raise InputError(f"{self.address} takes rewrites; completions (OpenAI's API) go to its HTTP door")
         with self.connect() as connection:  # (the daemon knows this client by its connection)
             return connection.rewrite(request, emit, cancel)
+
+    def in_turn(self, work: Callable[[], T], emit: Callable[[Event], None], cancel: threading.Event, client: str) -> T:
+        return work()  # the daemon's model runs in its own process: the work here takes no turn
 
     def warm(self, request: WarmRequest) -> bool:
         """Offer `request` to the daemon if one answers (none is started for it)."""
