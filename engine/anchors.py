@@ -6,6 +6,7 @@ grown into runs of equal lines, and the chains of them that fit together (`place
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import Counter
 from dataclasses import dataclass
 
@@ -47,6 +48,14 @@ def find_anchors(keys: list[str], cursor: int, chunk_keys: list[str]) -> list[An
     # A line the chunk has twice (`done();` closing the new test and the old one after it) says nothing of
     # which of its places the original's line is: a run does not grow over it.
     twice = {key for key, number in Counter(chunk_keys).items() if number > 1 and counts(key)}
+    # Counted once for the chunk, not per anchor (a chunk of thousands of one-line anchors, a file that
+    # repeats itself sketched whole, made this quadratic): lines that say something before each position,
+    # the next line the chunk has twice from each position, and how far each diagonal agrees.
+    said_before = [0, *itertools.accumulate(map(counts, chunk_keys))]
+    next_twice = [len(chunk_keys)] * (len(chunk_keys) + 1)
+    for k in range(len(chunk_keys) - 1, -1, -1):
+        next_twice[k] = k if chunk_keys[k] in twice else next_twice[k + 1]
+    agreeing: dict[int, tuple[int, int]] = {}  # original - chunk: (from, to) chunk positions that agree
     anchors: list[Anchor] = []
     for position, key in enumerate(chunk_keys):
         found = places.get(key, [])
@@ -57,19 +66,24 @@ def find_anchors(keys: list[str], cursor: int, chunk_keys: list[str]) -> list[An
             continue  # inside the run before
         while a > 0 and b > cursor and chunk_keys[a - 1] == keys[b - 1] and chunk_keys[a - 1] not in twice:
             a, b = a - 1, b - 1
-        end = position + 1
-        while end < len(chunk_keys) and b + end - a < len(keys) and chunk_keys[end] == keys[b + end - a]:
-            end += 1
+        known = agreeing.get(b - a)
+        if known is not None and known[0] <= position < known[1]:
+            end = known[1]
+        else:
+            end = position + 1
+            while end < len(chunk_keys) and b + end - a < len(keys) and chunk_keys[end] == keys[b + end - a]:
+                end += 1
+            agreeing[b - a] = (position, end)
         reach = end  # as far as the lines agree: a run of two lines or more, if they say something
         if end < len(chunk_keys):  # nor on over one, short of the chunk's end (its context): new code may
-            end = next((k for k in range(position + 1, end) if chunk_keys[k] in twice), end)  # start there
+            end = min(next_twice[position + 1], end)  # start there
         # A run ends in lines that say something: whether a `}` or a blank line next to it is the
         # original's or new code's is for the edges to find out (`placement._edge`).
         while not counts(chunk_keys[a]):
             a, b = a + 1, b + 1
         while not counts(chunk_keys[end - 1]):
             end -= 1
-        anchors.append(Anchor(b, a, end - a, sum(map(counts, chunk_keys[a:reach]))))
+        anchors.append(Anchor(b, a, end - a, said_before[reach] - said_before[a]))
     return anchors
 
 
