@@ -90,6 +90,7 @@ class SpeceditServer(LanguageServer):
         self._session: Session | None = None
         self._session_settings: tuple[Any, ...] | None = None
         self._keeper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specedit-keep")
+        self._started: Session | None = None  # the session whose engine started (on the keeper's thread)
         self._loop: asyncio.AbstractEventLoop | None = None  # the one serving the client, once it opened a document
 
     def update_settings(self) -> None:
@@ -163,17 +164,19 @@ class SpeceditServer(LanguageServer):
         next rewrite after a pause waits for the model to load again). With `start` (the editor started, a
         document opened) and the setting `loadOnStart`, the engine starts first: the model loads now, and
         the open documents are read into its cache while the user reads them, so that the first rewrite is
-        a warm one. On a thread, in order: it connects, and may wait for the load."""
+        a warm one, once a session (a daemon's start is a connection more). On a thread, in order: it
+        connects, and may wait for the load."""
         session, wanted = self.session(), bool(self.documents)
         self._keeper.submit(self._keep_engine, session, start and self.settings.load_on_start, wanted)
 
     def _keep_engine(self, session: Session, start: bool, wanted: bool) -> None:
-        if start:
+        if start and session is not self._started:
             try:
                 session.start()
-            except SpeceditError as error:  # the first rewrite meets it again, and says it
+            except SpeceditError as error:  # the first rewrite meets it again, and says it (or the next open)
                 log.warning("the engine did not start: %s", error)
             else:
+                self._started = session
                 self.warmer.touch_all()  # offers made while it started found no one
         session.keep_alive(wanted)
 

@@ -198,3 +198,34 @@ def test_an_offer_to_warm_no_engine_took_is_made_again() -> None:
     assert offers_after(warmer.touch_all) == 1  # the engine started: offered again, and taken
     assert offers_after(warmer.touch_all) == 0  # the same text, taken already
     assert engine.offered == [uri, uri]
+
+
+def test_the_engine_is_started_once_a_session_until_it_starts() -> None:
+    """Every opened document asks for the engine to start (`loadOnStart`); a session whose engine started
+    is not started again (a daemon's start is one connection more a document), one that failed is."""
+    from specedit.engine.errors import EngineUnavailableError
+    from specedit.lsp.server import SpeceditServer
+
+    class Engine:
+        def __init__(self) -> None:
+            self.starts, self.fails, self.kept = 0, True, []
+
+        def start(self) -> None:
+            self.starts += 1
+            if self.fails:
+                raise EngineUnavailableError("no daemon yet")
+
+        def keep_alive(self, wanted: bool) -> None:
+            self.kept.append(wanted)
+
+    server, engine = SpeceditServer(), Engine()
+    server._keep_engine(engine, True, True)  # type: ignore[arg-type]
+    engine.fails = False
+    server._keep_engine(engine, True, True)  # type: ignore[arg-type]
+    server._keep_engine(engine, True, True)  # type: ignore[arg-type]
+    server._keep_engine(engine, False, False)  # type: ignore[arg-type]
+    assert engine.starts == 2 and engine.kept == [True, True, True, False]
+    other = Engine()
+    other.fails = False
+    server._keep_engine(other, True, True)  # type: ignore[arg-type]
+    assert other.starts == 1  # a new session (the settings changed) starts its engine
