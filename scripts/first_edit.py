@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -53,12 +54,14 @@ from test_lsp_e2e import (  # noqa: E402
     EditorClient,
     command,
     daemon_status,
+    loaded_and_read,
     lsp_with_a_private_daemon,
     private_socket,
     send_rewrite,
     stop_with_its_daemon,
 )
 
+from specedit.engine.errors import EngineUnavailableError  # noqa: E402
 from specedit.lsp import protocol  # noqa: E402
 
 SOURCE_CASE = "git/psf/requests/dfe46c1b7f55"  # 1,094 lines of requests' Python
@@ -196,13 +199,12 @@ async def fresh(size: int, open_seconds: float) -> dict[str, Any]:
         loaded = read = None
         while loop.time() - started < open_seconds:
             if read is None and socket.exists():
-                try:
+                info = None
+                with contextlib.suppress(EngineUnavailableError):  # (the socket made, not yet listened on)
                     info = daemon_status(socket)
-                except Exception:  # (made, not yet listening)
-                    info = None
                 if info is not None and info["state"] == "ready":
                     loaded = loaded or round(loop.time() - started, 2)
-                    if (info["prefix_cache"] or {}).get("documents", 0) >= 1 and not info["warming"]:
+                    if loaded_and_read(info, 1):
                         read = round(loop.time() - started, 2)
             await asyncio.sleep(0.1)
         run.update(engine_loaded_seconds=loaded, file_read_seconds=read, **await first_edit(client, uri, text))

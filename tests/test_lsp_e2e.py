@@ -839,7 +839,8 @@ def daemon_status(socket: Path) -> dict[str, Any]:
         return daemon.status()
 
 
-def _loaded_and_read(info: dict[str, Any], documents: int) -> bool:
+def loaded_and_read(info: dict[str, Any], documents: int) -> bool:
+    """Whether a daemon's status says its model is loaded and `documents` prompts are read, nothing left."""
     cached = (info["prefix_cache"] or {}).get("documents", 0)
     return info["state"] == "ready" and not (info["warming"] or info["to_warm"]) and cached >= documents
 
@@ -852,7 +853,7 @@ async def warmed(socket: Path, documents: int) -> None:
     while time.monotonic() < deadline:
         with contextlib.suppress(EngineUnavailableError):  # (the socket made, not yet listened on)
             info = daemon_status(socket) if socket.exists() else None
-        if info is not None and _loaded_and_read(info, documents):
+        if info is not None and loaded_and_read(info, documents):
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"the open documents were not read: {info}")
