@@ -918,6 +918,23 @@ def test_a_heavy_sketchs_merge_by_lines_waits_for_the_running_rewrite(random_eng
     assert merged == [original.replace("value_5 = 5\n", "value_5 = 55\n")]
 
 
+def test_warming_goes_on_after_a_turn_for_other_work(tiny_model_dir: Path) -> None:
+    """A document offered while a heavy sketch's merge holds a turn is warmed once the turn ends (warming
+    gives way to any turn; whoever held it starts the warmer again)."""
+    loaded = load_model(str(tiny_model_dir), dtype="float32", device="cpu")
+    backend = LocalBackend(engine=Engine(loaded, prefix_cache=PrefixCache(1 << 28)))  # type: ignore[arg-type]
+    offered = WarmRequest(ADD * 30, "python", "file:///add.py")
+
+    def offer_while_holding_the_turn() -> bool:
+        taken = backend.warm(offered)
+        wait_for(lambda: backend._warmer is None, "the warmer to give way to the turn")
+        return taken
+
+    assert backend.in_turn(offer_while_holding_the_turn, lambda event: None, threading.Event(), "a")
+    assert backend.to_warm() == 1
+    wait_for(lambda: backend.to_warm() == 0 and backend.warming is None, "the offered document to be warmed")
+
+
 def test_work_other_than_a_rewrite_lets_the_rewrites_that_wait_go_first() -> None:
     """A turn taken for other work (a heavy sketch's merge) goes after every rewrite waiting, whoever asked
     first: the rewrites are what a user waits for."""

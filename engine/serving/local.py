@@ -352,6 +352,7 @@ class LocalBackend:
             return work()
         finally:
             turn.leave()
+            self._warm_soon()  # warming gave way to this turn, as to a rewrite's
 
     def prefill(self, request: WarmRequest, should_stop: Callable[[], bool]) -> tuple[int, int]:
         """Warm `request` now (on the model thread), between rewrites, giving way to one as soon as it waits or
