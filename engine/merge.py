@@ -18,6 +18,7 @@ the partial merge as the copy drafter's draft. Measured on sketches of real edit
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from collections import Counter
@@ -27,7 +28,7 @@ from rapidfuzz.distance import Indel
 
 from specedit.engine.merge_checks import check_merge, counts, is_elision
 from specedit.engine.patches import SketchFormat, apply_patch, detect, parse_patch
-from specedit.engine.placement import Chunk, common_length, is_change_of, place_chunks
+from specedit.engine.placement import Chunk, Placement, common_length, is_change_of, place_chunks
 
 # Lines that say something, each a change of one of the `EDGE_LINES` lines at a sketch's edge, that a
 # sketch without its first or last marker may replace at the file's start or end (`_edge_reading`).
@@ -103,36 +104,95 @@ def merge_sketch(original: str, sketch: str, sketch_format: SketchFormat = "auto
 
 
 def _reading(original: str, sketch: str, lines: list[str], sketch_lines: list[str], chunks: list[Chunk]) -> SketchMerge:
-    """The merge of `chunks` into the original's `lines` (newlines only), checked."""
+    """The merge of `chunks` into the original's `lines` (newlines only), checked: with each chunk that
+    shows a block whole replacing the rest of the original's block (`_block_end`), unless that merge
+    fails where the plain placements pass (the rest was old code the sketch does not touch)."""
     keys = [line.strip() for line in lines]  # compared for anchors and likeness
     raw = [line.rstrip() for line in lines]  # compared with their indentation, at a chunk's edges
-    merged: list[str] = []
-    unresolved: list[str] = []
-    cursor = 0  # the original's lines before it are placed (copied or replaced)
-    for place, why in place_chunks(chunks, lines, keys, raw).steps:
-        if why:
-            unresolved.append(why)
-        if place:
-            merged += lines[cursor : place.start] + place.lines
-            cursor = place.stop
+    steps = place_chunks(chunks, lines, keys, raw).steps
     said = [line for line in sketch_lines if line.strip()]
     open_end = bool(said) and not is_elision(said[-1]) and any(is_elision(line) for line in said)
-    if chunks and (chunks[-1].at_end or open_end) and not "".join(lines[cursor:]).strip():
-        # The chunk ending the file ends it with the blank lines the sketch ends with, if it shows any (a
-        # copied answer loses them), else the original's.
-        merged += ["\n"] * (_blank_end(sketch_lines) or _blank_end(lines))
-        cursor = len(lines)
-    merged += lines[cursor:]
-    text = "".join(merged)
-    if not original.endswith("\n"):
-        text = text.removesuffix("\n")
-    if not unresolved and (doubled := _doubled_anew(merged, lines, sketch_lines)):
-        unresolved.append(f"the merge has {doubled[0]!r} and the lines after it twice in a row")
-    if not unresolved:
-        check = check_merge(original, sketch, text, "lazy")
-        if not check.ok:
-            unresolved.append(f"the merge fails its checks: {check.describe()}")
-    return SketchMerge(text, tuple(unresolved))
+
+    def assembled(stops: list[int]) -> SketchMerge:
+        """The merge with each placed chunk replacing the original's lines from its start to its stop."""
+        merged: list[str] = []
+        unresolved: list[str] = []
+        cursor = 0  # the original's lines before it are placed (copied or replaced)
+        for (place, why), stop in zip(steps, stops, strict=True):
+            if why:
+                unresolved.append(why)
+            if place:
+                merged += lines[cursor : place.start] + place.lines
+                cursor = stop
+        if chunks and (chunks[-1].at_end or open_end) and not "".join(lines[cursor:]).strip():
+            # The chunk ending the file ends it with the blank lines the sketch ends with, if it shows any
+            # (a copied answer loses them), else the original's.
+            merged += ["\n"] * (_blank_end(sketch_lines) or _blank_end(lines))
+            cursor = len(lines)
+        merged += lines[cursor:]
+        text = "".join(merged)
+        if not original.endswith("\n"):
+            text = text.removesuffix("\n")
+        if not unresolved and (doubled := _doubled_anew(merged, lines, sketch_lines)):
+            unresolved.append(f"the merge has {doubled[0]!r} and the lines after it twice in a row")
+        if not unresolved:
+            check = check_merge(original, sketch, text, "lazy")
+            if not check.ok:
+                unresolved.append(f"the merge fails its checks: {check.describe()}")
+        return SketchMerge(text, tuple(unresolved))
+
+    plain = [place.stop if place else 0 for place, _ in steps]
+    stops = [*plain]
+    known, limit = set(keys), len(lines)  # a stop goes no further than the next chunk's placement
+    for number in reversed(range(len(steps))):
+        if place := steps[number][0]:
+            stops[number] = _block_end(chunks[number], place, lines, known, limit)
+            limit = place.start
+    merge = assembled(stops)
+    if merge.resolved or stops == plain:
+        return merge
+    return assembled(plain)
+
+
+def _block_end(chunk: Chunk, place: Placement, lines: list[str], keys: set[str], limit: int) -> int:
+    """Where the placement of a chunk that shows one block whole ends: past the rest of the original's block.
+
+    A chunk that is a block (its first lines at one indentation, `def f():` and its decorators, the rest
+    deeper), whose last line is new code (neither the original's nor a change of the line it lands on,
+    as `s += item.price * 2` is of `s += item.price`: the block goes on after such a line) and whose
+    marker after it is no deeper than its first line (it stands for what follows the block, not for
+    more of it), replaced the block to its end: the original's lines after the placement that are still
+    deeper (a `pass` the new code replaces, the `plt.show()` a rewritten plot drops) go, up to
+    `FEW_LINES` that say something (more is a block the chunk did not show whole). A block that ends in
+    a line of its own (`}`, `end`) is placed by it. Indentations are the sketch's among its lines, the
+    original's among its own (a sketch may write the file's tabs as spaces)."""
+    said = [line for line in chunk.lines if line.strip()]
+    level = _indent(said[0])
+    depths = [_indent(line) > level for line in said]
+    start, stop = place.start, place.stop
+    shows_block = (
+        chunk.marker_after
+        and _indent(chunk.marker_after) <= level
+        and depths[-1]
+        and all(depths[depths.index(True) :])
+        and said[-1].strip() not in keys
+        and start < stop
+        and lines[start].strip() == said[0].strip()
+        and not is_change_of(said[-1].strip(), lines[stop - 1].strip())
+    )
+    if not shows_block:
+        return stop
+    level, end = _indent(lines[start]), stop
+    while end < limit and (not lines[end].strip() or _indent(lines[end]) > level):
+        end += 1
+    while end > stop and not lines[end - 1].strip():
+        end -= 1
+    rest = sum(map(counts, lines[stop:end]))
+    return end if rest <= FEW_LINES else stop
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
 
 
 def _at_edges(chunks: list[Chunk], starts: bool, ends: bool) -> list[Chunk]:
@@ -140,8 +200,8 @@ def _at_edges(chunks: list[Chunk], starts: bool, ends: bool) -> list[Chunk]:
     if not chunks:
         return chunks
     edged = [*chunks]
-    edged[0] = Chunk(edged[0].lines, starts, edged[0].at_end)
-    edged[-1] = Chunk(edged[-1].lines, edged[-1].at_start, ends)
+    edged[0] = dataclasses.replace(edged[0], at_start=starts)
+    edged[-1] = dataclasses.replace(edged[-1], at_end=ends)
     return edged
 
 
@@ -254,17 +314,19 @@ def _lines(text: str) -> list[str]:
 
 def _chunks(sketch_lines: list[str]) -> list[Chunk]:
     runs: list[list[str]] = [[]]
+    markers = []  # markers[k]: the marker after runs[k]
     for line in sketch_lines:
         if is_elision(line):
+            markers.append(line)
             runs.append([])
         else:
             runs[-1].append(line)
     chunks = []
-    for run in runs:
+    for run, marker in zip(runs, [*markers, ""], strict=True):
         while run and not run[0].strip():
             run.pop(0)
         while run and not run[-1].strip():
             run.pop()
         if run:  # a chunk without a marker before (after) it is read both ways: see `merge_sketch`
-            chunks.append(Chunk(run, False, False))
+            chunks.append(Chunk(run, False, False, marker))
     return chunks

@@ -99,10 +99,11 @@ class Chunk:
     lines: list[str]  # with their newlines, blank lines at either end left out
     at_start: bool  # no marker before it: it starts the file
     at_end: bool  # no marker after it: it ends the file
+    marker_after: str = ""  # the elision marker after it, as written ("" if none)
 
 
 @dataclass(frozen=True)
-class _Placement:
+class Placement:
     start: int  # the chunk replaces the original's lines[start:stop]
     stop: int
     lines: list[str]
@@ -113,11 +114,11 @@ class Placements:
     """How the chunks from one on fare: per chunk its placement, or why it has none or is doubtful; with
     the number of those, to compare one placement's consequences with another's."""
 
-    steps: tuple[tuple[_Placement | None, str], ...] = ()  # (placement, "" or why it is doubtful or missing)
+    steps: tuple[tuple[Placement | None, str], ...] = ()  # (placement, "" or why it is doubtful or missing)
     unplaced: int = 0
     changed: int = 0  # characters the placements change
 
-    def after(self, placement: _Placement | None, why: str = "", changed: int = 0) -> Placements:
+    def after(self, placement: Placement | None, why: str = "", changed: int = 0) -> Placements:
         unplaced = self.unplaced + (placement is None or bool(why))
         return Placements(((placement, why), *self.steps), unplaced, self.changed + changed)
 
@@ -129,7 +130,7 @@ def place_chunks(chunks: list[Chunk], lines: list[str], keys: list[str], raw: li
     states (chunk, cursor) that the first chunk's choices reach: a stack, not recursion, since a sketch may
     have many chunks."""
     placements: dict[tuple[int, int], Placements] = {}
-    places: dict[tuple[int, int], list[_Placement] | str] = {}
+    places: dict[tuple[int, int], list[Placement] | str] = {}
     stack = [(0, 0)]
     while stack:
         number, cursor = state = stack[-1]
@@ -169,12 +170,12 @@ def place_chunks(chunks: list[Chunk], lines: list[str], keys: list[str], raw: li
     return placements[(0, 0)]
 
 
-def _changed(lines: list[str], place: _Placement) -> int:
+def _changed(lines: list[str], place: Placement) -> int:
     """How many characters `place` changes (inserted and deleted)."""
     return Indel.distance("".join(lines[place.start : place.stop]), "".join(place.lines))
 
 
-def _places(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk: Chunk) -> list[_Placement] | str:
+def _places(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk: Chunk) -> list[Placement] | str:
     """Where `chunk` may go after `cursor` (`_place`); or why nowhere.
 
     A chunk whose lines all occur more than once (a block that a file repeats) is placed in each stretch
@@ -211,7 +212,7 @@ def _places(lines: list[str], keys: list[str], raw: list[str], cursor: int, chun
 
 def _between_context(
     lines: list[str], keys: list[str], raw: list[str], chunk: Chunk, found: dict[str, list[int]]
-) -> list[_Placement]:
+) -> list[Placement]:
     """The placements of a chunk by its first and last lines that say something (its context), for when
     the original has each several times: between each place of its first line and the nearest place of
     its last line after it (with no place of the first line between them), where the two are once (gson:
@@ -234,7 +235,7 @@ def _between_context(
     return places if len(places) <= MAX_REPEATS else []
 
 
-def _repeats_old_code(keys: list[str], place: _Placement, run: int = 3) -> bool:
+def _repeats_old_code(keys: list[str], place: Placement, run: int = 3) -> bool:
     """Whether the lines `place` adds hold `run` lines in a row, saying something, that the original has
     in a row outside the lines it replaces: a placement between the wrong pair of context lines (a nested
     `try:` and the `except` of the outer one) keeps the old code the chunk rewrites."""
@@ -246,7 +247,7 @@ def _repeats_old_code(keys: list[str], place: _Placement, run: int = 3) -> bool:
     return any(tuple(new[k : k + run]) in runs for k in range(len(new) - run + 1))
 
 
-def _place(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk: Chunk) -> _Placement | str:
+def _place(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk: Chunk) -> Placement | str:
     """Where `chunk` goes: it replaces `lines[start:stop]` with its lines (re-indented like the original's
     where all its anchors are shifted alike); or why that cannot be said.
 
@@ -291,7 +292,7 @@ def _place(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk
         reasons = [placement for placement in placements if isinstance(placement, str)]
         return reasons[0] if reasons else "its lines in the original do not fit together"
     start, stop, new_lines = min(held, key=lambda placement: (lost(placement), placement[1] - placement[0]))
-    return _Placement(start, stop, _keeping_unchanged(lines[start:stop], new_lines))
+    return Placement(start, stop, _keeping_unchanged(lines[start:stop], new_lines))
 
 
 def _by_context(lines: list[str], raw: list[str], cursor: int, chunk: Chunk) -> list[tuple[int, int, list[str]]]:

@@ -264,10 +264,10 @@ def test_a_placement_between_context_pairs_must_not_keep_the_old_code_it_rewrite
     keys = [line.strip() for line in original]
     call = ["resp = conn.urlopen(\n", "    method=m,\n", "    url=u,\n", "    chunked=chunked,\n", ")\n"]
     assert placement._repeats_old_code(
-        keys, placement._Placement(5, 9, ["    try:\n", *call, "    except Exception:\n"])
+        keys, placement.Placement(5, 9, ["    try:\n", *call, "    except Exception:\n"])
     )
-    assert not placement._repeats_old_code(keys, placement._Placement(0, 9, ["try:\n", *call]))
-    assert not placement._repeats_old_code(keys, placement._Placement(5, 9, ["    try:\n", *call[:2], *call[3:]]))
+    assert not placement._repeats_old_code(keys, placement.Placement(0, 9, ["try:\n", *call]))
+    assert not placement._repeats_old_code(keys, placement.Placement(5, 9, ["    try:\n", *call[:2], *call[3:]]))
 
 
 ASSERT = '    assertEquals("1", map.get("a"));\n'
@@ -651,6 +651,47 @@ def test_a_whole_function_without_markers_replaces_that_function() -> None:
     original += "def volume(r):\n    return 4 / 3 * 3.14 * r**3\n"
     sketch = "def area(r):\n    return math.pi * r * r\n"
     assert merged(original, sketch) == original.replace("3.14 * r * r", "math.pi * r * r")
+
+
+# aider's scrape.py before commit 1509e21698d3 (a real edit of a sketch set), shortened
+SCRAPE = """\
+import sys
+
+import httpx
+
+
+def html_to_markdown(page_source: str) -> str:
+    pass
+
+
+def main(url):
+    scraper = Scraper()
+    content = scraper.scrape(url)
+    print(content)
+"""
+CONVERT = "    return pypandoc.convert_text(page_source, 'md', format='html')\n"
+
+
+@pytest.mark.parametrize("marker", ["# (unchanged)\n", "# ... existing code ...\n"])
+def test_a_block_shown_whole_replaces_the_rest_of_the_original_block(marker: str) -> None:
+    """A function shown whole, new code last, a marker after it no deeper than its `def`: the original's
+    lines still in the function after the placed ones (the `pass` the new code replaces) go."""
+    sketch = f"{marker}def html_to_markdown(page_source: str) -> str:\n{CONVERT}{marker}"
+    assert merged(SCRAPE, sketch) == SCRAPE.replace("    pass\n", CONVERT)
+
+
+def test_a_marker_deeper_than_the_block_stands_for_the_rest_of_it() -> None:
+    """The same sketch with its last marker inside the function: the rest of it is elided, kept."""
+    sketch = f"# ...\ndef html_to_markdown(page_source: str) -> str:\n{CONVERT}    # ...\n"
+    assert merged(SCRAPE, sketch) == SCRAPE.replace("    pass\n", CONVERT + "    pass\n")
+
+
+def test_a_block_ending_in_old_code_keeps_the_rest_of_the_original_block() -> None:
+    """A chunk whose last line is the original's (context, as a tidy sketch ends) or a change of the line
+    it lands on (`s += item.price * 2`: see `test_the_styles_chat_models_write`) says nothing about the
+    lines after it: they stay."""
+    sketch = "# ...\ndef main(url):\n    scraper = Scraper(timeout=5)\n    content = scraper.scrape(url)\n# ...\n"
+    assert merged(SCRAPE, sketch) == SCRAPE.replace("Scraper()", "Scraper(timeout=5)")
 
 
 def test_the_closing_brace_after_the_last_method_is_kept() -> None:
