@@ -15,8 +15,9 @@ order, each after the one before, each replacing a span of the original, by thes
    more than it holds (likewise one that starts it). Each choice gives a placement; of those that cover
    the anchors holding the chunk's first and last lines (its context) and, if any can, its runs of two
    lines or more (new code written beside a near copy of old code repeats them; not where covering them
-   loses lines and the context alone loses none: `RUN_LOSSES`), the one that loses the fewest of the
-   original's lines (lines that say something and that the chunk lacks) is taken.
+   loses lines and the context alone loses none: `RUN_LOSSES`; nor where the context's two ends disagree
+   and one of them alone places it losing none), the one that loses the fewest of the original's lines
+   (lines that say something and that the chunk lacks) is taken.
 3. *Edges*: the chunk's lines before its first anchor start where the original has the most of their
    first lines before the anchor (context it repeats: a `}` and a blank line before a new function), less
    the lines skipping there loses (not one alike to a new line of the chunk: it is changed, as `if (x) {`
@@ -36,10 +37,9 @@ order, each after the one before, each replacing a span of the original, by thes
 
 Measured on sketches of real edits (see docs/benchmarks.md, "Edit sketches"). Wrong merges seen while
 tuning: a chunk whose lines are, verbatim, another place of the file (a Go template holding the same
-imports) goes there; a new test whose generic first lines (`}`, `subprocess.run(cmd, check=True)`) the
-original has in several places starts at the wrong one and replaces what lies between (express, aider's
-versionbump); a deletion longer than the chunk shows (two `--no-x` options replaced by one `--x`) keeps
-the rest.
+imports) goes there; a new test whose generic first lines (`}`) the original has in several places
+starts at the wrong one and replaces what lies between (express); a deletion longer than the chunk shows
+(two `--no-x` options replaced by one `--x`) keeps the rest.
 """
 
 from __future__ import annotations
@@ -285,6 +285,13 @@ def _place(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk
             covering = []  # the runs are new code repeating old code far from where the context puts it
         readings.append(covering or (with_edges if edges else []))  # new code may repeat old code
     alternatives = [placements for placements in readings[1:] if placements]
+    if alternatives and readings[0] and min(map(lost, readings[0])) > RUN_LOSSES:
+        # The context disagrees, and the runs alone put the chunk where it loses lines: new code repeating
+        # old code (a second loop like the first, with the lines before it rewritten like the old ones).
+        # Where one end of the context places it losing none, the runs do not decide: that end does.
+        lossless = [placements for placements in alternatives if min(map(lost, placements)) == 0]
+        if lossless:
+            readings[0], alternatives = [], lossless
     if not readings[0] and len(alternatives) > 1:
         return f"{chunk.lines[0].strip()!r} could go in more than one place"
     held = readings[0] or (alternatives[0] if alternatives else [])
@@ -336,7 +343,8 @@ def _required(anchors: list[Anchor], chunk_keys: list[str], chunk: Chunk) -> lis
     beside a near copy of it does repeat them: a placement that covers the context anchors need not cover
     the runs, when none can). Where the two context anchors disagree (new code at one end repeating old
     code elsewhere), the first reading has neither and every run; then each alone, with the runs in order
-    with it, to be taken where the first reading holds nothing and exactly one of them holds something."""
+    with it, to be taken where the first reading holds nothing and exactly one of them holds something
+    (or loses nothing, where the first reading loses lines: `_place`)."""
     said = [n for n, key in enumerate(chunk_keys) if counts(key)]
     edges = [
         a

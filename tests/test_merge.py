@@ -411,6 +411,31 @@ def test_context_ends_that_disagree_are_read_each_alone() -> None:
     assert merged(original, sketch) == original.replace(old, new)
 
 
+def test_new_code_repeating_old_code_does_not_replace_it_when_the_context_says_where_it_goes() -> None:
+    """aider's versionbump.py (commit 54939d5f6ca2): a dev-version step written after the last loop, like
+    the steps before it, then the old loop again. The chunk's first line is the old loop's last, its
+    last lines the old loop and what follows it: the two ends disagree. The runs alone (the old loop)
+    put the new step in place of the old ones, 21 lines lost; the first line puts it after the loop,
+    losing none: that one."""
+    step = (
+        "    content = re.sub(r'v.+', f'v{{new}}{suffix}', text)\n\n    if dry_run:\n"
+        '        print("Updating the version{note}:")\n        print(content)\n    else:\n'
+        '        with open("version.py", "w") as f:\n            f.write(content)\n\n'
+    )
+    loop = (
+        '    for cmd in {name}:\n        if dry_run:\n            print(f"Running: {{cmd}}")\n'
+        "        else:\n            subprocess.run(cmd, check=True)\n"
+    )
+    original = "import re\nimport subprocess\n\n\ndef main(new, text, dry_run):\n"
+    original += step.format(suffix="", note="") + '    commands = [["git", "tag", new]]\n\n'
+    original += loop.format(name="commands") + '\n\nif __name__ == "__main__":\n    main()\n'
+    added = step.format(suffix="-dev", note=" to dev") + '    dev_commands = [["git", "push"]]\n\n'
+    added += loop.format(name="dev_commands") + "\n" + loop.format(name="commands")
+    sketch = "            subprocess.run(cmd, check=True)\n\n" + added + '\n\nif __name__ == "__main__":\n'
+    end = original.index("\n\nif __name__")
+    assert merged(original, sketch) == original[:end] + "\n" + added + original[end:]
+
+
 def test_a_line_joined_from_several_replaces_them() -> None:
     """`if (x) {` / `y;` / `}` written as `if (x) y;` (fmt's printf flags): the chunk's context before it
     (`case ' ':`, once in the file) is where it goes, not one `break;` further (which would leave the
