@@ -1,5 +1,5 @@
-"""specedit's own kernels (engine.model.kernels): int8 weights (engine.model.quantized) compute what their
-dequantized weights say, the attention what torch's does, a row's result never depends on the
+"""specedit's own kernels (engine.model.kernels): int8 and int4 weights (engine.model.quantized) compute
+what their dequantized weights say, the attention what torch's does, a row's result never depends on the
 forward around it, and a model on them keeps plain decoding's answer."""
 
 from __future__ import annotations
@@ -26,11 +26,15 @@ unavailable = kernels.available()
 needs_kernel = pytest.mark.skipif(unavailable is not None, reason=f"no kernels of our own here: {unavailable}")
 
 
-def _layer(out_features: int, in_features: int, *, bias: bool = True, seed: int = 0) -> quantized.QuantizedLinear:
+def _layer(
+    out_features: int, in_features: int, *, bias: bool = True, seed: int = 0, bits: int = 8
+) -> quantized.QuantizedLinear:
     generator = torch.Generator().manual_seed(seed)
     weight = torch.randn(out_features, in_features, generator=generator) * 0.05
     weight[:, :32] *= 20  # groups of very different ranges: each has its own scale
-    return quantized.QuantizedLinear(weight, torch.randn(out_features, generator=generator) if bias else None)
+    return quantized.QuantizedLinear(
+        weight, torch.randn(out_features, generator=generator) if bias else None, bits=bits
+    )
 
 
 def _quantized_by_torch(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -59,7 +63,7 @@ def _by_the_kernels_rule(layer: quantized.QuantizedLinear, x: torch.Tensor) -> t
     inverse = torch.where(largest > 0, 127 / largest, torch.zeros_like(largest))
     levels = torch.round(groups * inverse)
     step = largest / 127
-    weights = quantized.levels(layer.q).to(torch.float64)  # (out padded, in)
+    weights = quantized.levels(layer.q, layer.bits).to(torch.float64)  # (out padded, in)
     sums = torch.einsum("mgi,ngi->mgn", levels.double(), weights.reshape(weights.shape[0], -1, 32))
     scales, offsets = (t.transpose(1, 2).reshape(weights.shape[0], -1).double() for t in (layer.scales, layer.offsets))
     total = step.double() * levels.double().sum(-1, keepdim=True)  # (m, g, 1)
@@ -94,9 +98,31 @@ def test_quantization_keeps_each_weight_within_a_510th_of_its_groups_range() -> 
 
 
 @needs_kernel
+def test_4_bit_quantization_keeps_each_weight_within_a_30th_of_its_groups_range() -> None:
+    """16 levels from a group's lowest weight to its highest, two a byte: (P, in/8, 64)."""
+    weight = torch.randn(40, 96, generator=torch.Generator().manual_seed(1))
+    weight[3, 32:64] = 0.25  # a constant group: its weights exact
+    q, scales, offsets = quantized.quantize(weight, 4)
+    assert q.shape == (3, 12, 64) and scales.shape == offsets.shape == (3, 3, 16)
+    restored = quantized.dequantize(q, scales, offsets, 4)
+    assert torch.equal(restored[40:], torch.zeros(8, 96))  # the padding
+    groups = weight.reshape(40, 3, 32)
+    error = (restored[:40].reshape(40, 3, 32) - groups).abs().amax(-1)
+    assert (error <= (groups.amax(-1) - groups.amin(-1)) / 30 * 1.0001 + 1e-6).all()
+    assert torch.equal(restored[3, 32:64], weight[3, 32:64])
+    levels = quantized.levels(q, 4)
+    assert int(levels.min()) == 0 and int(levels.max()) == 15
+    # the lowest and highest weight of each group are levels 0 and 15
+    assert torch.equal(restored[:40].reshape(40, 3, 32).amin(-1)[:3, :1], groups.amin(-1)[:3, :1])
+
+
+@needs_kernel
+@pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize(("out_features", "in_features"), [(48, 64), (40, 96), (7, 32), (130, 160)])
-def test_the_kernel_computes_its_weights_on_activations_quantized_by_group(out_features: int, in_features: int) -> None:
-    layer = _layer(out_features, in_features)
+def test_the_kernel_computes_its_weights_on_activations_quantized_by_group(
+    out_features: int, in_features: int, bits: int
+) -> None:
+    layer = _layer(out_features, in_features, bits=bits)
     x = torch.randn(2, 9, in_features, generator=torch.Generator().manual_seed(2))  # (batch, rows, in)
     x[0, 1, :32] = 0  # a group of zeros
     x[1, 2, 32 % in_features :] *= 1000  # groups of very different ranges
@@ -112,16 +138,18 @@ def test_the_kernel_computes_its_weights_on_activations_quantized_by_group(out_f
     assert not torch.equal(output.double(), exact)
     unpacked = layer.unpacked()  # what transformers' kernels get: the float32 activations
     assert torch.allclose(unpacked(x).double(), exact, atol=1e-3)
-    assert torch.equal(_layer(out_features, in_features, bias=False)(x) + layer.bias[:out_features], output)  # type: ignore[index]
+    unbiased = _layer(out_features, in_features, bias=False, bits=bits)
+    assert torch.equal(unbiased(x) + layer.bias[:out_features], output)  # type: ignore[index]
 
 
 @needs_kernel
+@pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("in_features", [64, 896])
-def test_a_rows_result_does_not_depend_on_the_forward_around_it(in_features: int) -> None:
+def test_a_rows_result_does_not_depend_on_the_forward_around_it(in_features: int, bits: int) -> None:
     """Forwards of 1 to 70 rows (the kernel's paths: up to 4 rows streaming the weights, more in blocks of
     rows and panels, 9 panels leaving a part block), any rows beside, on 1 or 2 threads: the same bits for
     the same row."""
-    layer = _layer(130, in_features)
+    layer = _layer(130, in_features, bits=bits)
     x = torch.randn(70, in_features, generator=torch.Generator().manual_seed(3))
     whole = layer(x)
     for rows in (1, 2, 3, 4, 5, 6, 7, 13, 33, 64):
@@ -136,18 +164,20 @@ def test_a_rows_result_does_not_depend_on_the_forward_around_it(in_features: int
 
 
 @needs_kernel
-def test_a_model_on_int8_weights_keeps_plain_decodings_answer() -> None:
+@pytest.mark.parametrize(("bits", "within"), [(8, 0.05), (4, 0.5)])
+def test_a_model_on_integer_weights_keeps_plain_decodings_answer(bits: int, within: float) -> None:
     loaded = wide_model(512, torch.float32, settle=False)
     reference = loaded.model(torch.tensor([list(range(20, 60))])).logits
-    assert quantized.quantize_linears(loaded.model) == 2 * 7 + 1  # 7 linears a layer, and the output layer
+    assert quantized.quantize_linears(loaded.model, bits=bits) == 2 * 7 + 1  # 7 a layer, and the output layer
+    assert quantized.weight_bits(loaded.model) == bits
     loaded.exactness = exactness.settle(loaded)
-    assert loaded.exactness.bitwise and loaded.exactness.linear == "int8" and loaded.step_rows == 1
-    assert "int8 linear" in loaded.exactness.describe()
+    assert loaded.exactness.bitwise and loaded.exactness.linear == f"int{bits}" and loaded.step_rows == 1
+    assert f"int{bits} linear" in loaded.exactness.describe()
     logits = loaded.forward(list(range(20, 60)), loaded.new_cache())
-    assert (logits - reference[0]).abs().max() < 0.05 * reference.abs().max()  # the same model, quantized
+    assert (logits - reference[0]).abs().max() < within * reference.abs().max()  # the same model, quantized
     speculative, plain = speculative_and_plain(loaded)
     assert speculative.tokens == plain.tokens
-    assert speculative.stats.exactness is not None and speculative.stats.exactness["linear"] == "int8"
+    assert speculative.stats.exactness is not None and speculative.stats.exactness["linear"] == f"int{bits}"
     with invariant.stock_kernels(loaded.model):  # transformers' kernels on the dequantized weights
         assert not quantized.is_quantized(loaded.model)
         stock = loaded.model(torch.tensor([list(range(20, 60))])).logits
@@ -160,6 +190,8 @@ def test_a_model_on_int8_weights_keeps_plain_decodings_answer() -> None:
 def test_int8_weights_are_loaded_where_asked_and_float_ones_otherwise(tiny_model_dir: Any) -> None:
     asked = loading.load_model(str(tiny_model_dir), dtype="float32", weights="int8", device="cpu")
     assert quantized.is_quantized(asked.model) and asked.exactness is not None and asked.exactness.linear == "int8"
+    four = loading.load_model(str(tiny_model_dir), weights="int4", device="cpu")  # dtype auto: float32
+    assert quantized.weight_bits(four.model) == 4 and four.exactness is not None and four.exactness.linear == "int4"
     refused = loading.load_model(str(tiny_model_dir), dtype="float32", weights="float", device="cpu")
     assert not quantized.is_quantized(refused.model) and refused.exactness is not None
     assert refused.exactness.linear != "int8"
@@ -187,7 +219,7 @@ def test_int8_weights_quantized_once_are_read_back_the_same(
         first = load().model(torch.tensor([prompt])).logits
         [kept] = kept_dir.glob("int8-*.safetensors")
         with monkeypatch.context() as patched:
-            patched.setattr(quantized, "quantize", lambda weight: pytest.fail("quantized again"))
+            patched.setattr(quantized, "quantize", lambda weight, bits=8: pytest.fail("quantized again"))
             again = load()
             assert quantized.is_quantized(again.model)
             assert torch.equal(again.model(torch.tensor([prompt])).logits, first)
@@ -317,9 +349,9 @@ VARIANT_CHECK = textwrap.dedent(
     from specedit.engine.model import kernels
     assert kernels.available() is None
     x = torch.randn(70, 96, generator=torch.Generator().manual_seed(7))
-    layer = _layer(40, 96)
+    layer, four = _layer(40, 96), _layer(40, 96, bits=4)
     query, key, value = torch.randn(3, 6, 90, 48, generator=torch.Generator().manual_seed(8)) * 3
-    linear = torch.cat([layer(x), layer(x[:3]), layer(x[:1])])
+    linear = torch.cat([layer(x), layer(x[:3]), layer(x[:1]), four(x), four(x[:3]), four(x[:1])])
     attention = torch.cat([kernels.attention(query[:, 20:], key[:2], value[:2], 20, 0.3),  # 3 heads a kv head
                            kernels.attention(query[:, 89:], key[:2], value[:2], 89, 0.3)])
     torch.save({"variant": kernels.variant(), "linear": linear, "attention": attention}, sys.argv[2])
@@ -331,7 +363,7 @@ VARIANT_CHECK = textwrap.dedent(
 def test_every_variant_of_the_kernels_gives_the_same_bits(tmp_path: Path) -> None:
     """Each output is one lane, computed the same way on 8-lane and 16-lane vectors, with VNNI's 4-product
     sums or AVX2's 2-product ones: every variant this CPU runs (`SPECEDIT_KERNELS`) gives the same bits,
-    every row count, both ops."""
+    every row count, both ops, int8 and int4 weights."""
     variants = kernels.runnable_variants()
     if len(variants) == 1:
         pytest.skip(f"torch runs {torch.backends.cpu.get_cpu_capability()} here: the AVX2 kernels only")
@@ -352,5 +384,6 @@ def test_every_variant_of_the_kernels_gives_the_same_bits(tmp_path: Path) -> Non
 
 def test_the_weights_option_is_checked() -> None:
     assert EngineOptions().weights == "auto"
-    with pytest.raises(ValueError, match="weights must be one of auto, int8, float"):
-        EngineOptions(weights="int4")
+    assert EngineOptions(weights="int4").weights == "int4"
+    with pytest.raises(ValueError, match="weights must be one of auto, int8, int4, float"):
+        EngineOptions(weights="int3")

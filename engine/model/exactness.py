@@ -53,8 +53,8 @@ from specedit.engine.model.kv_cache import Cache
 
 log = logging.getLogger(__name__)
 
-Linear = Literal["int8", "onednn-packed", "aten"]
-LINEARS = ("int8", "onednn-packed", "aten")
+Linear = Literal["int8", "int4", "onednn-packed", "aten"]
+LINEARS = ("int8", "int4", "onednn-packed", "aten")
 
 # Environment variables that steer the CPU kernels (read once, when the libraries start), specedit's own last.
 KERNEL_ENV = (
@@ -124,16 +124,16 @@ def settle(loaded: Any, verdicts: Path | None = None) -> Exactness:
     if attention:
         invariant.install_rotary_table(model)
     packable = on_cpu and invariant.can_pack(loaded.dtype)
-    int8 = quantized.is_quantized(model)
+    integer = _integer_linear(model)  # int8 or int4 weights, on specedit's kernel
     candidates: list[tuple[Linear, int]] = [
-        *((("int8", 1),) if int8 else ()),
+        *(((integer, 1),) if integer else ()),
         *((("onednn-packed", rows) for rows in (1, 2)) if packable else ()),
         *(("aten", rows) for rows in (1, 2)),
     ]
     if not attention:
         candidates = []  # without the invariant attention, one kernel that varies is enough to break it
     float_fastest: tuple[Linear, int] = ("onednn-packed" if packable else "aten", 1)
-    fastest: tuple[Linear, int] = ("int8", 1) if int8 else float_fastest
+    fastest: tuple[Linear, int] = (integer, 1) if integer else float_fastest
     remembered = verdicts / f"{fingerprint(loaded)}.json" if verdicts is not None else None
     known = _read_verdict(remembered) if remembered is not None else None
     if known is not None and known[1] in (*candidates, fastest):
@@ -186,7 +186,7 @@ def fingerprint(loaded: Any) -> str:
     described = {
         "config": config,  # the shapes; not the name: the same shapes on the same machine take the same kernels
         "dtype": str(loaded.dtype),
-        "weights": "int8" if quantized.is_quantized(loaded.model) else str(loaded.dtype),
+        "weights": _integer_linear(loaded.model) or str(loaded.dtype),
         "device": str(loaded.device),
         "threads": torch.get_num_threads(),
         "cpu": cpu_model() + " " + " ".join(sorted(cpu_flags())),
@@ -285,9 +285,15 @@ def _split_logits(loaded: Any, ids: Sequence[int], split: Sequence[int], cache: 
     return torch.cat(rows)  # (sum(split), V)
 
 
+def _integer_linear(model: Any) -> Linear | None:
+    """ "int8" or "int4" where the model's linear layers are on integer weights (`quantized`), else None."""
+    bits = quantized.weight_bits(model)
+    return "int8" if bits == 8 else "int4" if bits == 4 else None
+
+
 def _use_linear(model: Any, linear: Linear) -> None:
-    if linear == "int8":
-        return  # loaded so: int8 weights cannot come back from the float ones
+    if linear in ("int8", "int4"):
+        return  # loaded so: integer weights cannot come back from the float ones
     quantized.dequantize_linears(model)
     if linear == "onednn-packed":
         invariant.pack_linears(model)

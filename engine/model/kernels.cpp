@@ -6,6 +6,9 @@
 //   offsets (N/16, K/32, 16)), on activations quantized as it goes: per row and group of 32 inputs, levels
 //   a = round(x * 127 / max|x|) in -127..127, each standing for d = max|x| / 127;
 // - specedit::q8_quantize(w): those (q, scales, offsets) from (N, K) weights (model/quantized.py);
+// - specedit::q4_linear, specedit::q4_quantize: the same on 4-bit weights, W[n, k] = scales[n, k / 32] *
+//   q[n, k] + offsets[n, k / 32], q in 0..15, two a byte: a lane's 8 inputs in 4 bytes, the first 4 in
+//   the low nibbles (q (N/16, K/8, 16 * 4)); half the bytes of the int8 levels to stream at every step;
 // - specedit::attention(query, key, value, first, scale): causal attention of one sequence's queries on
 //   the keys and values of every position up to theirs, grouped-query heads (model/invariant.py): scores,
 //   softmax and weighted values in one pass a block of queries.
@@ -13,8 +16,8 @@
 //
 // Row-invariant by construction, which the engine's exactness rests on (see model/invariant.py): whatever
 // the number of rows of x, the rows or outputs computed beside it, the thread count or the CPU,
-// - q8_linear: each row's activations are quantized alone; per group, the sum of the 32 products of
-//   integer levels is exact (in int32, however the instructions pair them); then each output is one chain
+// - q8_linear, q4_linear: each row's activations are quantized alone; per group, the sum of the 32
+//   products of integer levels is exact (in int32, however the instructions pair them); then each output is one chain
 //   of float32 fused multiply-adds over the groups in order, from zero: acc += that sum * (scale * d),
 //   acc += offset * (d * the sum of the row's levels), then the bias added;
 // - attention: each query's scores are chains of fused multiply-adds over the head's width in order, its
@@ -82,6 +85,7 @@ constexpr bool kBiased = true;
 inline Prepared prepare(IVec u) { return {u}; }
 inline IVec dot4(IVec acc, const Prepared& w, IVec a) { return _mm512_dpbusd_epi32(acc, w.u, a); }
 inline IVec centred(IVec sums, int32_t levels) { return _mm512_sub_epi32(sums, _mm512_set1_epi32(128 * levels)); }
+inline IVec dot4_small(IVec acc, IVec u, IVec a) { return _mm512_dpbusd_epi32(acc, u, a); }
 #else
 // AVX-512 without VNNI: the weights' signed levels q = u - 128; |q| * (a with q's sign) paired into 16-bit
 // sums by vpmaddubsw (|q| <= 128, |a| <= 127: a pair never saturates), then into 32-bit by vpmaddwd.
@@ -97,7 +101,14 @@ inline IVec dot4(IVec acc, const Prepared& w, IVec a) {
   return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
 }
 inline IVec centred(IVec sums, int32_t) { return sums; }
+// 4-bit levels u in 0..15 times a: vpmaddubsw's pairs stay within 2 * 15 * 127.
+inline IVec dot4_small(IVec acc, IVec u, IVec a) {
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, a), _mm512_set1_epi16(1)));
+}
 #endif
+// A 64-byte block of 4-bit levels: the low nibbles (the first 4 inputs of each lane's 8), the high ones.
+inline IVec low_nibbles(IVec v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
+inline IVec high_nibbles(IVec v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
 #else
 using Vec = __m256;
 using IVec = __m256i;
@@ -141,10 +152,11 @@ struct Prepared { IVec u; };
 constexpr bool kBiased = true;
 inline Prepared prepare(IVec u) { return {u}; }
 #if defined(__AVXVNNI__)
-inline IVec dot4(IVec acc, const Prepared& w, IVec a) { return _mm256_dpbusd_avx_epi32(acc, w.u, a); }
+inline IVec dot4_small(IVec acc, IVec u, IVec a) { return _mm256_dpbusd_avx_epi32(acc, u, a); }
 #else
-inline IVec dot4(IVec acc, const Prepared& w, IVec a) { return _mm256_dpbusd_epi32(acc, w.u, a); }
+inline IVec dot4_small(IVec acc, IVec u, IVec a) { return _mm256_dpbusd_epi32(acc, u, a); }
 #endif
+inline IVec dot4(IVec acc, const Prepared& w, IVec a) { return dot4_small(acc, w.u, a); }
 inline IVec centred(IVec sums, int32_t levels) { return _mm256_sub_epi32(sums, _mm256_set1_epi32(128 * levels)); }
 #else
 // AVX2: as AVX-512 without VNNI, q's sign put on a by vpsignb.
@@ -159,7 +171,12 @@ inline IVec dot4(IVec acc, const Prepared& w, IVec a) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
 inline IVec centred(IVec sums, int32_t) { return sums; }
+inline IVec dot4_small(IVec acc, IVec u, IVec a) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16(1)));
+}
 #endif
+inline IVec low_nibbles(IVec v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
+inline IVec high_nibbles(IVec v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
 #endif
 
 // The loops over a block's rows, panels and vectors are unrolled whole, so that its accumulators live in
@@ -225,11 +242,18 @@ void quantize_row(const float* x, int64_t K, int8_t* a, float* step, float* tota
   }
 }
 
+// Four activation levels as one int32, to broadcast to every lane.
+inline int32_t four_levels(const int8_t* a) {
+  int32_t four;
+  std::memcpy(&four, a, sizeof four);
+  return four;
+}
+
 // R rows (from `row`) by P panels (from `panel`): per group, the exact integer sums of the 32 products,
 // then the group's two fused multiply-adds per output (see the top of this file).
-template <int R, int P>
+template <int R, int P, int Bits>
 void int8_block(const Levels& x, int64_t row, const Int8Weights& w, int64_t panel, float* out, int64_t N) {
-  const int64_t K = w.K, groups = K / kGroup, quads = K / kQuad;
+  const int64_t K = w.K, groups = K / kGroup, quads = K / kQuad, octets = K / (2 * kQuad);
   Vec acc[R][P][kVectors];
   UNROLL for (int r = 0; r < R; ++r)
     UNROLL for (int p = 0; p < P; ++p)
@@ -239,19 +263,36 @@ void int8_block(const Levels& x, int64_t row, const Int8Weights& w, int64_t pane
     UNROLL for (int r = 0; r < R; ++r)
       UNROLL for (int p = 0; p < P; ++p)
         UNROLL for (int h = 0; h < kVectors; ++h) sums[r][p][h] = izero();
-    UNROLL for (int j = 0; j < kGroup / kQuad; ++j) {
-      const int64_t quad = g * (kGroup / kQuad) + j;
-      IVec a[R];
-      UNROLL for (int r = 0; r < R; ++r) {
-        int32_t four;
-        std::memcpy(&four, x.a + (row + r) * K + quad * kQuad, sizeof four);
-        a[r] = ibroadcast(four);
+    if constexpr (Bits == 8) {
+      UNROLL for (int j = 0; j < kGroup / kQuad; ++j) {
+        const int64_t quad = g * (kGroup / kQuad) + j;
+        IVec a[R];
+        UNROLL for (int r = 0; r < R; ++r) a[r] = ibroadcast(four_levels(x.a + (row + r) * K + quad * kQuad));
+        UNROLL for (int p = 0; p < P; ++p)
+          UNROLL for (int h = 0; h < kVectors; ++h) {
+            const Prepared weights =
+                prepare(iload(w.q + ((panel + p) * quads + quad) * kQuadBytes + h * kLanes * kQuad));
+            UNROLL for (int r = 0; r < R; ++r) sums[r][p][h] = dot4(sums[r][p][h], weights, a[r]);
+          }
       }
-      UNROLL for (int p = 0; p < P; ++p)
-        UNROLL for (int h = 0; h < kVectors; ++h) {
-          const Prepared weights = prepare(iload(w.q + ((panel + p) * quads + quad) * kQuadBytes + h * kLanes * kQuad));
-          UNROLL for (int r = 0; r < R; ++r) sums[r][p][h] = dot4(sums[r][p][h], weights, a[r]);
+    } else {  // 4 bits: a 64-byte block holds 8 inputs of each lane, 4 in the low nibbles, 4 in the high
+      UNROLL for (int j = 0; j < kGroup / (2 * kQuad); ++j) {
+        const int64_t octet = g * (kGroup / (2 * kQuad)) + j;
+        IVec low[R], high[R];
+        UNROLL for (int r = 0; r < R; ++r) {
+          low[r] = ibroadcast(four_levels(x.a + (row + r) * K + octet * 2 * kQuad));
+          high[r] = ibroadcast(four_levels(x.a + (row + r) * K + octet * 2 * kQuad + kQuad));
         }
+        UNROLL for (int p = 0; p < P; ++p)
+          UNROLL for (int h = 0; h < kVectors; ++h) {
+            const IVec packed = iload(w.q + ((panel + p) * octets + octet) * kQuadBytes + h * kLanes * kQuad);
+            const IVec first = low_nibbles(packed), second = high_nibbles(packed);
+            UNROLL for (int r = 0; r < R; ++r) {
+              sums[r][p][h] = dot4_small(sums[r][p][h], first, low[r]);
+              sums[r][p][h] = dot4_small(sums[r][p][h], second, high[r]);
+            }
+          }
+      }
     }
     UNROLL for (int r = 0; r < R; ++r) {
       const int64_t at = (row + r) * groups + g;
@@ -259,7 +300,7 @@ void int8_block(const Levels& x, int64_t row, const Int8Weights& w, int64_t pane
       UNROLL for (int p = 0; p < P; ++p)
         UNROLL for (int h = 0; h < kVectors; ++h) {
           const int64_t group = ((panel + p) * groups + g) * kPanel + h * kLanes;
-          const IVec exact = kBiased ? centred(sums[r][p][h], x.sum[at]) : sums[r][p][h];
+          const IVec exact = kBiased && Bits == 8 ? centred(sums[r][p][h], x.sum[at]) : sums[r][p][h];
           acc[r][p][h] = madd(to_float(exact), mul(load(w.scales + group), step), acc[r][p][h]);
           acc[r][p][h] = madd(load(w.offsets + group), total, acc[r][p][h]);
         }
@@ -275,13 +316,14 @@ void int8_block(const Levels& x, int64_t row, const Int8Weights& w, int64_t pane
 
 // Panels [first, last) for a forward of M rows: up to 4 rows, 4 panels at a time as the weights stream by
 // (each weight read once); more, kIntPanels at a time (in the cache), the rows in blocks of kIntRows.
+template <int Bits>
 void int8_panels(const Levels& x, int64_t M, const Int8Weights& w, int64_t first, int64_t last, float* out,
                  int64_t N) {
   if (M <= kDirectRows) {
     return by_count<kDirectRows>(static_cast<int>(M), [&]<int R>() {
       int64_t panel = first;
-      for (; panel + 4 <= last; panel += 4) int8_block<R, 4>(x, 0, w, panel, out, N);
-      for (; panel < last; ++panel) int8_block<R, 1>(x, 0, w, panel, out, N);
+      for (; panel + 4 <= last; panel += 4) int8_block<R, 4, Bits>(x, 0, w, panel, out, N);
+      for (; panel < last; ++panel) int8_block<R, 1, Bits>(x, 0, w, panel, out, N);
     });
   }
   for (int64_t panel = first; panel < last;) {
@@ -289,31 +331,35 @@ void int8_panels(const Levels& x, int64_t M, const Int8Weights& w, int64_t first
     for (int64_t m = 0; m < M; m += kIntRows) {
       by_count<kIntRows>(static_cast<int>(std::min<int64_t>(kIntRows, M - m)), [&]<int R>() {
         if (whole)
-          int8_block<R, kIntPanels>(x, m, w, panel, out, N);
+          int8_block<R, kIntPanels, Bits>(x, m, w, panel, out, N);
         else
-          int8_block<R, 1>(x, m, w, panel, out, N);
+          int8_block<R, 1, Bits>(x, m, w, panel, out, N);
       });
     }
     panel += whole ? kIntPanels : 1;
   }
 }
 
-at::Tensor q8_linear(const at::Tensor& input, const at::Tensor& q, const at::Tensor& scales,
-                     const at::Tensor& offsets, const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(q.scalar_type() == at::kByte && q.dim() == 3 && q.size(2) == kQuadBytes && q.is_contiguous(),
-              "q8_linear: uint8 weights packed as (N/16, K/4, 64)");
-  const int64_t panels = q.size(0), K = q.size(1) * kQuad, N = panels * kPanel, groups = K / kGroup;
-  TORCH_CHECK(K % kGroup == 0, "q8_linear: the input size must be a multiple of 32");
+// x @ W^T + bias on `Bits`-bit weights (q8_linear, q4_linear): the checks, the activations quantized per
+// row, then the panels split among the threads.
+template <int Bits>
+at::Tensor int_linear(const char* name, const at::Tensor& input, const at::Tensor& q, const at::Tensor& scales,
+                      const at::Tensor& offsets, const c10::optional<at::Tensor>& bias) {
+  constexpr int64_t kInputsPerBlock = Bits == 8 ? kQuad : 2 * kQuad;  // inputs a lane's 4 bytes hold
+  TORCH_CHECK(q.scalar_type() == at::kByte && q.dim() == 3 && q.size(2) == kQuadBytes && q.is_contiguous(), name,
+              ": uint8 weights packed as (N/16, K/", kInputsPerBlock, ", 64)");
+  const int64_t panels = q.size(0), K = q.size(1) * kInputsPerBlock, N = panels * kPanel, groups = K / kGroup;
+  TORCH_CHECK(K % kGroup == 0, name, ": the input size must be a multiple of 32");
   for (const at::Tensor* t : {&scales, &offsets})
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == N * groups,
-                "q8_linear: float32 scales and offsets packed as (N/16, K/32, 16)");
-  TORCH_CHECK(input.scalar_type() == at::kFloat, "q8_linear: float32 activations");
-  TORCH_CHECK(input.size(-1) == K, "q8_linear: the input has ", input.size(-1), " features, the weights ", K);
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == N * groups, name,
+                ": float32 scales and offsets packed as (N/16, K/32, 16)");
+  TORCH_CHECK(input.scalar_type() == at::kFloat, name, ": float32 activations");
+  TORCH_CHECK(input.size(-1) == K, name, ": the input has ", input.size(-1), " features, the weights ", K);
   Int8Weights w{q.data_ptr<uint8_t>(), scales.data_ptr<float>(), offsets.data_ptr<float>(), nullptr, K};
   at::Tensor bias_f;
   if (bias.has_value() && bias->defined()) {
     bias_f = bias->contiguous();
-    TORCH_CHECK(bias_f.scalar_type() == at::kFloat && bias_f.numel() == N, "q8_linear: a float32 bias of N");
+    TORCH_CHECK(bias_f.scalar_type() == at::kFloat && bias_f.numel() == N, name, ": a float32 bias of N");
     w.bias = bias_f.data_ptr<float>();
   }
   const at::Tensor x = input.reshape({-1, K}).contiguous();
@@ -335,8 +381,18 @@ at::Tensor q8_linear(const at::Tensor& input, const at::Tensor& q, const at::Ten
   const Levels a{ap, sp, sp + M * groups, sums, K};
   float* op = out.data_ptr<float>();
   // A chunk of panels per thread; grains of 8 keep the few-row kernel's blocks of panels whole.
-  at::parallel_for(0, panels, 8, [&](int64_t first, int64_t last) { int8_panels(a, M, w, first, last, op, N); });
+  at::parallel_for(0, panels, 8, [&](int64_t first, int64_t last) { int8_panels<Bits>(a, M, w, first, last, op, N); });
   return out.view(shape);
+}
+
+at::Tensor q8_linear(const at::Tensor& input, const at::Tensor& q, const at::Tensor& scales,
+                     const at::Tensor& offsets, const c10::optional<at::Tensor>& bias) {
+  return int_linear<8>("q8_linear", input, q, scales, offsets, bias);
+}
+
+at::Tensor q4_linear(const at::Tensor& input, const at::Tensor& q, const at::Tensor& scales,
+                     const at::Tensor& offsets, const c10::optional<at::Tensor>& bias) {
+  return int_linear<4>("q4_linear", input, q, scales, offsets, bias);
 }
 
 // ---- attention ----
@@ -532,9 +588,12 @@ at::Tensor attention(const at::Tensor& query, const at::Tensor& key, const at::T
   return out;
 }
 
-// One panel's weights quantized (see q8_quantize): rows [panel * 16, +16) of w (N, K), rows past N zeros.
-template <typename T>
+// One panel's weights quantized (see q8_quantize, q4_quantize): rows [panel * 16, +16) of w (N, K), rows
+// past N zeros.
+template <int Bits, typename T>
 void quantize_panel(const T* w, int64_t N, int64_t K, int64_t panel, uint8_t* q, float* scales, float* offsets) {
+  constexpr float kTop = (1 << Bits) - 1;  // the highest level: 255 or 15
+  constexpr int64_t kInputsPerBlock = Bits == 8 ? kQuad : 2 * kQuad;
   float row[kGroup];
   for (int r = 0; r < kPanel; ++r) {
     const int64_t n = panel * kPanel + r;
@@ -546,16 +605,21 @@ void quantize_panel(const T* w, int64_t N, int64_t K, int64_t panel, uint8_t* q,
         high = i == 0 ? row[i] : std::max(high, row[i]);
       }
       // Each operation rounded on its own, as torch's would be (-ffp-contract=off: no fused multiply-add).
-      const float scale = std::max((high - low) / 255.0f, std::numeric_limits<float>::min());
-      const float offset = low + 128.0f * scale;
+      const float scale = std::max((high - low) / kTop, std::numeric_limits<float>::min());
+      const float offset = Bits == 8 ? low + 128.0f * scale : low;  // 8 bits: levels centred on 128
       const int64_t at = (panel * (K / kGroup) + g) * kPanel + r;
       scales[at] = scale;
       offsets[at] = offset;
       for (int i = 0; i < kGroup; ++i) {
         const float level = std::nearbyint((row[i] - offset) / scale);  // to even, as torch.round
         const int64_t k = g * kGroup + i;
-        q[(panel * (K / kQuad) + k / kQuad) * kQuadBytes + r * kQuad + k % kQuad] =
-            static_cast<uint8_t>(std::clamp(level, -128.0f, 127.0f) + 128.0f);
+        uint8_t* block = q + (panel * (K / kInputsPerBlock) + k / kInputsPerBlock) * kQuadBytes + r * kQuad + k % kQuad;
+        if constexpr (Bits == 8) {
+          *block = static_cast<uint8_t>(std::clamp(level, -128.0f, 127.0f) + 128.0f);
+        } else {  // inputs 0-3 of a block of 8 in the low nibble, 4-7 in the high one
+          const uint8_t u = static_cast<uint8_t>(std::clamp(level, 0.0f, kTop));
+          *block = k % kInputsPerBlock < kQuad ? u : static_cast<uint8_t>(*block | (u << 4));
+        }
       }
     }
   }
@@ -565,33 +629,45 @@ void quantize_panel(const T* w, int64_t N, int64_t K, int64_t panel, uint8_t* q,
 // lowest weight to its highest, scale = (high - low) / 255, offset = low + 128 * scale, q = round((w -
 // offset) / scale) + 128; N padded with zero rows to a multiple of 16. One pass over the weights, a panel per
 // task (the same arithmetic in torch's ops took 3 s for the 0.5B model's weights, most of its load).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> q8_quantize(const at::Tensor& weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.size(1) % kGroup == 0, "q8_quantize: (N, K) weights, K a multiple of 32");
+// q4_quantize: the same with 16 levels, scale = (high - low) / 15, offset = low, q = round((w - low) / scale),
+// two levels a byte (q4_linear's packing, (N/16, K/8, 64)).
+template <int Bits>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> int_quantize(const at::Tensor& weight) {
+  constexpr int64_t kInputsPerBlock = Bits == 8 ? kQuad : 2 * kQuad;
+  TORCH_CHECK(weight.dim() == 2 && weight.size(1) % kGroup == 0, "quantize: (N, K) weights, K a multiple of 32");
   const at::Tensor w = weight.contiguous();
   const int64_t N = w.size(0), K = w.size(1), panels = (N + kPanel - 1) / kPanel;
-  at::Tensor q = at::empty({panels, K / kQuad, kQuadBytes}, w.options().dtype(at::kByte));
+  at::Tensor q = at::zeros({panels, K / kInputsPerBlock, kQuadBytes}, w.options().dtype(at::kByte));
   at::Tensor scales = at::empty({panels, K / kGroup, kPanel}, w.options().dtype(at::kFloat));
   at::Tensor offsets = at::empty_like(scales);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, w.scalar_type(), "q8_quantize", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, w.scalar_type(), "quantize", [&] {
     const scalar_t* wp = w.data_ptr<scalar_t>();
     at::parallel_for(0, panels, 1, [&](int64_t first, int64_t last) {
       for (int64_t panel = first; panel < last; ++panel)
-        quantize_panel(wp, N, K, panel, q.data_ptr<uint8_t>(), scales.data_ptr<float>(), offsets.data_ptr<float>());
+        quantize_panel<Bits>(wp, N, K, panel, q.data_ptr<uint8_t>(), scales.data_ptr<float>(),
+                             offsets.data_ptr<float>());
     });
   });
   return {q, scales, offsets};
 }
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> q8_quantize(const at::Tensor& weight) { return int_quantize<8>(weight); }
+std::tuple<at::Tensor, at::Tensor, at::Tensor> q4_quantize(const at::Tensor& weight) { return int_quantize<4>(weight); }
 
 }  // namespace
 
 TORCH_LIBRARY(specedit, m) {
   m.def("q8_linear(Tensor input, Tensor q, Tensor scales, Tensor offsets, Tensor? bias) -> Tensor");
   m.def("q8_quantize(Tensor weight) -> (Tensor, Tensor, Tensor)");
+  m.def("q4_linear(Tensor input, Tensor q, Tensor scales, Tensor offsets, Tensor? bias) -> Tensor");
+  m.def("q4_quantize(Tensor weight) -> (Tensor, Tensor, Tensor)");
   m.def("attention(Tensor query, Tensor key, Tensor value, int first, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specedit, CPU, m) {
   m.impl("q8_linear", q8_linear);
   m.impl("q8_quantize", q8_quantize);
+  m.impl("q4_linear", q4_linear);
+  m.impl("q4_quantize", q4_quantize);
   m.impl("attention", attention);
 }

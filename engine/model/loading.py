@@ -132,6 +132,7 @@ DECODER_VARIABLE = "SPECEDIT_DECODER"
 # What ATen dispatches to (its CPU capability, which follows ATEN_CPU_CAPABILITY) where `weights="auto"`
 # takes int8 (see `int8_weights`): measured faster end to end on both (docs/benchmarks.md, "int8 weights").
 AUTO_INT8_CAPABILITIES = ("AVX2", "AVX512")
+INTEGER_WEIGHTS = {"int8": 8, "int4": 4}  # `weights` on specedit's kernel, and their bits
 
 
 def precision(
@@ -157,7 +158,7 @@ def precision(
             raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_CHOICES)}") from None
         return chosen, int8_weights(weights, device, chosen, kernel_folder)
     tiles = device.type == "cpu" and exactness.bf16_tiles()
-    if (weights == "int8" or not tiles) and int8_weights(weights, device, torch.float32, kernel_folder):
+    if (weights in INTEGER_WEIGHTS or not tiles) and int8_weights(weights, device, torch.float32, kernel_folder):
         return torch.float32, True
     native = device.type == "cuda" or (device.type == "cpu" and exactness.native_bf16())
     return (torch.bfloat16 if native else torch.float32), False
@@ -176,8 +177,8 @@ def int8_weights(weights: str, device: torch.device, dtype: torch.dtype, kernel_
     unavailable = unavailable or kernels.available(kernel_folder)
     if unavailable is None:
         return True
-    if weights == "int8":
-        raise ModelLoadError(f"--weights int8: {unavailable}")
+    if weights in INTEGER_WEIGHTS:
+        raise ModelLoadError(f"--weights {weights}: {unavailable}")
     log.info("float32 weights: %s", unavailable)
     return False
 
@@ -230,7 +231,7 @@ def load_model(
     except Exception as error:  # transformers raises many kinds; all mean "did not load"
         raise ModelLoadError(f"could not load model {name_or_path!r}: {error}") from error
     if int8:
-        _quantize(model, weight_files(name_or_path), kept_folder)
+        _quantize(model, weight_files(name_or_path), kept_folder, INTEGER_WEIGHTS.get(weights, 8))
         quantized.keep_embedding_stored(model)  # the output layer no longer shares it: its own int8 copy
     if pack:
         invariant.pack_linears(model, torch_dtype)
@@ -288,26 +289,27 @@ def load_tokenizer(source: str, kwargs: dict[str, Any], kept_folder: Path | None
     return built
 
 
-def _quantize(model: Any, weights_files: list[Path], kept_folder: Path | None) -> None:
-    """The model's linear layers on int8 weights (`quantized`), quantized once: kept in `kept_folder`,
-    mapped into memory at the next load (617 MB for the 0.5B model; 0.8 s of quantizing saved)."""
+def _quantize(model: Any, weights_files: list[Path], kept_folder: Path | None, bits: int = 8) -> None:
+    """The model's linear layers on integer weights of `bits` (`quantized`), quantized once: kept in
+    `kept_folder`, mapped into memory at the next load (617 MB for the 0.5B model at 8 bits; 0.8 s of
+    quantizing saved)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file, save_file
 
     kept = None
     if kept_folder and weights_files:  # named after `specedit::q8_quantize`'s source too
-        kept = kept_file(kept_folder, "int8", weights_files, "safetensors", kernels.SOURCE.read_bytes())
+        kept = kept_file(kept_folder, f"int{bits}", weights_files, "safetensors", kernels.SOURCE.read_bytes())
     stored: dict[str, torch.Tensor] = {}
     if kept is not None and is_sealed(kept):
         try:
             stored = load_file(kept)
         except (OSError, SafetensorError) as error:  # kept whole, and yet it does not read: quantized again
-            log.info("int8 weights in %s not read (%s): quantizing", kept, error)
-    if quantized.quantize_linears(model, stored) and kept is not None:
+            log.info("int%d weights in %s not read (%s): quantizing", bits, kept, error)
+    if quantized.quantize_linears(model, stored, bits) and kept is not None:
         try:
             write_atomically(kept, lambda path: save_file(quantized.packed_layers(model), path))
         except (OSError, SafetensorError) as error:  # no room, no right to write: quantized next time too
-            log.info("int8 weights not kept in %s: %s", kept, error)
+            log.info("int%d weights not kept in %s: %s", bits, kept, error)
 
 
 def _tokenizer_settings(tokenizer: Any) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""int8 weights on the CPU: a quarter of float32's bytes to stream at every step, row-invariant arithmetic.
+"""int8 (and int4) weights on the CPU: a quarter of float32's bytes to stream at every step (int4: 0.6 of
+int8's, scales and offsets counted), row-invariant arithmetic.
 
 A forward of a few tokens (plain decoding, a short draft) costs what streaming the weights from memory
 costs: float32's 2 GB for the 0.5B model, against llama.cpp's 4-6 bits a weight. `QuantizedLinear` keeps
@@ -33,6 +34,10 @@ its highest weight (an error of at most 1/510 of the group's range). A model con
 default one: Q5_0, Q8_0, Q4_K and Q6_K groups of 32 and 16) has at most 32 or 256 distinct values per
 group: its int8 copy is its GGUF's weights within that error, not bit for bit.
 
+At 4 bits (`--weights int4`, `specedit::q4_linear`): 16 levels a group of 32, two a byte, the same scale
+and offset and the same arithmetic; the 1.5B model's one-token forward 48-52 ms against 75-78 ms at 8 bits
+(AMD EPYC, AVX512-BF16, 2 threads; docs/kernels.md).
+
 The kernel is one of specedit's own (`model.kernels`: compiled once, on first use); where it is not
 available, the model keeps float32. Quantizing the 0.5B model takes 0.8 s; a load keeps the result in a
 file (`loading.load_model`'s `kept_folder`: 617 MB for the 0.5B) that the next load maps into memory in
@@ -54,23 +59,29 @@ PARTS = ("q", "scales", "offsets")  # a layer's tensors, as `quantize` returns t
 
 
 class QuantizedLinear(torch.nn.Module):
-    """A linear layer on int8 weights (see the module docstring); float32 in, float32 out."""
+    """A linear layer on int8 (or int4) weights (see the module docstring); float32 in, float32 out."""
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, packed: tuple[torch.Tensor, ...] | None = None
-    ) -> None:  # weight: (out, in); packed: `quantize(weight)`, kept from an earlier start
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        packed: tuple[torch.Tensor, ...] | None = None,
+        bits: int = 8,
+    ) -> None:  # weight: (out, in); packed: `quantize(weight, bits)`, kept from an earlier start
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.q, self.scales, self.offsets = packed or quantize(weight)
+        self.bits = bits
+        self.q, self.scales, self.offsets = packed or quantize(weight, bits)
         self.bias = None if bias is None else _padded(bias.detach().to(torch.float32), self.q.shape[0] * PANEL)
+        self._kernel = torch.ops.specedit.q8_linear if bits == 8 else torch.ops.specedit.q4_linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
-        output: torch.Tensor = torch.ops.specedit.q8_linear(x, self.q, self.scales, self.offsets, self.bias)
+        output: torch.Tensor = self._kernel(x, self.q, self.scales, self.offsets, self.bias)
         return output if output.shape[-1] == self.out_features else output[..., : self.out_features]
 
     def dequantized(self) -> torch.Tensor:
         """The weights the kernel computes with, dequantized: (out, in) float32."""
-        return dequantize(self.q, self.scales, self.offsets)[: self.out_features]
+        return dequantize(self.q, self.scales, self.offsets, self.bits)[: self.out_features]
 
     def unpacked(self) -> torch.nn.Linear:
         """The plain `nn.Linear` on the dequantized weights (for transformers' own kernels)."""
@@ -81,32 +92,39 @@ class QuantizedLinear(torch.nn.Module):
         return linear
 
 
-def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize(weight: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, in) weights -> the kernel's packing: uint8 levels (P, in/4, 16 * 4) (a panel's 16 outputs, 4
     inputs each), scales and offsets (P, in/32, 16) float32, P = out / 16 rounded up (the padding rows are
-    zeros): `specedit::q8_quantize`, one pass over the weights in their own dtype (float32, bf16, float16)."""
-    q, scales, offsets = torch.ops.specedit.q8_quantize(weight.detach())
+    zeros): `specedit::q8_quantize`, one pass over the weights in their own dtype (float32, bf16, float16).
+    At 4 bits (`specedit::q4_quantize`), levels 0..15, two a byte: (P, in/8, 16 * 4), a lane's 8 inputs in
+    4 bytes, the first 4 in the low nibbles."""
+    quantizer = torch.ops.specedit.q8_quantize if bits == 8 else torch.ops.specedit.q4_quantize
+    q, scales, offsets = quantizer(weight.detach())
     return q, scales, offsets
 
 
-def levels(q: torch.Tensor) -> torch.Tensor:
-    """The packed levels as (P*16, in) signed integers (-128..127, int16)."""
-    panels, quads, _ = q.shape
+def levels(q: torch.Tensor, bits: int = 8) -> torch.Tensor:
+    """The packed levels as (P*16, in) integers (int16): -128..127 at 8 bits, 0..15 at 4."""
+    panels, blocks, _ = q.shape
+    if bits == 4:  # a block's low nibbles are its first 4 inputs a lane, the high ones the next 4
+        halves = [(half.reshape(panels, blocks, PANEL, QUAD)) for half in (q & 0x0F, q >> 4)]
+        eights = torch.cat(halves, dim=3).to(torch.int16)
+        return eights.permute(0, 2, 1, 3).reshape(panels * PANEL, blocks * 2 * QUAD)
     signed = q.to(torch.int16) - 128
-    return signed.reshape(panels, quads, PANEL, QUAD).permute(0, 2, 1, 3).reshape(panels * PANEL, quads * QUAD)
+    return signed.reshape(panels, blocks, PANEL, QUAD).permute(0, 2, 1, 3).reshape(panels * PANEL, blocks * QUAD)
 
 
-def dequantize(q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+def dequantize(q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, bits: int = 8) -> torch.Tensor:
     """The packed weights back as (P*16, in) float32: scale * level + offset (the values the kernel's
     integer sums stand for)."""
-    rows = levels(q).to(torch.float32)
+    rows = levels(q, bits).to(torch.float32)
     outputs, in_features = rows.shape
     scale, offset = (t.transpose(1, 2).reshape(outputs, in_features // GROUP, 1) for t in (scales, offsets))
     weights = torch.addcmul(offset, rows.reshape(outputs, -1, GROUP), scale)
     return weights.reshape(outputs, in_features)
 
 
-def quantize_linears(model: Any, kept: dict[str, torch.Tensor] | None = None) -> int:
+def quantize_linears(model: Any, kept: dict[str, torch.Tensor] | None = None, bits: int = 8) -> int:
     """Replace every linear layer of `model` whose input size is a multiple of 32 (`nn.Linear`, GPT-2's
     `Conv1D`) by a `QuantizedLinear`, before any is packed for oneDNN; returns how many were quantized
     here. The kernels must be loaded (`kernels.available`). `kept`: `packed_layers` of an earlier load of
@@ -121,10 +139,10 @@ def quantize_linears(model: Any, kept: dict[str, torch.Tensor] | None = None) ->
         if weight is None or weight.shape[1] % GROUP:
             return None
         packed = tuple(kept.get(f"{names[id(module)]}.{part}") for part in PARTS)
-        if [None if t is None else (t.shape, t.dtype) for t in packed] != _packed_shapes(weight):
+        if [None if t is None else (t.shape, t.dtype) for t in packed] != _packed_shapes(weight, bits):
             quantized_here += 1
-            return QuantizedLinear(weight, linear_bias(module))
-        return QuantizedLinear(weight, linear_bias(module), packed)  # type: ignore[arg-type]
+            return QuantizedLinear(weight, linear_bias(module), bits=bits)
+        return QuantizedLinear(weight, linear_bias(module), packed, bits)  # type: ignore[arg-type]
 
     replace_modules(model, quantized)
     return quantized_here
@@ -180,15 +198,20 @@ def dequantize_linears(model: Any) -> int:
 
 
 def is_quantized(model: Any) -> bool:
-    return any(isinstance(module, QuantizedLinear) for module in model.modules())
+    return weight_bits(model) is not None
 
 
-def _packed_shapes(weight: torch.Tensor) -> list[tuple[torch.Size, torch.dtype]]:
-    """The shapes and dtypes of `quantize(weight)`'s tensors."""
+def weight_bits(model: Any) -> int | None:
+    """The bits of the model's integer weights (8 or 4), None where its linear layers are not quantized."""
+    return next((module.bits for module in model.modules() if isinstance(module, QuantizedLinear)), None)
+
+
+def _packed_shapes(weight: torch.Tensor, bits: int = 8) -> list[tuple[torch.Size, torch.dtype]]:
+    """The shapes and dtypes of `quantize(weight, bits)`'s tensors."""
     outputs, inputs = weight.shape
     panels = -(-outputs // PANEL)
     scales = (torch.Size((panels, inputs // GROUP, PANEL)), torch.float32)
-    return [(torch.Size((panels, inputs // QUAD, PANEL * QUAD)), torch.uint8), scales, scales]
+    return [(torch.Size((panels, inputs // (QUAD * 8 // bits), PANEL * QUAD)), torch.uint8), scales, scales]
 
 
 def _padded(tensor: torch.Tensor, rows: int) -> torch.Tensor:
