@@ -35,8 +35,8 @@ from specedit.engine.loop.generate import Engine, Generation
 from specedit.engine.loop.governor import CostGovernor, StepCost
 from specedit.engine.loop.rewrite import rewrite
 from specedit.engine.loop.sampling import SamplingConfig
-from specedit.engine.model import kv_cache
-from specedit.engine.model.loading import LoadedModel
+from specedit.engine.model import kernels, kv_cache, quantized
+from specedit.engine.model.loading import LoadedModel, load_model
 from specedit.engine.requests import RewriteRequest
 
 from conftest import ARCHITECTURES, build_model, build_tokenizer, tiny_engine
@@ -344,6 +344,20 @@ def test_load_fallback_checks_the_draft_models_tokenizer(tiny_model_dir: object,
         load_fallback(engine.loaded, draft_model=str(folder))
     fallback = load_fallback(engine.loaded, draft_model=str(tiny_model_dir))  # trained on the same corpus
     assert fallback is not None and fallback.name == "draft-model"
+
+
+@pytest.mark.skipif(kernels.available() is not None, reason="no kernels of our own here")
+def test_a_draft_model_takes_an_int4_targets_weights(tiny_model_dir: object) -> None:
+    """A target on int4 weights gets a draft on int4 weights (0.6 of int8's bytes a drafted token); one on
+    int8 or float weights, the draft's `auto`."""
+    four = load_model(str(tiny_model_dir), weights="int4", device="cpu")
+    fallback = load_fallback(four, draft_model=str(tiny_model_dir))
+    assert fallback is not None and fallback.draft_model is not None
+    assert quantized.weight_bits(fallback.draft_model.model) == 4
+    eight = load_model(str(tiny_model_dir), weights="int8", device="cpu")
+    fallback = load_fallback(eight, draft_model=str(tiny_model_dir))
+    assert fallback is not None and fallback.draft_model is not None
+    assert quantized.weight_bits(fallback.draft_model.model) == 8
 
 
 # ---------------------------------------------------------------------------------------- layer lists

@@ -197,17 +197,18 @@ void by_count(int n, const Body& body) {
   body.template operator()<N>();
 }
 
-// ---- int8 weights (q8_linear) ----
+// ---- int8 and int4 weights (q8_linear, q4_linear) ----
 
 constexpr int64_t kQuad = 4;                     // inputs a lane sums per instruction
-constexpr int64_t kQuadBytes = kPanel * kQuad;   // a panel's weights for 4 inputs: 64 bytes
+constexpr int64_t kQuadBytes = kPanel * kQuad;   // a panel's weights for 4 inputs (8 at 4 bits): 64 bytes
 // The int8 register block for forwards of many rows: 6 rows by 16 outputs (AVX2) or 48 (AVX-512), the
 // fastest of 2-8 rows by 16-64 outputs for the 0.5B model's layers (2026-12, Intel Xeon, 2 threads).
 constexpr int kIntRows = 6;
 constexpr int kIntPanels = kVectors == 2 ? 1 : 3;
 
-struct Int8Weights {
+struct IntWeights {
   const uint8_t* q;      // (panels, K/4, 64): panel p's outputs n at inputs 4j..4j+3: bytes 4n..4n+3 of quad j
+                         // (4 bits: (panels, K/8, 64), inputs 8j..8j+3 in the low nibbles, 8j+4..8j+7 high)
   const float* scales;   // (panels, K/32, 16)
   const float* offsets;  // (panels, K/32, 16)
   const float* bias;     // (N) or null
@@ -252,7 +253,7 @@ inline int32_t four_levels(const int8_t* a) {
 // R rows (from `row`) by P panels (from `panel`): per group, the exact integer sums of the 32 products,
 // then the group's two fused multiply-adds per output (see the top of this file).
 template <int R, int P, int Bits>
-void int8_block(const Levels& x, int64_t row, const Int8Weights& w, int64_t panel, float* out, int64_t N) {
+void int_block(const Levels& x, int64_t row, const IntWeights& w, int64_t panel, float* out, int64_t N) {
   const int64_t K = w.K, groups = K / kGroup, quads = K / kQuad, octets = K / (2 * kQuad);
   Vec acc[R][P][kVectors];
   UNROLL for (int r = 0; r < R; ++r)
@@ -317,13 +318,13 @@ void int8_block(const Levels& x, int64_t row, const Int8Weights& w, int64_t pane
 // Panels [first, last) for a forward of M rows: up to 4 rows, 4 panels at a time as the weights stream by
 // (each weight read once); more, kIntPanels at a time (in the cache), the rows in blocks of kIntRows.
 template <int Bits>
-void int8_panels(const Levels& x, int64_t M, const Int8Weights& w, int64_t first, int64_t last, float* out,
+void int_panels(const Levels& x, int64_t M, const IntWeights& w, int64_t first, int64_t last, float* out,
                  int64_t N) {
   if (M <= kDirectRows) {
     return by_count<kDirectRows>(static_cast<int>(M), [&]<int R>() {
       int64_t panel = first;
-      for (; panel + 4 <= last; panel += 4) int8_block<R, 4, Bits>(x, 0, w, panel, out, N);
-      for (; panel < last; ++panel) int8_block<R, 1, Bits>(x, 0, w, panel, out, N);
+      for (; panel + 4 <= last; panel += 4) int_block<R, 4, Bits>(x, 0, w, panel, out, N);
+      for (; panel < last; ++panel) int_block<R, 1, Bits>(x, 0, w, panel, out, N);
     });
   }
   for (int64_t panel = first; panel < last;) {
@@ -331,9 +332,9 @@ void int8_panels(const Levels& x, int64_t M, const Int8Weights& w, int64_t first
     for (int64_t m = 0; m < M; m += kIntRows) {
       by_count<kIntRows>(static_cast<int>(std::min<int64_t>(kIntRows, M - m)), [&]<int R>() {
         if (whole)
-          int8_block<R, kIntPanels, Bits>(x, m, w, panel, out, N);
+          int_block<R, kIntPanels, Bits>(x, m, w, panel, out, N);
         else
-          int8_block<R, 1, Bits>(x, m, w, panel, out, N);
+          int_block<R, 1, Bits>(x, m, w, panel, out, N);
       });
     }
     panel += whole ? kIntPanels : 1;
@@ -355,7 +356,7 @@ at::Tensor int_linear(const char* name, const at::Tensor& input, const at::Tenso
                 ": float32 scales and offsets packed as (N/16, K/32, 16)");
   TORCH_CHECK(input.scalar_type() == at::kFloat, name, ": float32 activations");
   TORCH_CHECK(input.size(-1) == K, name, ": the input has ", input.size(-1), " features, the weights ", K);
-  Int8Weights w{q.data_ptr<uint8_t>(), scales.data_ptr<float>(), offsets.data_ptr<float>(), nullptr, K};
+  IntWeights w{q.data_ptr<uint8_t>(), scales.data_ptr<float>(), offsets.data_ptr<float>(), nullptr, K};
   at::Tensor bias_f;
   if (bias.has_value() && bias->defined()) {
     bias_f = bias->contiguous();
@@ -381,7 +382,7 @@ at::Tensor int_linear(const char* name, const at::Tensor& input, const at::Tenso
   const Levels a{ap, sp, sp + M * groups, sums, K};
   float* op = out.data_ptr<float>();
   // A chunk of panels per thread; grains of 8 keep the few-row kernel's blocks of panels whole.
-  at::parallel_for(0, panels, 8, [&](int64_t first, int64_t last) { int8_panels<Bits>(a, M, w, first, last, op, N); });
+  at::parallel_for(0, panels, 8, [&](int64_t first, int64_t last) { int_panels<Bits>(a, M, w, first, last, op, N); });
   return out.view(shape);
 }
 
