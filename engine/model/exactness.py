@@ -286,7 +286,7 @@ def _split_logits(loaded: Any, ids: Sequence[int], split: Sequence[int], cache: 
 
 
 def _integer_linear(model: Any) -> Linear | None:
-    """ "int8" or "int4" where the model's linear layers are on integer weights (`quantized`), else None."""
+    """The linear kernel of the model's integer weights (`quantized`): int8 or int4; None on float ones."""
     bits = quantized.weight_bits(model)
     return "int8" if bits == 8 else "int4" if bits == 4 else None
 

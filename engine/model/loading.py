@@ -165,9 +165,9 @@ def precision(
 
 
 def int8_weights(weights: str, device: torch.device, dtype: torch.dtype, kernel_folder: Path | None = None) -> bool:
-    """Whether the linear layers take int8 weights (`model.quantized`) in `dtype`: asked for
-    (`weights="int8"`; a `ModelLoadError` where the kernel cannot run), or `auto` on a CPU running float32
-    on AVX2 or AVX-512 kernels."""
+    """Whether the linear layers take integer weights (`model.quantized`) in `dtype`: asked for
+    (`weights="int8"` or `"int4"`; a `ModelLoadError` where the kernel cannot run), or `auto` (int8) on a
+    CPU running float32 on AVX2 or AVX-512 kernels."""
     if weights == "float" or (weights == "auto" and not (device.type == "cpu" and dtype == torch.float32)):
         return False
     if weights == "auto" and torch.backends.cpu.get_cpu_capability() not in AUTO_INT8_CAPABILITIES:
