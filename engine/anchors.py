@@ -167,8 +167,8 @@ def context_chain(keys: list[str], chunk_keys: list[str], anchors: list[Anchor])
 
 
 def fits(new: list[str], old: list[str]) -> bool:
-    """Whether the chunk's lines `new` can stand where the original has `old` (see `fits_between`)."""
-    return balance(new) == balance(old) and replaces_little(old, new)
+    """Whether the chunk's lines `new` can stand where the original has `old` (`fits_between` on them whole)."""
+    return fits_between(Sums(new), 0, len(new), Sums(old), 0, len(old))
 
 
 def replaces_little(old: list[str], new: list[str], slack: int = REPLACED_SLACK) -> bool:

@@ -28,7 +28,7 @@ from rapidfuzz.distance import Indel
 
 from specedit.engine.merge_checks import check_merge, counts, is_elision
 from specedit.engine.patches import SketchFormat, apply_patch, detect, parse_patch
-from specedit.engine.placement import Chunk, Placement, common_length, is_change_of, place_chunks
+from specedit.engine.placement import Chunk, Placement, common_length, indent, is_change_of, place_chunks
 
 # Lines that say something, each a change of one of the `EDGE_LINES` lines at a sketch's edge, that a
 # sketch without its first or last marker may replace at the file's start or end (`_edge_reading`).
@@ -167,12 +167,12 @@ def _block_end(chunk: Chunk, place: Placement, lines: list[str], keys: set[str],
     a line of its own (`}`, `end`) is placed by it. Indentations are the sketch's among its lines, the
     original's among its own (a sketch may write the file's tabs as spaces)."""
     said = [line for line in chunk.lines if line.strip()]
-    level = _indent(said[0])
-    depths = [_indent(line) > level for line in said]
+    level = indent(said[0])
+    depths = [indent(line) > level for line in said]
     start, stop = place.start, place.stop
     shows_block = (
         chunk.marker_after
-        and _indent(chunk.marker_after) <= level
+        and indent(chunk.marker_after) <= level
         and depths[-1]
         and all(depths[depths.index(True) :])
         and said[-1].strip() not in keys
@@ -182,17 +182,13 @@ def _block_end(chunk: Chunk, place: Placement, lines: list[str], keys: set[str],
     )
     if not shows_block:
         return stop
-    level, end = _indent(lines[start]), stop
-    while end < limit and (not lines[end].strip() or _indent(lines[end]) > level):
+    level, end = indent(lines[start]), stop
+    while end < limit and (not lines[end].strip() or indent(lines[end]) > level):
         end += 1
     while end > stop and not lines[end - 1].strip():
         end -= 1
     rest = sum(map(counts, lines[stop:end]))
     return end if rest <= FEW_LINES else stop
-
-
-def _indent(line: str) -> int:
-    return len(line) - len(line.lstrip())
 
 
 def _at_edges(chunks: list[Chunk], starts: bool, ends: bool) -> list[Chunk]:

@@ -491,10 +491,11 @@ def _insertable(new: list[str], raw: list[str], at: int, low: int, high: int) ->
         return False
     after = next((line for line in raw[at:] if line.strip()), "")
     first = next(line for line in new if line.strip())
-    return _indent(first) >= _indent(after)
+    return indent(first) >= indent(after)
 
 
-def _indent(line: str) -> int:
+def indent(line: str) -> int:
+    """How deep `line` is indented, a tab as 4 spaces."""
     return len(line.expandtabs(4)) - len(line.expandtabs(4).lstrip())
 
 

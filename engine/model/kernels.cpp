@@ -201,6 +201,8 @@ void by_count(int n, const Body& body) {
 
 constexpr int64_t kQuad = 4;                     // inputs a lane sums per instruction
 constexpr int64_t kQuadBytes = kPanel * kQuad;   // a panel's weights for 4 inputs (8 at 4 bits): 64 bytes
+template <int Bits>
+constexpr int64_t kBlockInputs = Bits == 8 ? kQuad : 2 * kQuad;  // inputs a lane's 4 bytes hold
 // The int8 register block for forwards of many rows: 6 rows by 16 outputs (AVX2) or 48 (AVX-512), the
 // fastest of 2-8 rows by 16-64 outputs for the 0.5B model's layers (2026-12, Intel Xeon, 2 threads).
 constexpr int kIntRows = 6;
@@ -254,7 +256,7 @@ inline int32_t four_levels(const int8_t* a) {
 // then the group's two fused multiply-adds per output (see the top of this file).
 template <int R, int P, int Bits>
 void int_block(const Levels& x, int64_t row, const IntWeights& w, int64_t panel, float* out, int64_t N) {
-  const int64_t K = w.K, groups = K / kGroup, quads = K / kQuad, octets = K / (2 * kQuad);
+  const int64_t K = w.K, groups = K / kGroup, quads = K / kQuad, octets = K / kBlockInputs<4>;
   Vec acc[R][P][kVectors];
   UNROLL for (int r = 0; r < R; ++r)
     UNROLL for (int p = 0; p < P; ++p)
@@ -277,12 +279,12 @@ void int_block(const Levels& x, int64_t row, const IntWeights& w, int64_t panel,
           }
       }
     } else {  // 4 bits: a 64-byte block holds 8 inputs of each lane, 4 in the low nibbles, 4 in the high
-      UNROLL for (int j = 0; j < kGroup / (2 * kQuad); ++j) {
-        const int64_t octet = g * (kGroup / (2 * kQuad)) + j;
+      UNROLL for (int j = 0; j < kGroup / kBlockInputs<4>; ++j) {
+        const int64_t octet = g * (kGroup / kBlockInputs<4>) + j;
         IVec low[R], high[R];
         UNROLL for (int r = 0; r < R; ++r) {
-          low[r] = ibroadcast(four_levels(x.a + (row + r) * K + octet * 2 * kQuad));
-          high[r] = ibroadcast(four_levels(x.a + (row + r) * K + octet * 2 * kQuad + kQuad));
+          low[r] = ibroadcast(four_levels(x.a + (row + r) * K + octet * kBlockInputs<4>));
+          high[r] = ibroadcast(four_levels(x.a + (row + r) * K + octet * kBlockInputs<4> + kQuad));
         }
         UNROLL for (int p = 0; p < P; ++p)
           UNROLL for (int h = 0; h < kVectors; ++h) {
@@ -346,10 +348,9 @@ void int_panels(const Levels& x, int64_t M, const IntWeights& w, int64_t first, 
 template <int Bits>
 at::Tensor int_linear(const char* name, const at::Tensor& input, const at::Tensor& q, const at::Tensor& scales,
                       const at::Tensor& offsets, const c10::optional<at::Tensor>& bias) {
-  constexpr int64_t kInputsPerBlock = Bits == 8 ? kQuad : 2 * kQuad;  // inputs a lane's 4 bytes hold
   TORCH_CHECK(q.scalar_type() == at::kByte && q.dim() == 3 && q.size(2) == kQuadBytes && q.is_contiguous(), name,
-              ": uint8 weights packed as (N/16, K/", kInputsPerBlock, ", 64)");
-  const int64_t panels = q.size(0), K = q.size(1) * kInputsPerBlock, N = panels * kPanel, groups = K / kGroup;
+              ": uint8 weights packed as (N/16, K/", kBlockInputs<Bits>, ", 64)");
+  const int64_t panels = q.size(0), K = q.size(1) * kBlockInputs<Bits>, N = panels * kPanel, groups = K / kGroup;
   TORCH_CHECK(K % kGroup == 0, name, ": the input size must be a multiple of 32");
   for (const at::Tensor* t : {&scales, &offsets})
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == N * groups, name,
@@ -594,7 +595,6 @@ at::Tensor attention(const at::Tensor& query, const at::Tensor& key, const at::T
 template <int Bits, typename T>
 void quantize_panel(const T* w, int64_t N, int64_t K, int64_t panel, uint8_t* q, float* scales, float* offsets) {
   constexpr float kTop = (1 << Bits) - 1;  // the highest level: 255 or 15
-  constexpr int64_t kInputsPerBlock = Bits == 8 ? kQuad : 2 * kQuad;
   float row[kGroup];
   for (int r = 0; r < kPanel; ++r) {
     const int64_t n = panel * kPanel + r;
@@ -614,12 +614,12 @@ void quantize_panel(const T* w, int64_t N, int64_t K, int64_t panel, uint8_t* q,
       for (int i = 0; i < kGroup; ++i) {
         const float level = std::nearbyint((row[i] - offset) / scale);  // to even, as torch.round
         const int64_t k = g * kGroup + i;
-        uint8_t* block = q + (panel * (K / kInputsPerBlock) + k / kInputsPerBlock) * kQuadBytes + r * kQuad + k % kQuad;
+        uint8_t* block = q + (panel * (K / kBlockInputs<Bits>) + k / kBlockInputs<Bits>) * kQuadBytes + r * kQuad + k % kQuad;
         if constexpr (Bits == 8) {
           *block = static_cast<uint8_t>(std::clamp(level, -128.0f, 127.0f) + 128.0f);
         } else {  // inputs 0-3 of a block of 8 in the low nibble, 4-7 in the high one
           const uint8_t u = static_cast<uint8_t>(std::clamp(level, 0.0f, kTop));
-          *block = k % kInputsPerBlock < kQuad ? u : static_cast<uint8_t>(*block | (u << 4));
+          *block = k % kBlockInputs<Bits> < kQuad ? u : static_cast<uint8_t>(*block | (u << 4));
         }
       }
     }
@@ -634,11 +634,10 @@ void quantize_panel(const T* w, int64_t N, int64_t K, int64_t panel, uint8_t* q,
 // two levels a byte (q4_linear's packing, (N/16, K/8, 64)).
 template <int Bits>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> int_quantize(const at::Tensor& weight) {
-  constexpr int64_t kInputsPerBlock = Bits == 8 ? kQuad : 2 * kQuad;
   TORCH_CHECK(weight.dim() == 2 && weight.size(1) % kGroup == 0, "quantize: (N, K) weights, K a multiple of 32");
   const at::Tensor w = weight.contiguous();
   const int64_t N = w.size(0), K = w.size(1), panels = (N + kPanel - 1) / kPanel;
-  at::Tensor q = at::zeros({panels, K / kInputsPerBlock, kQuadBytes}, w.options().dtype(at::kByte));
+  at::Tensor q = at::zeros({panels, K / kBlockInputs<Bits>, kQuadBytes}, w.options().dtype(at::kByte));
   at::Tensor scales = at::empty({panels, K / kGroup, kPanel}, w.options().dtype(at::kFloat));
   at::Tensor offsets = at::empty_like(scales);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, w.scalar_type(), "quantize", [&] {
