@@ -27,12 +27,17 @@ order, each after the one before, each replacing a span of the original, by thes
    with no marker before it starts the file, one with no marker after it ends it; one that is a changed
    line alone (a new signature) goes where the one line alike to it is.
 4. *Repeated blocks*: a chunk none of whose lines the original has once is placed in each stretch around
-   a place of its rarest line where it changes something; the place after which the chunks that follow
-   can still be placed is taken; if several can, the one whose merge changes clearly fewer characters
-   (`CLEARLY_LESS`), else none (`_places`, `place_chunks`). Failing that, a chunk whose first and last lines
-   (its context) the original has several times each goes between each place of its first line and
-   the nearest of its last after it.
-5. Lines the chunk repeats keep the original's own text (a sketch drops trailing spaces), but for a line
+   a place of its rarest line where it changes something, losing no more than `RUN_LOSSES` lines (a
+   block it would lose more of is another block alike, not the one it changes); the place after which
+   the chunks that follow can still be placed is taken; if several can, the one whose merge changes
+   clearly fewer characters (`CLEARLY_LESS`), else none (`_places`, `place_chunks`). Failing that, a
+   chunk whose first and last lines (its context) the original has several times each goes between each
+   place of its first line and the nearest of its last after it.
+5. *A block whole*: a chunk that is one block (a `def` and its deeper body) goes over the original's
+   block of the same first line, if that line is once in the original after the chunk before and that
+   placement loses fewer lines than the one by anchors (whose new body repeats a neighbour's lines, and
+   so reached over the neighbour: `_whole_block`).
+6. Lines the chunk repeats keep the original's own text (a sketch drops trailing spaces), but for a line
    trimmed beside a line the chunk changes.
 
 Measured on sketches of real edits (see docs/benchmarks.md, "Edit sketches"). Wrong merges seen while
@@ -199,7 +204,9 @@ def _places(lines: list[str], keys: list[str], raw: list[str], cursor: int, chun
                 continue
             place = _place(lines[:high], keys[:high], raw[:high], low, chunk)
             if not isinstance(place, str) and place.start <= at < place.stop:
-                places.append(place)
+                old = keys[place.start : place.stop]
+                if _lost(old, [line.strip() for line in place.lines]) <= RUN_LOSSES:
+                    places.append(place)
     changing = [place for place in places if place.lines != lines[place.start : place.stop]]
     if not changing:
         changing = [
@@ -299,7 +306,46 @@ def _place(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk
         reasons = [placement for placement in placements if isinstance(placement, str)]
         return reasons[0] if reasons else "its lines in the original do not fit together"
     start, stop, new_lines = min(held, key=lambda placement: (lost(placement), placement[1] - placement[0]))
+    block = _whole_block(lines, keys, cursor, chunk)
+    if block and lost(block) < lost((start, stop, new_lines)):
+        start, stop, new_lines = block
     return Placement(start, stop, _keeping_unchanged(lines[start:stop], new_lines))
+
+
+def _whole_block(lines: list[str], keys: list[str], cursor: int, chunk: Chunk) -> tuple[int, int, list[str]] | None:
+    """The placement of a chunk that is one block whole (its first line at one indentation and saying
+    something, the rest deeper, but for a closing line at the first one's, `}` or `end`; no marker after
+    it deeper than its first line) over the original's block of the same first line, where the original
+    has that line once after `cursor`: from it to the last line deeper than it, and the closing line the
+    chunk has too. A model shows "the function, changed" so; where its new body repeats a neighbour's
+    lines (two tests alike), the anchors alone would stretch it over the neighbour. None if it is not."""
+    said = [line for line in chunk.lines if line.strip()]
+    if chunk.at_start or chunk.at_end or len(said) < 3 or not counts(said[0]):
+        return None
+    level = indent(said[0])
+    closing = indent(said[-1]) == level and (not _has_words(said[-1]) or said[-1].strip() == "end")
+    body = said[1:-1] if closing else said[1:]
+    if not body or any(indent(line) <= level for line in body):
+        return None
+    if chunk.marker_after and indent(chunk.marker_after) > level:
+        return None
+    places = [at for at in range(cursor, len(keys)) if keys[at] == said[0].strip()]
+    if len(places) != 1:
+        return None
+    start = places[0]
+    depth, stop = indent(lines[start]), start + 1
+    while stop < len(lines) and (not keys[stop] or indent(lines[stop]) > depth):
+        stop += 1
+    if closing:
+        if stop == len(lines) or keys[stop] != said[-1].strip() or indent(lines[stop]) != depth:
+            return None
+        stop += 1
+    else:
+        while not keys[stop - 1]:
+            stop -= 1
+    if balance(lines[start:stop]) != 0:  # not a block: a string or bracket goes on at a lower indentation
+        return None
+    return start, stop, _reindented(chunk.lines, [Anchor(start, chunk.lines.index(said[0]), 1, 1)], lines)
 
 
 def _by_context(lines: list[str], raw: list[str], cursor: int, chunk: Chunk) -> list[tuple[int, int, list[str]]]:

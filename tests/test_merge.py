@@ -678,6 +678,44 @@ def test_a_whole_function_without_markers_replaces_that_function() -> None:
     assert merged(original, sketch) == original.replace("3.14 * r * r", "math.pi * r * r")
 
 
+def test_a_whole_method_whose_new_body_is_its_neighbours_replaces_that_method_alone() -> None:
+    """aider's test_coder.py (commit fa1158d8a80b): a method rewritten in its neighbour's style, sketched
+    whole without markers. Its new lines are the next method's, some of them once in the file: on them
+    alone the chunk reached over the neighbour's `def` and deleted it. The method it shows is the block
+    of its first line."""
+    header = "import unittest\n\n\nclass TestCoder(unittest.TestCase):\n"
+    old_body = '        io = MagicMock()\n        coder.send = MagicMock(return_value=("a message", False))\n'
+    new_body = (
+        "        io = MagicMock()\n\n        def mock_send(*args):\n"
+        '            coder.partial_response_content = "a message"\n            return False\n\n'
+        "        coder.send = MagicMock(side_effect=mock_send)\n"
+    )
+    check = '        self.assertEqual(coder.get_commit_message(), "a message")\n'
+    method = "    def test_get_commit_message(self):\n{}" + check
+    neighbour = "    def test_strip_quotes(self):\n" + new_body + check
+    original = header + method.format(old_body) + "\n" + neighbour + "\n    def test_other(self):\n        pass\n"
+    sketch = method.format(new_body)
+    assert merged(original, sketch) == original.replace(method.format(old_body), sketch)
+
+
+def test_a_block_cut_by_a_string_at_a_lower_indentation_is_not_a_whole_block() -> None:
+    """aider's test_repomap.py (commit 03f300ec75bb): a method whose triple-quoted string goes on at
+    column 2 does not end there; the chunk showing its first lines changes them and keeps the rest."""
+    original = (
+        "class TestRepoMap:\n    def test_ctags(self):\n        with patch('run') as run:\n"
+        '            run.return_value = Done(stdout=b\'\'\'{\n  "name": "status",\n  "kind": "variable"\n}\'\'\')\n'
+        "            result = check()\n            self.assertTrue(result)\n"
+    )
+    sketch = (
+        "...\n    def test_ctags(self):\n        with patch('run') as run:\n"
+        '            run.return_value = Done(stdout=b\'{"name": "status", "kind": "variable"}\')\n'
+        "            result = check()\n...\n"
+    )
+    start, end = original.index("            run.return_value"), original.index("            result")
+    expected = original[:start] + sketch.splitlines(keepends=True)[3] + original[end:]
+    assert merged(original, sketch) == expected
+
+
 # aider's scrape.py before commit 1509e21698d3 (a real edit of a sketch set), shortened
 SCRAPE = """\
 import sys
