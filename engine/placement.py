@@ -256,14 +256,36 @@ def _repeats_old_code(keys: list[str], place: Placement, run: int = 3) -> bool:
 
 def _place(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk: Chunk) -> Placement | str:
     """Where `chunk` goes: it replaces `lines[start:stop]` with its lines (re-indented like the original's
-    where all its anchors are shifted alike); or why that cannot be said.
+    where all its anchors are shifted alike); or why that cannot be said. By its anchors
+    (`_place_by_anchors`), unless it is one block whole (`_whole_block`) and its anchors leave a doubt or
+    place it losing more of the original's lines (lines that say something that the chunk lacks)."""
+    placed = _place_by_anchors(lines, keys, raw, cursor, chunk)
+    block = _whole_block(lines, keys, cursor, chunk)
+    if block and (isinstance(placed, str) or _lost_lines(keys, chunk, block) < _lost_lines(keys, chunk, placed)):
+        placed = block
+    if isinstance(placed, str):
+        return placed
+    start, stop, new_lines = placed
+    return Placement(start, stop, _keeping_unchanged(lines[start:stop], new_lines))
+
+
+def _lost_lines(keys: list[str], chunk: Chunk, placement: tuple[int, int, list[str]]) -> int:
+    """How many of the original's lines that say something a placement replaces that the chunk lacks."""
+    in_chunk = {line.strip() for line in chunk.lines}
+    return sum(counts(key) and key not in in_chunk for key in keys[placement[0] : placement[1]])
+
+
+def _place_by_anchors(
+    lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk: Chunk
+) -> tuple[int, int, list[str]] | str:
+    """Where `chunk` goes by its anchors (see `_place`).
 
     The anchors that fit together best are tried, and each anchor alone (a unique line of new code may
     fit with the real ones), and those by the context of a chunk that starts or ends the file
     (`_by_context`); of the placements that hold and cover the anchors they must (`_required`: the
     context, and the runs if any can; two readings of a context that disagrees are a doubt), the one that
-    loses the fewest lines of the original (lines that say something, and that the chunk does not have) is
-    taken, and of those the one that replaces the fewest.
+    loses the fewest lines of the original (`_lost_lines`) is taken, and of those the one that replaces
+    the fewest.
     """
     chunk_keys = [line.strip() for line in chunk.lines]
     anchors = find_anchors(keys, cursor, chunk_keys)
@@ -279,10 +301,8 @@ def _place(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk
     def covers(placement: tuple[int, int, list[str]], required: list[Anchor]) -> bool:
         return all(placement[0] <= a.original < placement[1] for a in required)
 
-    in_chunk = set(chunk_keys)
-
     def lost(placement: tuple[int, int, list[str]]) -> int:
-        return sum(counts(key) and key not in in_chunk for key in keys[placement[0] : placement[1]])
+        return _lost_lines(keys, chunk, placement)
 
     readings = []  # what each reading of the context holds
     for edges, runs in _required(anchors, chunk_keys, chunk):
@@ -305,11 +325,7 @@ def _place(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk
     if not held:
         reasons = [placement for placement in placements if isinstance(placement, str)]
         return reasons[0] if reasons else "its lines in the original do not fit together"
-    start, stop, new_lines = min(held, key=lambda placement: (lost(placement), placement[1] - placement[0]))
-    block = _whole_block(lines, keys, cursor, chunk)
-    if block and lost(block) < lost((start, stop, new_lines)):
-        start, stop, new_lines = block
-    return Placement(start, stop, _keeping_unchanged(lines[start:stop], new_lines))
+    return min(held, key=lambda placement: (lost(placement), placement[1] - placement[0]))
 
 
 def _whole_block(lines: list[str], keys: list[str], cursor: int, chunk: Chunk) -> tuple[int, int, list[str]] | None:

@@ -698,6 +698,43 @@ def test_a_whole_method_whose_new_body_is_its_neighbours_replaces_that_method_al
     assert merged(original, sketch) == original.replace(method.format(old_body), sketch)
 
 
+def test_a_method_shown_whole_between_markers_replaces_that_method() -> None:
+    """aider's repomap.py (commit 777a36d36626): a method's loop rewritten as a binary search, the method
+    shown whole between two markers. `if num_tokens < max_map_tokens:` is in the file three times, so the
+    anchors end at `num_tokens = ...` and the new lines after it (`return best_tree`) have no place of
+    their own: a doubt, left to the model. The method is the block of its `def`, once in the file: it
+    replaces that."""
+    method = (
+        "    def get_ranked_tags_map(self, fnames):\n        max_map_tokens = 2048\n\n"
+        "        ranked_tags = self.get_ranked_tags(fnames)\n        num_tags = len(ranked_tags)\n\n{}"
+    )
+    old_body = (
+        "        for i in range(num_tags, 0, -1):\n            tree = to_tree(ranked_tags[:i])\n"
+        "            num_tokens = self.token_count(tree)\n            dump(i, num_tokens)\n"
+        "            if num_tokens < max_map_tokens:\n                return tree\n"
+    )
+    new_body = (
+        "        lower_bound = 0\n        upper_bound = num_tags\n        best_tree = None\n\n"
+        "        while lower_bound <= upper_bound:\n            middle = (lower_bound + upper_bound) // 2\n"
+        "            tree = to_tree(ranked_tags[:middle])\n            num_tokens = self.token_count(tree)\n\n"
+        "            if num_tokens < max_map_tokens:\n                best_tree = tree\n"
+        "                lower_bound = middle + 1\n            else:\n                upper_bound = middle - 1\n\n"
+        "        return best_tree\n"
+    )
+    original = (
+        "class RepoMap:\n    def get_map(self, other_files, max_map_tokens):\n        if self.use_ctags:\n"
+        "            files_listing = self.get_tags_map(other_files)\n"
+        "            num_tokens = self.token_count(files_listing)\n            if num_tokens < max_map_tokens:\n"
+        "                return files_listing\n\n        files_listing = self.get_simple_files_map(other_files)\n"
+        "        num_tokens = self.token_count(files_listing)\n        if num_tokens < max_map_tokens:\n"
+        "            return files_listing\n\n"
+        + method.format(old_body)
+        + "\n\ndef find_py_files(directory):\n    if not os.path.isdir(directory):\n        return [directory]\n"
+    )
+    sketch = "# ... same ...\n" + method.format(new_body) + "# ... same ...\n"
+    assert merged(original, sketch) == original.replace(old_body, new_body)
+
+
 def test_a_block_cut_by_a_string_at_a_lower_indentation_is_not_a_whole_block() -> None:
     """aider's test_repomap.py (commit 03f300ec75bb): a method whose triple-quoted string goes on at
     column 2 does not end there; the chunk showing its first lines changes them and keeps the rest."""
