@@ -10,6 +10,7 @@ import itertools
 from collections import Counter
 from dataclasses import dataclass
 
+from specedit.engine.blocks import line_balance
 from specedit.engine.merge_checks import counts
 
 # Lines of the original (that say something) a chunk may replace between two anchors, or between its edge
@@ -130,7 +131,7 @@ class Sums:
     def __init__(self, lines: list[str]) -> None:
         self._balance, self._said = [0], [0]
         for line in lines:
-            self._balance.append(self._balance[-1] + _line_balance(line))
+            self._balance.append(self._balance[-1] + line_balance(line))
             self._said.append(self._said[-1] + counts(line))
 
     def balance(self, start: int, stop: int) -> int:
@@ -175,12 +176,3 @@ def replaces_little(old: list[str], new: list[str], slack: int = REPLACED_SLACK)
     """Whether lines `new` in place of `old` replace not much more code than they hold (`REPLACED_PER_LINE`)."""
     said_new, said_old = sum(map(counts, new)), sum(map(counts, old))
     return bool(said_old <= REPLACED_PER_LINE * said_new + slack)
-
-
-def balance(lines: list[str]) -> int:
-    """Brackets opened minus brackets closed (strings and comments not told apart: an estimate)."""
-    return sum(map(_line_balance, lines))
-
-
-def _line_balance(line: str) -> int:
-    return sum(line.count(c) for c in "([{") - sum(line.count(c) for c in ")]}")

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 
 from rapidfuzz.distance import Indel
 
+from specedit.engine.blocks import indent
 from specedit.engine.merge_checks import check_merge, counts, is_elision
 from specedit.engine.patches import SketchFormat, apply_patch, detect, parse_patch
-from specedit.engine.placement import Chunk, Placement, common_length, indent, is_change_of, place_chunks
+from specedit.engine.placement import Chunk, Placement, common_length, is_change_of, place_chunks
 
 # Lines that say something, each a change of one of the `EDGE_LINES` lines at a sketch's edge, that a
 # sketch without its first or last marker may replace at the file's start or end (`_edge_reading`).
@@ -318,11 +319,11 @@ def _chunks(sketch_lines: list[str]) -> list[Chunk]:
         else:
             runs[-1].append(line)
     chunks = []
-    for run, marker in zip(runs, [*markers, ""], strict=True):
+    for run, before, after in zip(runs, ["", *markers], [*markers, ""], strict=True):
         while run and not run[0].strip():
             run.pop(0)
         while run and not run[-1].strip():
             run.pop()
         if run:  # a chunk without a marker before (after) it is read both ways: see `merge_sketch`
-            chunks.append(Chunk(run, False, False, marker))
+            chunks.append(Chunk(run, False, False, after, before))
     return chunks

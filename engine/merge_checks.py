@@ -9,7 +9,9 @@ A chat model's edit sketch shows the changed parts of a file and stands for the 
   two markers) covers the lines of the original from the first one its lines match (exactly, or alike
   enough for rapidfuzz: a changed line) to the last, and may change or delete anything there; outside
   every span the original must survive, at the file's start and end too (a chunk with no marker before
-  it does not cover the file's start: chat models leave the first and last markers out).
+  it does not cover the file's start: chat models leave the first and last markers out). A sketch that
+  is one block whole and nothing else ("the method, changed") covers that block of the original, up to
+  `BLOCK_DROPS` lines past its own.
 
 Lines are compared stripped (the model may re-indent), and only lines with a few letters or digits count
 (`}`, `end`, blank lines are too common to say anything).
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 
 from rapidfuzz import fuzz, process
 
+from specedit.engine.blocks import block_stop, shown_block
 from specedit.engine.errors import MergeError
 from specedit.engine.patches import SYNTAX, SketchFormat, as_sketch, detect, parse_patch
 
@@ -46,6 +49,10 @@ MAX_ELISION_WORDS = 8
 # Lines that say something a merge may drop before the first line a chunk spans, or after the last: no
 # more than the sketch's new first or last lines replace (a silent deletion beyond it is not a merge).
 EDGE_DROPS = 2
+# Lines that say something a sketch that is one block whole and nothing else (no markers: "the function,
+# changed") may delete from the original's block of its first line past the last line it spans (a line
+# the edit deleted at the block's end); more is a block the sketch does not show whole.
+BLOCK_DROPS = 3
 MIN_ALNUM = 3  # a line counts when it has at least this many letters or digits
 FUZZY_SCORE = 50  # rapidfuzz's ratio (0-100) from which a changed line is taken to stand for an original one
 _SAYS = re.compile(rf"(?:[\W_]*[^\W_]){{{MIN_ALNUM}}}")  # `MIN_ALNUM` letters or digits (`str.isalnum`'s)
@@ -126,6 +133,10 @@ def check_merge(original: str, sketch: str, answer: str, sketch_format: SketchFo
         if not is_elision(line) and line not in original_set and line not in answer_set
     ]
     covered, (new_before, new_after) = _covered(original_lines, _chunks([line.strip() for line in spans.splitlines()]))
+    if written_as == "lazy" and covered:
+        block = _block_shown(original, sketch)
+        if len(block - covered) <= BLOCK_DROPS:
+            covered |= block
     first, last = min(covered, default=len(original_lines)), max(covered, default=-1)
     starts, ends = _reaches_edges(spans, original)
     if covered and starts:
@@ -143,6 +154,21 @@ def check_merge(original: str, sketch: str, answer: str, sketch_format: SketchFo
             dropped = [i for i in dropped if i not in edge]
     check.dropped = [original_lines[i] for i in dropped]
     return check
+
+
+def _block_shown(original: str, sketch: str) -> set[int]:
+    """The original's lines that count (indices among them) in the block that a sketch without markers
+    shows whole (`blocks.shown_block`): the block of the one line of the original equal to its first. None
+    if it shows no block whole."""
+    sketch_lines = sketch.splitlines()
+    if any(is_elision(line) for line in sketch_lines) or (shown := shown_block(sketch_lines)) is None:
+        return set()
+    lines = original.splitlines()
+    starts = [number for number, line in enumerate(lines) if line.strip() == shown.first]
+    if len(starts) != 1 or (stop := block_stop(lines, starts[0], shown)) is None:
+        return set()
+    counted = [number for number, line in enumerate(lines) if counts(line)]
+    return {index for index, number in enumerate(counted) if starts[0] <= number < stop}
 
 
 def _reaches_edges(sketch: str, original: str) -> tuple[bool, bool]:

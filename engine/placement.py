@@ -34,9 +34,11 @@ order, each after the one before, each replacing a span of the original, by thes
    chunk whose first and last lines (its context) the original has several times each goes between each
    place of its first line and the nearest of its last after it.
 5. *A block whole*: a chunk that is one block (a `def` and its deeper body) goes over the original's
-   block of the same first line, if that line is once in the original after the chunk before and that
-   placement loses fewer lines than the one by anchors (whose new body repeats a neighbour's lines, and
-   so reached over the neighbour: `_whole_block`).
+   block of the same first line, if that line is once in the original after the chunk before and the
+   anchors leave a doubt or place it losing more lines (its new body repeats a neighbour's lines, and so
+   reached over the neighbour: `_whole_block`); a sketch that is one block and nothing else (no markers)
+   replaces that block, its last `BLOCK_DROPS` lines too (a line the edit deleted after the last one
+   the sketch keeps).
 6. Lines the chunk repeats keep the original's own text (a sketch drops trailing spaces), but for a line
    trimmed beside a line the chunk changes.
 
@@ -57,7 +59,6 @@ from rapidfuzz.distance import Indel
 
 from specedit.engine.anchors import (
     Anchor,
-    balance,
     best_chain,
     context_chain,
     find_anchors,
@@ -65,7 +66,8 @@ from specedit.engine.anchors import (
     fits,
     replaces_little,
 )
-from specedit.engine.merge_checks import counts
+from specedit.engine.blocks import balance, block_stop, has_words, indent, shown_block
+from specedit.engine.merge_checks import BLOCK_DROPS, counts
 
 # rapidfuzz's ratio (0-100) from which a chunk's line next to an anchor is taken for a change of the
 # original's line there (it replaces it) rather than a new one (it goes in beside it). Chosen on the
@@ -105,6 +107,7 @@ class Chunk:
     at_start: bool  # no marker before it: it starts the file
     at_end: bool  # no marker after it: it ends the file
     marker_after: str = ""  # the elision marker after it, as written ("" if none)
+    marker_before: str = ""  # the one before it
 
 
 @dataclass(frozen=True)
@@ -261,7 +264,11 @@ def _place(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk
     place it losing more of the original's lines (lines that say something that the chunk lacks)."""
     placed = _place_by_anchors(lines, keys, raw, cursor, chunk)
     block = _whole_block(lines, keys, cursor, chunk)
-    if block and (isinstance(placed, str) or _lost_lines(keys, chunk, block) < _lost_lines(keys, chunk, placed)):
+    alone = not chunk.marker_before and not chunk.marker_after  # the sketch is this block, and no more
+    if block and (
+        isinstance(placed, str)
+        or _lost_lines(keys, chunk, block) < _lost_lines(keys, chunk, placed) + (BLOCK_DROPS + 1 if alone else 0)
+    ):
         placed = block
     if isinstance(placed, str):
         return placed
@@ -329,39 +336,25 @@ def _place_by_anchors(
 
 
 def _whole_block(lines: list[str], keys: list[str], cursor: int, chunk: Chunk) -> tuple[int, int, list[str]] | None:
-    """The placement of a chunk that is one block whole (its first line at one indentation and saying
-    something, the rest deeper, but for a closing line at the first one's, `}` or `end`; no marker after
-    it deeper than its first line) over the original's block of the same first line, where the original
-    has that line once after `cursor`: from it to the last line deeper than it, and the closing line the
-    chunk has too. A model shows "the function, changed" so; where its new body repeats a neighbour's
-    lines (two tests alike), the anchors alone would stretch it over the neighbour. None if it is not."""
-    said = [line for line in chunk.lines if line.strip()]
-    if chunk.at_start or chunk.at_end or len(said) < 3 or not counts(said[0]):
+    """The placement of a chunk that is one block whole (`blocks.shown_block`; no marker after it deeper
+    than its first line) over the original's block of the same first line (`blocks.block_stop`), where the
+    original has that line once after `cursor`. A model shows "the function, changed" so; where its new
+    body repeats a neighbour's lines (two tests alike), the anchors alone would stretch it over the
+    neighbour. None if it is not."""
+    shown = shown_block(chunk.lines)
+    if chunk.at_start or chunk.at_end or shown is None or not counts(shown.first):
         return None
-    level = indent(said[0])
-    closing = indent(said[-1]) == level and (not _has_words(said[-1]) or said[-1].strip() == "end")
-    body = said[1:-1] if closing else said[1:]
-    if not body or any(indent(line) <= level for line in body):
+    first = next(line for line in chunk.lines if line.strip())
+    if chunk.marker_after and indent(chunk.marker_after) > indent(first):
         return None
-    if chunk.marker_after and indent(chunk.marker_after) > level:
-        return None
-    places = [at for at in range(cursor, len(keys)) if keys[at] == said[0].strip()]
-    if len(places) != 1:
+    places = [at for at in range(cursor, len(keys)) if keys[at] == shown.first]
+    if len(places) != 1 or (stop := block_stop(lines, places[0], shown)) is None:
         return None
     start = places[0]
-    depth, stop = indent(lines[start]), start + 1
-    while stop < len(lines) and (not keys[stop] or indent(lines[stop]) > depth):
-        stop += 1
-    if closing:
-        if stop == len(lines) or keys[stop] != said[-1].strip() or indent(lines[stop]) != depth:
-            return None
-        stop += 1
-    else:
-        while not keys[stop - 1]:
-            stop -= 1
-    if balance(lines[start:stop]) != 0:  # not a block: a string or bracket goes on at a lower indentation
-        return None
-    return start, stop, _reindented(chunk.lines, [Anchor(start, chunk.lines.index(said[0]), 1, 1)], lines)
+    # Its lines equal to the block's, as anchors: indented as they are (tabs where the file has them).
+    same = difflib.SequenceMatcher(None, keys[start:stop], [line.strip() for line in chunk.lines], autojunk=False)
+    anchors = [Anchor(start + block.a, block.b, block.size, 0) for block in same.get_matching_blocks() if block.size]
+    return start, stop, _reindented(chunk.lines, anchors, lines)
 
 
 def _by_context(lines: list[str], raw: list[str], cursor: int, chunk: Chunk) -> list[tuple[int, int, list[str]]]:
@@ -549,27 +542,16 @@ def _insertable(new: list[str], raw: list[str], at: int, low: int, high: int) ->
     repeats, not found where it fits), they close what they open, and the line after them is not deeper
     inside a block than their first line."""
     nearby = {line.strip() for line in raw[low:high]}
-    if any(_has_words(line) and line.strip() in nearby for line in new) or balance(new) != 0:
+    if any(has_words(line) and line.strip() in nearby for line in new) or balance(new) != 0:
         return False
     after = next((line for line in raw[at:] if line.strip()), "")
     first = next(line for line in new if line.strip())
     return indent(first) >= indent(after)
 
 
-def indent(line: str) -> int:
-    """How deep `line` is indented, a tab as 4 spaces."""
-    return len(line.expandtabs(4)) - len(line.expandtabs(4).lstrip())
-
-
 def is_change_of(new: str, old: str) -> bool:
     """Whether a chunk's line is a change of the original's `old` (it replaces it), not a new one."""
-    return _has_words(new) and _has_words(old) and fuzz.ratio(new, old) >= EDGE_SCORE
-
-
-def _has_words(line: str) -> bool:
-    """Whether a line has a letter or digit: `x = 1` does, `});` does not (too little to anchor, enough
-    to tell a changed line or a doubled one)."""
-    return any(c.isalnum() for c in line)
+    return has_words(new) and has_words(old) and fuzz.ratio(new, old) >= EDGE_SCORE
 
 
 def common_length(a: list[str], b: list[str]) -> int:

@@ -735,6 +735,37 @@ def test_a_method_shown_whole_between_markers_replaces_that_method() -> None:
     assert merged(original, sketch) == original.replace(old_body, new_body)
 
 
+def test_a_sketch_that_is_one_method_replaces_it_with_its_last_lines() -> None:
+    """aider's coder.py (commit 227e64b6a825): a method sketched whole without markers; the edit deleted
+    its last line (`print("ls")`), which a sketch can show only by ending before it. The sketch is the
+    method: it replaces the method, the last lines too (up to `BLOCK_DROPS`)."""
+    method = (
+        "    def cmd_ls(self, args):\n        if self.repo:\n            for file in self.repo.files():\n"
+        '                if file in self.fnames:\n                    print(f"{file} (in chat)")\n'
+        "                else:\n                    print(file)\n"
+    )
+    original = "class Coder:\n    def cmd_add(self, args):\n        self.add(args)\n\n" + method
+    original += '        print("ls")\n\n    def cmd_drop(self, args):\n        self.drop(args)\n'
+    sketch = method.replace("print(file)", "print(file.upper())")
+    expected = original.replace(method + '        print("ls")\n', sketch)
+    assert merged(original, sketch) == expected
+    # A method shown whole drops no more than that: what lies past its lines is kept.
+    longer = original.replace('        print("ls")\n', '        print("ls")\n' * 5)
+    assert merged(longer, sketch) == longer.replace(method, sketch)
+
+
+def test_a_block_shown_without_its_end_is_not_shown_whole() -> None:
+    """express's Ruby spec (commit ce82a91d1464): an `it` block sketched without its `end` shows its first
+    lines, not the block: the lines after them stay."""
+    block = (
+        "  it 'should push a flash message'\n    headers = { cookie: 'sid=123' }\n"
+        "    post('/', headers)\n    get('/', headers).body.should.eql 'sent'\n  end\n"
+    )
+    original = "describe 'flash'\n" + block + "end\n"
+    sketch = "  it 'should push a flash message'\n    headers = { cookie: 'sid=456' }\n    post('/', headers)\n"
+    assert merged(original, sketch) == original.replace("sid=123", "sid=456")
+
+
 def test_a_block_cut_by_a_string_at_a_lower_indentation_is_not_a_whole_block() -> None:
     """aider's test_repomap.py (commit 03f300ec75bb): a method whose triple-quoted string goes on at
     column 2 does not end there; the chunk showing its first lines changes them and keeps the rest."""
@@ -836,7 +867,8 @@ def test_the_best_chain_is_the_one_every_pair_of_anchors_gives() -> None:
     """`best_chain` tries the chains best first and counts `fits` from running sums; it must choose what
     weighing every earlier chain for every anchor chose (the first of the best that fits, in anchor order),
     on chunks and originals of lines drawn from a few, brackets and all."""
-    from specedit.engine.anchors import REPLACED_PER_LINE, REPLACED_SLACK, balance, best_chain, find_anchors
+    from specedit.engine.anchors import REPLACED_PER_LINE, REPLACED_SLACK, best_chain, find_anchors
+    from specedit.engine.blocks import balance
     from specedit.engine.merge_checks import counts
 
     def every_pair(keys: list[str], chunk_keys: list[str], anchors: list[Any]) -> list[Any]:

@@ -95,6 +95,20 @@ def test_a_sketch_without_markers_covers_what_it_spans() -> None:
     assert not check_merge(original, sketch, sketch).ok  # the answer lost class Hello
 
 
+def test_a_sketch_that_is_one_block_covers_its_last_lines() -> None:
+    """A sketch with no markers that is one method whole ("the method, changed") may delete the last lines
+    of that method past its own lines, up to `BLOCK_DROPS` (a line the edit deleted there); more, or past
+    the method, is code it does not show."""
+    tail = '        log("done")\n'
+    original = "class A:\n    def run(self):\n        self.start()\n        self.wait()\n{}\n    def stop(self):\n"
+    original += "        self.halt()\n"
+    sketch = "    def run(self):\n        self.start()\n        self.wait(5)\n"
+    answer = original.format("").replace("self.wait()", "self.wait(5)")
+    assert check_merge(original.format(tail), sketch, answer).ok
+    assert not check_merge(original.format(tail * 4), sketch, answer).ok
+    assert not check_merge(original.format(tail), sketch, answer.replace("        self.halt()\n", "")).ok
+
+
 def test_a_chunk_without_a_marker_after_it_does_not_cover_the_files_end() -> None:
     """A chat model leaves the last marker out ("here is the updated method:"): a merge that deletes what
     follows the chunk was never asked for. Up to `EDGE_DROPS` lines past it may go (a sketch's new last

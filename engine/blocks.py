@@ -1,0 +1,79 @@
+"""Blocks of code as their indentation shows them: a first line (`def f():`, `func F() {`, `it 'adds' do`),
+the lines after it deeper than it, and the closing line at its own indentation where the language has one
+(`}`, `end`). A chat model shows "the function, changed" as one such block: `placement` puts a chunk that is
+one over the original's block of the same first line, and `merge_checks` lets a sketch that is one block
+and nothing else delete the last lines of that block."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A block that lines show whole."""
+
+    first: str  # its first line, stripped
+    closing: str  # its closing line, stripped ("" where it has none: Python)
+
+
+def shown_block(lines: list[str]) -> Shown | None:
+    """The block `lines` show whole, if they are one (blank lines aside): three lines at least, the first
+    with a letter or digit, every other one deeper, but for a closing line at the first one's indentation
+    (without words, or `end`)."""
+    said = [line for line in lines if line.strip()]
+    if len(said) < 3 or not has_words(said[0]):
+        return None
+    level = indent(said[0])
+    closes = indent(said[-1]) == level and _closes(said[-1])
+    body = said[1:-1] if closes else said[1:]
+    if not body or any(indent(line) <= level for line in body):
+        return None
+    return Shown(said[0].strip(), said[-1].strip() if closes else "")
+
+
+def block_stop(lines: list[str], start: int, shown: Shown) -> int | None:
+    """Where the block of `lines` that starts at `lines[start]` stops, read as `shown` is: past its last line
+    deeper than its first (blank lines after it left out), and past its closing line where `shown` has one.
+    None where it has not that closing line, or does not close the brackets it opens (a triple-quoted
+    string going on at a lower indentation is no end of a method)."""
+    depth, stop = indent(lines[start]), start + 1
+    while stop < len(lines) and (not lines[stop].strip() or indent(lines[stop]) > depth):
+        stop += 1
+    closed = stop < len(lines) and indent(lines[stop]) == depth and _closes(lines[stop])
+    if shown.closing:
+        if not closed or lines[stop].strip() != shown.closing:
+            return None
+        stop += 1
+    elif closed:  # the original's block closes (`}`, `end`) where the one shown does not: not shown whole
+        return None
+    else:
+        while not lines[stop - 1].strip():
+            stop -= 1
+    return stop if balance(lines[start:stop]) == 0 else None
+
+
+def _closes(line: str) -> bool:
+    """Whether `line` may close a block: no words (`}`, `});`), or `end`."""
+    return not has_words(line) or line.strip() == "end"
+
+
+def indent(line: str) -> int:
+    """How deep `line` is indented, a tab as 4 spaces."""
+    return len(line.expandtabs(4)) - len(line.expandtabs(4).lstrip())
+
+
+def has_words(line: str) -> bool:
+    """Whether a line has a letter or digit: `x = 1` does, `});` does not (too little to anchor, enough
+    to tell a changed line or a doubled one)."""
+    return any(c.isalnum() for c in line)
+
+
+def balance(lines: list[str]) -> int:
+    """Brackets opened minus brackets closed (strings and comments not told apart: an estimate)."""
+    return sum(map(line_balance, lines))
+
+
+def line_balance(line: str) -> int:
+    """Brackets `line` opens minus those it closes."""
+    return sum(line.count(c) for c in "([{") - sum(line.count(c) for c in ")]}")
