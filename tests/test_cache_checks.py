@@ -24,6 +24,7 @@ from specedit.cli.main import main
 from specedit.engine.errors import ModelLoadError
 from specedit.engine.model import exactness, fetch, integrity, kernels, loading, store
 from specedit.engine.model.store import MARKER_NAME, ModelSpec
+from specedit.engine.model.tokenizer import KeptTokenizer
 
 from conftest import build_tokenizer
 
@@ -253,3 +254,19 @@ def test_a_file_without_a_seal_is_made_again_not_trusted(tmp_path: Path) -> None
     pipeline.write_text("{}")
     assert loading.load_tokenizer(str(tmp_path / "model"), {}, kept).encode("def f") == tokenizer.encode("def f")
     assert integrity.is_sealed(pipeline)
+
+
+def test_a_kept_tokenizer_writes_its_merges_compactly(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The kept pipeline's BPE merges are `"a b"` strings (read back sooner than pairs), and it tokenizes
+    as the tokenizer built by transformers does."""
+    from transformers import AutoTokenizer
+
+    kept = tmp_path / "kept"
+    loading.load_tokenizer(str(tiny_model_dir), {}, kept)  # built and kept
+    [pipeline] = kept.glob("tokenizer-*[0-9a-f].json")
+    merges = json.loads(pipeline.read_text(encoding="utf-8"))["model"]["merges"]
+    assert merges and all(isinstance(merge, str) and merge.count(" ") == 1 for merge in merges)
+    read_back = loading.load_tokenizer(str(tiny_model_dir), {}, kept)
+    assert isinstance(read_back, KeptTokenizer)
+    text = "def f(x):\n    return x  # \u00e9 \u4f60\u597d\n"
+    assert read_back.encode(text) == AutoTokenizer.from_pretrained(tiny_model_dir).encode(text)
