@@ -158,7 +158,7 @@ def check_merge(original: str, sketch: str, answer: str, sketch_format: SketchFo
 
 def _block_shown(original: str, sketch: str) -> set[int]:
     """The original's lines that count (indices among them) in the block that a sketch without markers
-    shows whole (`blocks.shown_block`): the block of the one line of the original equal to its first. None
+    shows whole (`blocks.shown_block`): the block of the one line of the original equal to its first. Empty
     if it shows no block whole."""
     sketch_lines = sketch.splitlines()
     if any(is_elision(line) for line in sketch_lines) or (shown := shown_block(sketch_lines)) is None:
