@@ -37,9 +37,8 @@ def block_stop(lines: list[str], start: int, shown: Shown) -> int | None:
     deeper than its first (blank lines after it left out), and past its closing line where `shown` has one.
     None where it has not that closing line, or does not close the brackets it opens (a triple-quoted
     string going on at a lower indentation is no end of a method)."""
-    depth, stop = indent(lines[start]), start + 1
-    while stop < len(lines) and (not lines[stop].strip() or indent(lines[stop]) > depth):
-        stop += 1
+    depth = indent(lines[start])
+    stop = past_deeper(lines, depth, start + 1, len(lines))
     closed = stop < len(lines) and indent(lines[stop]) == depth and _closes(lines[stop])
     if shown.closing:
         if not closed or lines[stop].strip() != shown.closing:
@@ -51,6 +50,23 @@ def block_stop(lines: list[str], start: int, shown: Shown) -> int | None:
         while not lines[stop - 1].strip():
             stop -= 1
     return stop if balance(lines[start:stop]) == 0 else None
+
+
+def find_block(lines: list[str], shown: Shown, low: int = 0) -> tuple[int, int] | None:
+    """Where the original's block of the line that `shown`'s first line is starts and stops (`block_stop`),
+    if `lines[low:]` has that line once (compared stripped); else None."""
+    starts = [number for number in range(low, len(lines)) if lines[number].strip() == shown.first]
+    if len(starts) != 1 or (stop := block_stop(lines, starts[0], shown)) is None:
+        return None
+    return starts[0], stop
+
+
+def past_deeper(lines: list[str], depth: int, at: int, limit: int) -> int:
+    """The first of `lines[at:limit]` that is neither blank nor indented deeper than `depth` (`limit` if
+    none is): where a block whose first line is at `depth` goes on to."""
+    while at < limit and (not lines[at].strip() or indent(lines[at]) > depth):
+        at += 1
+    return at
 
 
 def _closes(line: str) -> bool:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from rapidfuzz.distance import Indel
 
-from specedit.engine.blocks import indent
+from specedit.engine.blocks import indent, past_deeper
 from specedit.engine.merge_checks import check_merge, counts, is_elision
 from specedit.engine.patches import SketchFormat, apply_patch, detect, parse_patch
 from specedit.engine.placement import Chunk, Placement, common_length, is_change_of, place_chunks
@@ -183,9 +183,7 @@ def _block_end(chunk: Chunk, place: Placement, lines: list[str], keys: set[str],
     )
     if not shows_block:
         return stop
-    level, end = indent(lines[start]), stop
-    while end < limit and (not lines[end].strip() or indent(lines[end]) > level):
-        end += 1
+    end = past_deeper(lines, indent(lines[start]), stop, limit)
     while end > stop and not lines[end - 1].strip():
         end -= 1
     rest = sum(map(counts, lines[stop:end]))

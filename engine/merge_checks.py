@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from rapidfuzz import fuzz, process
 
-from specedit.engine.blocks import block_stop, shown_block
+from specedit.engine.blocks import find_block, shown_block
 from specedit.engine.errors import MergeError
 from specedit.engine.patches import SYNTAX, SketchFormat, as_sketch, detect, parse_patch
 
@@ -164,11 +164,10 @@ def _block_shown(original: str, sketch: str) -> set[int]:
     if any(is_elision(line) for line in sketch_lines) or (shown := shown_block(sketch_lines)) is None:
         return set()
     lines = original.splitlines()
-    starts = [number for number, line in enumerate(lines) if line.strip() == shown.first]
-    if len(starts) != 1 or (stop := block_stop(lines, starts[0], shown)) is None:
+    if (block := find_block(lines, shown)) is None:
         return set()
     counted = [number for number, line in enumerate(lines) if counts(line)]
-    return {index for index, number in enumerate(counted) if starts[0] <= number < stop}
+    return {index for index, number in enumerate(counted) if block[0] <= number < block[1]}
 
 
 def _reaches_edges(sketch: str, original: str) -> tuple[bool, bool]:

@@ -66,7 +66,7 @@ from specedit.engine.anchors import (
     fits,
     replaces_little,
 )
-from specedit.engine.blocks import balance, block_stop, has_words, indent, shown_block
+from specedit.engine.blocks import balance, find_block, has_words, indent, shown_block
 from specedit.engine.merge_checks import BLOCK_DROPS, counts
 
 # rapidfuzz's ratio (0-100) from which a chunk's line next to an anchor is taken for a change of the
@@ -347,13 +347,12 @@ def _whole_block(lines: list[str], keys: list[str], cursor: int, chunk: Chunk) -
     first = next(line for line in chunk.lines if line.strip())
     if chunk.marker_after and indent(chunk.marker_after) > indent(first):
         return None
-    places = [at for at in range(cursor, len(keys)) if keys[at] == shown.first]
-    if len(places) != 1 or (stop := block_stop(lines, places[0], shown)) is None:
+    if (block := find_block(lines, shown, cursor)) is None:
         return None
-    start = places[0]
+    start, stop = block
     # Its lines equal to the block's, as anchors: indented as they are (tabs where the file has them).
     same = difflib.SequenceMatcher(None, keys[start:stop], [line.strip() for line in chunk.lines], autojunk=False)
-    anchors = [Anchor(start + block.a, block.b, block.size, 0) for block in same.get_matching_blocks() if block.size]
+    anchors = [Anchor(start + run.a, run.b, run.size, 0) for run in same.get_matching_blocks() if run.size]
     return start, stop, _reindented(chunk.lines, anchors, lines)
 
 
