@@ -277,9 +277,10 @@ def _apply_file(original: str, hunks: tuple[Hunk, ...], format: PatchFormat) -> 
         if not hunk.old:
             return original, (f"hunk {number} says nothing of where it goes (no lines of the original)",)
         low = 0 if format == "search-replace" else cursor  # aider's blocks each search the whole file
-        found = _find(lines, hunk, low, shift)
+        rest = hunks[number - 1 :]
+        found = _find(lines, hunk, low, shift, rest)
         if isinstance(found, str) and low > 0:  # hunks out of order
-            found = _find(lines, hunk, 0, shift)
+            found = _find(lines, hunk, 0, shift, rest)
         if isinstance(found, str):
             return original, (f"hunk {number} (starting {_first_said(hunk.old)!r}): {found}",)
         start, new = found
@@ -290,8 +291,11 @@ def _apply_file(original: str, hunks: tuple[Hunk, ...], format: PatchFormat) -> 
     return "\n".join(lines) + ("\n" if ends_in_newline else ""), ()
 
 
-def _find(lines: list[str], hunk: Hunk, low: int, shift: int) -> tuple[int, list[str]] | str:
-    """Where `hunk.old` is in `lines` at or after `low`, and the lines that replace it there; or why not."""
+def _find(lines: list[str], hunk: Hunk, low: int, shift: int, rest: tuple[Hunk, ...]) -> tuple[int, list[str]] | str:
+    """Where `hunk.old` is in `lines` at or after `low`, and the lines that replace it there; or why not.
+    `rest` is the patch's hunks from this one on: where as many of them as there are places have the same
+    old lines, the patch edits each place, and this hunk takes the first (a rename in each of three doc
+    comments, written as three hunks alike)."""
     size = len(hunk.old)
     for compare in (str.rstrip, str.strip):  # trailing spaces first, then any indentation
         wanted = [compare(line) for line in hunk.old]
@@ -301,6 +305,8 @@ def _find(lines: list[str], hunk: Hunk, low: int, shift: int) -> tuple[int, list
             continue
         if len(places) > 1:
             places = _narrowed(lines, hunk, places, shift)
+        if len(places) > 1 and sum([compare(line) for line in other.old] == wanted for other in rest) == len(places):
+            places = places[:1]
         if len(places) != 1:
             return f"its lines are in the file {len(places)} times, and nothing in the patch says which"
         start = places[0]

@@ -147,6 +147,29 @@ def test_a_hunk_that_fits_twice_is_left_to_the_model() -> None:
     assert "2 times" in merge.unresolved[0]
 
 
+@pytest.mark.parametrize("format", ["udiff", "search-replace", "v4a"])
+def test_hunks_alike_as_many_as_their_places_edit_each_place_in_order(format: str) -> None:
+    """Three doc comments say the same line and the patch has three hunks of it, one new line each: the
+    patch edits every place, the first hunk the first. Two hunks for three places stay a doubt."""
+    original = "".join(f"/// - returns: The request.\nfunc make{n}() {{}}\n\n" for n in (1, 2, 3))
+
+    def patch(count: int) -> str:
+        hunks = [(["/// - returns: The request."], [f"/// - returns: The request ({n})."]) for n in range(count)]
+        if format == "udiff":
+            return "".join(f"@@ ... @@\n-{old[0]}\n+{new[0]}\n" for old, new in hunks)
+        if format == "search-replace":
+            return "".join(f"<<<<<<< SEARCH\n{old[0]}\n=======\n{new[0]}\n>>>>>>> REPLACE\n" for old, new in hunks)
+        body = "".join(f"@@\n-{old[0]}\n+{new[0]}\n" for old, new in hunks)
+        return f"*** Begin Patch\n*** Update File: m.swift\n{body}*** End Patch\n"
+
+    expected = original
+    for n in range(3):
+        expected = expected.replace("The request.\n", f"The request ({n}).\n", 1)
+    assert applied(patch(3), original) == expected
+    merge = merge_sketch(original, patch(2))
+    assert not merge.resolved and "3 times" in merge.unresolved[0]
+
+
 def test_a_diff_line_number_picks_among_equal_places() -> None:
     original = "def a():\n    x = 1\n    return x\n\n\ndef b():\n    x = 1\n    return x\n"
     diff = "@@ -7,2 +7,2 @@\n     x = 1\n-    return x\n+    return x + 1\n"
