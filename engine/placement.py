@@ -32,7 +32,9 @@ order, each after the one before, each replacing a span of the original, by thes
    the chunks that follow can still be placed is taken; if several can, the one whose merge changes
    clearly fewer characters (`CLEARLY_LESS`), else none (`_places`, `place_chunks`). Failing that, a
    chunk whose first and last lines (its context) the original has several times each goes between each
-   place of its first line and the nearest of its last after it.
+   place of its first line and the nearest of its last after it; so does a chunk its anchors place losing
+   more than `RUN_LOSSES` lines, where they rest on one line of it outside that span (new code repeating
+   one old line) and it loses none there (`_within_context`).
 5. *A block whole*: a chunk that is one block (a `def` and its deeper body) goes over the original's
    block of the same first line, if that line is once in the original after the chunk before and the
    anchors leave a doubt or place it losing more lines (its new body repeats a neighbour's lines, and so
@@ -184,7 +186,8 @@ def _changed(lines: list[str], place: Placement) -> int:
 
 
 def _places(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk: Chunk) -> list[Placement] | str:
-    """Where `chunk` may go after `cursor` (`_place`); or why nowhere.
+    """Where `chunk` may go after `cursor` (`_place`, unless its context says otherwise: `_within_context`);
+    or why nowhere.
 
     A chunk whose lines all occur more than once (a block that a file repeats) is placed in each stretch
     of the original that holds one of the places of its rarest line (up to `MAX_REPEATS`), where it
@@ -194,9 +197,9 @@ def _places(lines: list[str], keys: list[str], raw: list[str], cursor: int, chun
     context lines (`_between_context`) where it does not keep old code it rewrites (`_repeats_old_code`).
     """
     placed = _place(lines, keys, raw, cursor, chunk)
-    if not isinstance(placed, str):
-        return [placed]
     found = find_lines(keys, cursor, {line.strip() for line in chunk.lines if counts(line)})
+    if not isinstance(placed, str):
+        return _within_context(lines, keys, raw, chunk, found, placed) or [placed]
     repeats = min(found.values(), key=len, default=[])
     places = []
     if 1 < len(repeats) <= MAX_REPEATS:  # else it has anchors (and did not fit on them), or too many places
@@ -218,6 +221,32 @@ def _places(lines: list[str], keys: list[str], raw: list[str], cursor: int, chun
             if place.lines != lines[place.start : place.stop] and not _repeats_old_code(keys, place)
         ]
     return changing or placed
+
+
+def _within_context(
+    lines: list[str], keys: list[str], raw: list[str], chunk: Chunk, found: dict[str, list[int]], placed: Placement
+) -> list[Placement]:
+    """Where a chunk placed by its anchors losing more than `RUN_LOSSES` of the original's lines goes by its
+    context instead: the placements between its first and last lines (`_between_context`) inside that one
+    that lose none, where that one rests, outside them, on one line of the chunk at most: new code
+    repeating one line of old code (a new test after `assertEquals` lines two tests end with, whose
+    `}).create();` the test before has once, replaced that test). Empty where there are none."""
+    if _lost_lines(keys, chunk, (placed.start, placed.stop, placed.lines)) <= RUN_LOSSES:
+        return []
+    narrower = []
+    for place in _between_context(lines, keys, raw, chunk, found):
+        inside = set(keys[place.start : place.stop])
+        said = {line.strip() for line in chunk.lines if counts(line)} - inside
+        outside = keys[placed.start : place.start] + keys[place.stop : placed.stop]
+        if (
+            placed.start <= place.start
+            and place.stop <= placed.stop
+            and sum(key in said for key in outside) <= 1
+            and place.lines != lines[place.start : place.stop]
+            and not _lost_lines(keys, chunk, (place.start, place.stop, place.lines))
+        ):
+            narrower.append(place)
+    return narrower
 
 
 def _between_context(

@@ -903,3 +903,34 @@ def test_the_best_chain_is_the_one_every_pair_of_anchors_gives() -> None:
             assert best_chain(keys, chunk_keys, anchors) == every_pair(keys, chunk_keys, anchors)
             compared += 1
     assert compared > 200
+
+
+def test_new_code_repeating_one_old_line_goes_between_its_context_not_over_a_test() -> None:
+    """gson's MapTest (commit 97d00f49309d): a new test after `assertEquals` lines two tests end with,
+    before a comment two classes share. Its `}).create();` is once in the file, in the test before: on
+    that one anchor the chunk reached back to the first test's `assertEquals` and replaced the test
+    between (12 lines, the checks passing). Between its context lines, where it loses nothing, it goes."""
+    holder = "  /**\n   * Created for issue 99\n   */\n"
+    ends = '    assertEquals("1", map.get("a"));\n    assertEquals("2", map.get("b"));\n  }\n\n'
+    original = (
+        "class MapTest {\n  public void testA() {\n    Map map = gson.fromJson(json, type);\n"
+        + ends
+        + "  public void testB() {\n"
+        + "    Gson gson = new GsonBuilder().registerTypeAdapter(MyMap.class, new InstanceCreator<MyMap>() {\n"
+        + "      public MyMap createInstance(Type type) {\n        return new MyMap();\n      }\n    }).create();\n"
+        + "    MyMap map = gson.fromJson(json, MyMap.class);\n"
+        + ends
+        + holder
+        + "  private static class Holder {}\n\n"
+        + holder
+        + "  public void testC() {}\n}\n"
+    )
+    new_test = (
+        "  public void testNew() {\n    Gson gson = new GsonBuilder()\n"
+        + "        .registerTypeAdapter(type, new Serializer() {\n"
+        + "          public JsonElement serialize(Map src) {\n            return array;\n          }\n"
+        + '        }).create();\n    assertEquals("[1]", gson.toJson(src, type));\n  }\n\n'
+    )
+    sketch = "// ...\n" + ends + new_test + "  /**\n   * Created for issue 99\n// ...\n"
+    at = original.index(holder)
+    assert merged(original, sketch) == original[:at] + new_test + original[at:]
