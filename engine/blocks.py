@@ -1,8 +1,9 @@
 """Blocks of code as their indentation shows them: a first line (`def f():`, `func F() {`, `it 'adds' do`),
 the lines after it deeper than it, and the closing line at its own indentation where the language has one
-(`}`, `end`). A chat model shows "the function, changed" as one such block: `placement` puts a chunk that is
-one over the original's block of the same first line, and `merge_checks` lets a sketch that is one block
-and nothing else delete the last lines of that block."""
+(`}`, `end`; the `{` may stand under the first line, as PHP's PSR-2 writes methods). A chat model shows "the
+function, changed" as one such block: `placement` puts a chunk that is one over the original's block of the
+same first line, and `merge_checks` lets a sketch that is one block and nothing else delete the last lines
+of that block, and a chunk that shows one from its first line to its closing one change all of it."""
 
 from __future__ import annotations
 
@@ -15,21 +16,23 @@ class Shown:
 
     first: str  # its first line, stripped
     closing: str  # its closing line, stripped ("" where it has none: Python)
+    brace_below: bool = False  # its `{` on a line of its own under the first (PHP's PSR-2 methods, C#)
 
 
 def shown_block(lines: list[str]) -> Shown | None:
     """The block `lines` show whole, if they are one (blank lines aside): three lines at least, the first
     with a letter or digit, every other one deeper, but for a closing line at the first one's indentation
-    (without words, or `end`)."""
+    (without words, or `end`), and a `{` under the first line at its indentation where the block closes."""
     said = [line for line in lines if line.strip()]
     if len(said) < 3 or not has_words(said[0]):
         return None
     level = indent(said[0])
+    below = said[1].strip() == "{" and indent(said[1]) == level
     closes = indent(said[-1]) == level and _closes(said[-1])
-    body = said[1:-1] if closes else said[1:]
+    body = said[1 + below : -1] if closes else said[1:]
     if not body or any(indent(line) <= level for line in body):
         return None
-    return Shown(said[0].strip(), said[-1].strip() if closes else "")
+    return Shown(said[0].strip(), said[-1].strip() if closes else "", below)
 
 
 def block_stop(lines: list[str], start: int, shown: Shown) -> int | None:
@@ -38,7 +41,13 @@ def block_stop(lines: list[str], start: int, shown: Shown) -> int | None:
     None where it has not that closing line, or does not close the brackets it opens (a triple-quoted
     string going on at a lower indentation is no end of a method)."""
     depth = indent(lines[start])
-    stop = past_deeper(lines, depth, start + 1, len(lines))
+    body = start + 1
+    if shown.brace_below:
+        body = past_deeper(lines, depth, body, len(lines))  # the `{` line, past blank ones
+        if body == len(lines) or lines[body].strip() != "{" or indent(lines[body]) != depth:
+            return None
+        body += 1
+    stop = past_deeper(lines, depth, body, len(lines))
     closed = stop < len(lines) and indent(lines[stop]) == depth and _closes(lines[stop])
     if shown.closing:
         if not closed or lines[stop].strip() != shown.closing:

@@ -11,7 +11,8 @@ A chat model's edit sketch shows the changed parts of a file and stands for the 
   every span the original must survive, at the file's start and end too (a chunk with no marker before
   it does not cover the file's start: chat models leave the first and last markers out). A sketch that
   is one block whole and nothing else ("the method, changed") covers that block of the original, up to
-  `BLOCK_DROPS` lines past its own.
+  `BLOCK_DROPS` lines past its own; a chunk that shows a block from its first line to its closing one
+  (`func F() {` ... `}`) covers all of that block (its lines between those two).
 
 Lines are compared stripped (the model may re-indent), and only lines with a few letters or digits count
 (`}`, `end`, blank lines are too common to say anything).
@@ -45,6 +46,7 @@ _ELIDES_ALONE = re.compile(  # what says it without one
     r"unchanged|unchanged (?:code|lines)|rest of (?:the )?(?:code|file|class|function|module|methods)|"
     r"^(?:unchanged|omitted|elided|snip|snipped)$"  # `// (unchanged)`, `# [omitted]`
 )
+_LEADING = re.compile(r"^(?:#|//|/\*|\*|@)")  # a comment's or an annotation's line, above a block
 MAX_ELISION_WORDS = 8
 # Lines that say something a merge may drop before the first line a chunk spans, or after the last: no
 # more than the sketch's new first or last lines replace (a silent deletion beyond it is not a merge).
@@ -137,6 +139,7 @@ def check_merge(original: str, sketch: str, answer: str, sketch_format: SketchFo
         block = _block_shown(original, sketch)
         if len(block - covered) <= BLOCK_DROPS:
             covered |= block
+        covered |= _closed_blocks_shown(original, sketch)
     first, last = min(covered, default=len(original_lines)), max(covered, default=-1)
     starts, ends = _reaches_edges(spans, original)
     if covered and starts:
@@ -168,6 +171,30 @@ def _block_shown(original: str, sketch: str) -> set[int]:
         return set()
     counted = [number for number, line in enumerate(lines) if counts(line)]
     return {index for index, number in enumerate(counted) if block[0] <= number < block[1]}
+
+
+def _closed_blocks_shown(original: str, sketch: str) -> set[int]:
+    """The original's lines that count (indices among them) in the blocks that a sketch's chunks show whole
+    from their first line to their closing one (`func Execute() {` ... `}` between two markers, below a
+    doc comment or annotations if any: a `blocks.shown_block` with a closing line). What lies between those
+    two lines of the sketch is what it says the block holds, though its last lines that count may be
+    changes (`_covered` spans from a chunk's first line that counts to its last, and `}` does not count).
+    The block of the one line of the original equal to the chunk's first."""
+    lines = original.splitlines()
+    counted = [number for number, line in enumerate(lines) if counts(line)]
+    blocks: set[int] = set()
+    chunk: list[str] = []
+    for line in [*sketch.splitlines(), "..."]:  # a marker closes the last chunk
+        if not is_elision(line):
+            chunk.append(line)
+            continue
+        while chunk and (not chunk[0].strip() or _LEADING.match(chunk[0].strip())):
+            chunk.pop(0)  # a doc comment or an annotation above the block's first line
+        shown = shown_block(chunk)
+        if shown is not None and shown.closing and (block := find_block(lines, shown)) is not None:
+            blocks.update(index for index, number in enumerate(counted) if block[0] <= number < block[1])
+        chunk = []
+    return blocks
 
 
 def _reaches_edges(sketch: str, original: str) -> tuple[bool, bool]:

@@ -934,3 +934,47 @@ def test_new_code_repeating_one_old_line_goes_between_its_context_not_over_a_tes
     sketch = "// ...\n" + ends + new_test + "  /**\n   * Created for issue 99\n// ...\n"
     at = original.index(holder)
     assert merged(original, sketch) == original[:at] + new_test + original[at:]
+
+
+@pytest.mark.parametrize(
+    "sketched",
+    [
+        pytest.param(lambda f: f, id="the function alone"),
+        pytest.param(lambda f: "// TestA checks the usage.\n" + f, id="below its doc comment"),
+    ],
+)
+def test_a_function_shown_from_its_first_line_to_its_brace_may_change_its_last_lines(sketched: Any) -> None:
+    """cobra's command_test.go (commit 6e91dded25d7): a test's `t.Fatalf` written over two lines joined into
+    one, the test shown whole between markers. The chunk spans the original from its first line that says
+    something to its last, the joined line, and `}` says nothing: the old second line fell outside, and the
+    checks refused the right merge. What lies between a function's first line and its `}` in the sketch is
+    all the function holds (cobra's `Execute`, commit d9414968f876, shown under its doc comment, so too)."""
+    old = '\t\tt.Fatalf("Expected usage %s, " +\n\t\t\t"but got %s", usage, actual)\n'
+    new = '\t\tt.Fatalf("Expected usage %s, but got %s", usage, actual)\n'
+    function = "func TestA(t *testing.T) {\n\tactual := lookup()\n\tif actual != usage {\n{}\t}\n}\n"
+    original = (
+        "package cobra\n\n// TestA checks the usage.\n"
+        + function.replace("{}", old)
+        + "\nfunc TestB(t *testing.T) {\n\tother()\n}\n"
+    )
+    sketch = "/* ... */\n" + sketched(function.replace("{}", new)) + "/* ... */\n"
+    assert merged(original, sketch) == original.replace(old, new)
+
+
+def test_a_method_with_its_brace_below_its_first_line_is_a_block() -> None:
+    """guzzle's `getResponseBodySummary` (commit 7fad7865dc25), PSR-2's style: the `{` on a line of its own
+    under the method's first line. Shown whole between markers, its new body replaces the old one's 15
+    lines; read as no block (the `{` not deeper than the first line), the checks refused it."""
+    method = "    public static function summarize(ResponseInterface $response)\n    {\n{}    }\n"
+    old = (
+        "        $body = $response->getBody();\n        if (!$body->isSeekable()) {\n"
+        "            return null;\n        }\n        return $body->read(120);\n"
+    )
+    new = "        return \\GuzzleHttp\\Psr7\\get_message_body_summary($response);\n"
+    original = (
+        "<?php\nclass Summary\n{\n"
+        + method.replace("{}", old)
+        + "\n    public static function other()\n    {\n        return 1;\n    }\n}\n"
+    )
+    sketch = "    // ... keep existing code ...\n" + method.replace("{}", new) + "    // ... keep existing code ...\n"
+    assert merged(original, sketch) == original.replace(old, new)
