@@ -70,6 +70,22 @@ def find_block(lines: list[str], shown: Shown, low: int = 0) -> tuple[int, int] 
     return starts[0], stop
 
 
+def block_holding(lines: list[str], shown: Shown, held: list[str]) -> tuple[int, int] | None:
+    """Of the original's blocks whose first line is `shown`'s (`block_stop`), the one that holds the most of
+    the lines `held` (distinct lines, compared stripped), if one holds more than every other; else None. Two `equals`
+    methods of two classes, each shown whole: each is the one holding its own class's name."""
+    wanted = {line.strip() for line in held if line.strip()}
+    blocks = [
+        (number, stop)
+        for number in range(len(lines))
+        if lines[number].strip() == shown.first and (stop := block_stop(lines, number, shown)) is not None
+    ]
+    ranked = sorted(((len(wanted & {line.strip() for line in lines[a:b]}), (a, b)) for a, b in blocks), reverse=True)
+    if not ranked or (len(ranked) > 1 and ranked[0][0] == ranked[1][0]):
+        return None
+    return ranked[0][1]
+
+
 def past_deeper(lines: list[str], depth: int, at: int, limit: int) -> int:
     """The first of `lines[at:limit]` that is neither blank nor indented deeper than `depth` (`limit` if
     none is): where a block whose first line is at `depth` goes on to."""

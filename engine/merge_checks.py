@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from rapidfuzz import fuzz, process
 
-from specedit.engine.blocks import find_block, shown_block
+from specedit.engine.blocks import block_holding, find_block, shown_block
 from specedit.engine.errors import MergeError
 from specedit.engine.patches import SYNTAX, SketchFormat, as_sketch, detect, parse_patch
 
@@ -179,7 +179,7 @@ def _closed_blocks_shown(original: str, sketch: str) -> set[int]:
     doc comment or annotations if any: a `blocks.shown_block` with a closing line). What lies between those
     two lines of the sketch is what it says the block holds, though its last lines that count may be
     changes (`_covered` spans from a chunk's first line that counts to its last, and `}` does not count).
-    The block of the one line of the original equal to the chunk's first."""
+    Of the original's blocks of the chunk's first line, the one holding the most of its lines."""
     lines = original.splitlines()
     counted = [number for number, line in enumerate(lines) if counts(line)]
     blocks: set[int] = set()
@@ -191,7 +191,7 @@ def _closed_blocks_shown(original: str, sketch: str) -> set[int]:
         while chunk and (not chunk[0].strip() or _LEADING.match(chunk[0].strip())):
             chunk.pop(0)  # a doc comment or an annotation above the block's first line
         shown = shown_block(chunk)
-        if shown is not None and shown.closing and (block := find_block(lines, shown)) is not None:
+        if shown is not None and shown.closing and (block := block_holding(lines, shown, chunk)) is not None:
             blocks.update(index for index, number in enumerate(counted) if block[0] <= number < block[1])
         chunk = []
     return blocks

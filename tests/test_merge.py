@@ -978,3 +978,44 @@ def test_a_method_with_its_brace_below_its_first_line_is_a_block() -> None:
     )
     sketch = "    // ... keep existing code ...\n" + method.replace("{}", new) + "    // ... keep existing code ...\n"
     assert merged(original, sketch) == original.replace(old, new)
+
+
+def test_two_methods_of_one_name_each_shown_whole_change_all_of_their_own() -> None:
+    """gson's tests (commit 44c93364c934): `equals` of two classes rewritten with `Objects.equals`, each
+    shown whole under `@Override`. The method's first line is in the file twice; each is the block that
+    holds its own class's lines (`instanceof Sandwich`), and the comparisons it drops are its own."""
+
+    def equals(name: str, body: str) -> str:
+        return (
+            "    @Override\n    public boolean equals(Object o) {\n"
+            f"      if (!(o instanceof {name})) {{\n        return false;\n      }}\n"
+            f"      {name} other = ({name}) o;\n{body}    }}\n"
+        )
+
+    def compared(*parts: str) -> str:
+        return (
+            "".join(
+                f"      if (this.{part} == null ? other.{part} != null : !this.{part}.equals(other.{part})) {{\n"
+                "        return false;\n      }\n"
+                for part in parts
+            )
+            + "      return true;\n"
+        )
+
+    def objects(*parts: str) -> str:
+        return "\n      return " + " && ".join(f"Objects.equals(this.{part}, other.{part})" for part in parts) + ";\n"
+
+    classes = "class Test {{\n  static class {0} {{\n{1}  }}\n\n  static class {2} {{\n{3}  }}\n}}\n"
+    original = classes.format(
+        "Sandwich", equals("Sandwich", compared("bread", "cheese")), "Many", equals("Many", compared("sandwiches"))
+    )
+    marker = "  // ... keep existing code ...\n"
+    sketch = (
+        marker
+        + equals("Sandwich", objects("bread", "cheese"))
+        + marker
+        + equals("Many", objects("sandwiches"))
+        + marker
+    )
+    expected = original.replace(compared("bread", "cheese"), objects("bread", "cheese"))
+    assert merged(original, sketch) == expected.replace(compared("sandwiches"), objects("sandwiches"))
