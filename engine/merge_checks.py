@@ -12,7 +12,8 @@ A chat model's edit sketch shows the changed parts of a file and stands for the 
   it does not cover the file's start: chat models leave the first and last markers out). A sketch that
   is one block whole and nothing else ("the method, changed") covers that block of the original, up to
   `BLOCK_DROPS` lines past its own; a chunk that shows a block from its first line to its closing one
-  (`func F() {` ... `}`) covers all of that block (its lines between those two).
+  (`func F() {` ... `}`) covers all of that block (its lines between those two), and a chunk that shows a
+  block covers nothing outside it.
 
 Lines are compared stripped (the model may re-indent), and only lines with a few letters or digits count
 (`}`, `end`, blank lines are too common to say anything).
@@ -134,12 +135,17 @@ def check_merge(original: str, sketch: str, answer: str, sketch_format: SketchFo
         for line in _counted(sketch)
         if not is_elision(line) and line not in original_set and line not in answer_set
     ]
-    covered, (new_before, new_after) = _covered(original_lines, _chunks([line.strip() for line in spans.splitlines()]))
+    shown = _shown_blocks(original, sketch) if written_as == "lazy" else []
+    covered, (new_before, new_after) = _covered(
+        original_lines, _chunks([line.strip() for line in spans.splitlines()]), shown
+    )
     if written_as == "lazy" and covered:
         block = _block_shown(original, sketch)
         if len(block - covered) <= BLOCK_DROPS:
             covered |= block
-        covered |= _closed_blocks_shown(original, sketch)
+        for limits in shown:  # a block shown to its closing line: all it holds is the sketch's
+            if limits is not None and limits[2]:
+                covered.update(range(limits[0], limits[1]))
     first, last = min(covered, default=len(original_lines)), max(covered, default=-1)
     starts, ends = _reaches_edges(spans, original)
     if covered and starts:
@@ -173,28 +179,35 @@ def _block_shown(original: str, sketch: str) -> set[int]:
     return {index for index, number in enumerate(counted) if block[0] <= number < block[1]}
 
 
-def _closed_blocks_shown(original: str, sketch: str) -> set[int]:
-    """The original's lines that count (indices among them) in the blocks that a sketch's chunks show whole
-    from their first line to their closing one (`func Execute() {` ... `}` between two markers, below a
-    doc comment or annotations if any: a `blocks.shown_block` with a closing line). What lies between those
-    two lines of the sketch is what it says the block holds, though its last lines that count may be
-    changes (`_covered` spans from a chunk's first line that counts to its last, and `}` does not count).
-    Of the original's blocks of the chunk's first line, the one holding the most of its lines."""
+def _shown_blocks(original: str, sketch: str) -> list[tuple[int, int, bool] | None]:
+    """Per chunk of the sketch (as `_chunks` splits it), the original's lines that count (indices among
+    them, from and to) of the block the chunk shows whole (`blocks.shown_block`, below a doc comment or
+    annotations if any; of the original's blocks of its first line, the one holding the most of its lines),
+    and whether it shows it to its closing line (`}`, `end`); None where it shows no block whole. A chunk
+    that shows a block changes nothing outside it (its lines alike to lines past the block, a loop like the
+    next method's, do not stretch its span there), and one shown to its closing line says what the whole
+    block holds (`_covered`)."""
     lines = original.splitlines()
     counted = [number for number, line in enumerate(lines) if counts(line)]
-    blocks: set[int] = set()
+    found: list[tuple[int, int, bool] | None] = []
     chunk: list[str] = []
     for line in [*sketch.splitlines(), "..."]:  # a marker closes the last chunk
         if not is_elision(line):
             chunk.append(line)
             continue
-        while chunk and (not chunk[0].strip() or _LEADING.match(chunk[0].strip())):
-            chunk.pop(0)  # a doc comment or an annotation above the block's first line
-        shown = shown_block(chunk)
-        if shown is not None and shown.closing and (block := block_holding(lines, shown, chunk)) is not None:
-            blocks.update(index for index, number in enumerate(counted) if block[0] <= number < block[1])
+        if any(counts(line) for line in chunk):  # a chunk `_chunks` keeps
+            body = list(chunk)
+            while body and (not body[0].strip() or _LEADING.match(body[0].strip())):
+                body.pop(0)  # a doc comment or an annotation above the block's first line
+            shown = shown_block(body)
+            block = block_holding(lines, shown, body) if shown is not None else None
+            if shown is None or block is None:
+                found.append(None)
+            else:
+                indices = [index for index, number in enumerate(counted) if block[0] <= number < block[1]]
+                found.append((indices[0], indices[-1] + 1, bool(shown.closing)) if indices else None)
         chunk = []
-    return blocks
+    return found
 
 
 def _reaches_edges(sketch: str, original: str) -> tuple[bool, bool]:
@@ -258,7 +271,9 @@ def _chunks(sketch_lines: list[str]) -> list[list[str]]:
     return [run for run in runs if run]
 
 
-def _covered(original_lines: list[str], chunks: list[list[str]]) -> tuple[set[int], tuple[int, int]]:
+def _covered(
+    original_lines: list[str], chunks: list[list[str]], blocks: list[tuple[int, int, bool] | None] | None = None
+) -> tuple[set[int], tuple[int, int]]:
     """Indices of the original's lines that some chunk spans: from the first line of the original that one
     of the chunk's lines matches (in order, exactly; else the most alike, at least `FUZZY_SCORE`, between
     the places of its matched neighbours) to the last (a chunk with no line in the original spans
@@ -266,8 +281,9 @@ def _covered(original_lines: list[str], chunks: list[list[str]]) -> tuple[set[in
     first and last markers out, and a merge that deletes the file's start (end) it was not shown is not a
     merge. Each chunk is matched in the whole original and, where the chunks before it were found, after
     them (a line its neighbours share, `Use: "test",`, must not pull it back to an earlier place); it spans
-    both. With them, how many lines of the first chunk come before its first line found, and of the last
-    after its last (the fewest of its matches)."""
+    both; within the block it shows whole, where `blocks` (`_shown_blocks`) has one for it. With them, how
+    many lines of the first chunk come before its first line found, and of the last after its last (the
+    fewest of its matches)."""
     covered: set[int] = set()
     new_before, new_after = 0, 0
     after = 0  # past the last line the chunk before matched
@@ -275,8 +291,10 @@ def _covered(original_lines: list[str], chunks: list[list[str]]) -> tuple[set[in
         lows = (0, after) if after else (0,)
         spans = [_span(original_lines, chunk, low, unique) for low in lows for unique in (False, True)]
         found = [span for span in spans if span is not None]
+        limits = blocks[number] if blocks else None
+        low, high = (0, len(original_lines)) if limits is None else limits[:2]
         for span in found:
-            covered.update(range(span[0], span[1] + 1))
+            covered.update(range(max(span[0], low), min(span[1] + 1, high)))
         if found and number == 0:
             new_before = min(span[2] for span in found)
         if found and number == len(chunks) - 1:

@@ -123,6 +123,30 @@ def test_a_chunk_without_a_marker_after_it_does_not_cover_the_files_end() -> Non
     assert not check_merge(longer, sketch, answer).ok
 
 
+def test_a_method_shown_whole_covers_nothing_past_it() -> None:
+    """aider's commands (commit cbb3d4f15f17): `cmd_add` shown whole with a new loop, no marker after it.
+    Its new lines are like `cmd_ls`'s after it (`abs_file_path = ...`, `self.console.print(...)`), and the
+    chunk's span, stretched to the lines most alike, took `cmd_ls` in: a merge deleting it passed. A chunk
+    that shows a block whole changes nothing outside that block."""
+    loop = (
+        "        for name in {0}:\n            abs_file_path = os.path.abspath(os.path.join(self.root, name))\n"
+        '            if abs_file_path in self.fnames:\n                self.console.print(f"{1} {{name}}")\n'
+    )
+    original = (
+        "class Commands:\n    def cmd_add(self, args):\n        files = self.get_active_files()\n\n"
+        "    def cmd_ls(self, args):\n        files = self.get_active_files()\n" + loop.format("files", "*")
+    )
+    sketch = (
+        "    # ... same ...\n    def cmd_add(self, args):\n        files = self.get_active_files()\n"
+        + loop.format("args", "[red]Added")
+    )
+    answer = original.replace("        files = self.get_active_files()\n\n", sketch.split("\n", 2)[2] + "\n", 1)
+    assert check_merge(original, sketch, answer).ok
+    cut = answer[: answer.index("    def cmd_ls")]  # the file ending where the sketch does
+    check = check_merge(original, sketch, cut)
+    assert not check.ok and "def cmd_ls(self, args):" in check.dropped
+
+
 @pytest.mark.parametrize(
     "line",
     [
