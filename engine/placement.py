@@ -197,9 +197,9 @@ def _places(lines: list[str], keys: list[str], raw: list[str], cursor: int, chun
     context lines (`_between_context`) where it does not keep old code it rewrites (`_repeats_old_code`).
     """
     placed = _place(lines, keys, raw, cursor, chunk)
-    found = find_lines(keys, cursor, {line.strip() for line in chunk.lines if counts(line)})
     if not isinstance(placed, str):
-        return _within_context(lines, keys, raw, chunk, found, placed) or [placed]
+        return _within_context(lines, keys, raw, cursor, chunk, placed) or [placed]
+    found = _found(keys, cursor, chunk)
     repeats = min(found.values(), key=len, default=[])
     places = []
     if 1 < len(repeats) <= MAX_REPEATS:  # else it has anchors (and did not fit on them), or too many places
@@ -223,8 +223,13 @@ def _places(lines: list[str], keys: list[str], raw: list[str], cursor: int, chun
     return changing or placed
 
 
+def _found(keys: list[str], cursor: int, chunk: Chunk) -> dict[str, list[int]]:
+    """Where each of the chunk's lines that say something is in the original after `cursor`."""
+    return find_lines(keys, cursor, {line.strip() for line in chunk.lines if counts(line)})
+
+
 def _within_context(
-    lines: list[str], keys: list[str], raw: list[str], chunk: Chunk, found: dict[str, list[int]], placed: Placement
+    lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk: Chunk, placed: Placement
 ) -> list[Placement]:
     """Where a chunk placed by its anchors losing more than `RUN_LOSSES` of the original's lines goes by its
     context instead: the placements between its first and last lines (`_between_context`) inside that one
@@ -234,7 +239,7 @@ def _within_context(
     if _lost_lines(keys, chunk, (placed.start, placed.stop, placed.lines)) <= RUN_LOSSES:
         return []
     narrower = []
-    for place in _between_context(lines, keys, raw, chunk, found):
+    for place in _between_context(lines, keys, raw, chunk, _found(keys, cursor, chunk)):
         inside = set(keys[place.start : place.stop])
         said = {line.strip() for line in chunk.lines if counts(line)} - inside
         outside = keys[placed.start : place.start] + keys[place.stop : placed.stop]
