@@ -159,8 +159,9 @@ def _block_end(chunk: Chunk, place: Placement, lines: list[str], keys: set[str],
     """Where the placement of a chunk that shows one block whole ends: past the rest of the original's block.
 
     A chunk that is a block (its first lines at one indentation, `def f():` and its decorators, the rest
-    deeper), whose last line is new code (neither the original's nor a change of the line it lands on,
-    as `s += item.price * 2` is of `s += item.price`: the block goes on after such a line) and whose
+    deeper), whose last line that says something is new code (neither the original's nor a change of the
+    line it lands on, as `s += item.price * 2` is of `s += item.price`: the block goes on after such a
+    line; a call's closing `)` after it says nothing) and whose
     marker after it is no deeper than its first line (it stands for what follows the block, not for
     more of it), replaced the block to its end: the original's lines after the placement that are still
     deeper (a `pass` the new code replaces, the `plt.show()` a rewritten plot drops) go, up to
@@ -170,16 +171,17 @@ def _block_end(chunk: Chunk, place: Placement, lines: list[str], keys: set[str],
     said = [line for line in chunk.lines if line.strip()]
     level = indent(said[0])
     depths = [indent(line) > level for line in said]
+    last = next((line.strip() for line in reversed(said) if counts(line)), said[-1].strip())  # not a `)`
     start, stop = place.start, place.stop
     shows_block = (
         chunk.marker_after
         and indent(chunk.marker_after) <= level
         and depths[-1]
         and all(depths[depths.index(True) :])
-        and said[-1].strip() not in keys
+        and last not in keys
         and start < stop
         and lines[start].strip() == said[0].strip()
-        and not is_change_of(said[-1].strip(), lines[stop - 1].strip())
+        and not is_change_of(last, lines[stop - 1].strip())
     )
     if not shows_block:
         return stop

@@ -1019,3 +1019,18 @@ def test_two_methods_of_one_name_each_shown_whole_change_all_of_their_own() -> N
     )
     expected = original.replace(compared("bread", "cheese"), objects("bread", "cheese"))
     assert merged(original, sketch) == expected.replace(compared("sandwiches"), objects("sandwiches"))
+
+
+def test_a_method_shown_whole_ending_in_a_closing_bracket_replaces_its_old_last_line() -> None:
+    """aider's getinput.py (commit 9bd635a7a4d8): `__init__` shown whole, its last statement rewritten as a
+    call over three lines, the marker after it at column 0. Its last line, `)`, is in the file elsewhere,
+    and so the chunk was not read as ending the block: the old last statement stayed after the new one.
+    The chunk's last line that says something is what tells new code."""
+    head = "    def __init__(self, fnames):\n        self.words = set()\n        for fname in fnames:\n"
+    head += "            content = read(fname)\n"
+    old = '            self.words.update(re.split(r"\\W+", content))\n'
+    new = "            self.words.update(\n                token for token in tokens(content)\n            )\n"
+    tail = "\n    def complete(self, text):\n        return (\n            sorted(self.words)\n        )\n"
+    original = "class Completer:\n" + head + old + tail
+    sketch = "# ... keep existing code ...\n" + head + new + "# ... keep existing code ...\n"
+    assert merged(original, sketch) == original.replace(old, new)
