@@ -175,39 +175,40 @@ def _block_shown(original: str, sketch: str) -> set[int]:
     lines = original.splitlines()
     if (block := find_block(lines, shown)) is None:
         return set()
-    counted = [number for number, line in enumerate(lines) if counts(line)]
-    return {index for index, number in enumerate(counted) if block[0] <= number < block[1]}
+    return _counted_in(_counted_numbers(lines), block)
 
 
 def _shown_blocks(original: str, sketch: str) -> list[tuple[int, int, bool] | None]:
-    """Per chunk of the sketch (as `_chunks` splits it), the original's lines that count (indices among
-    them, from and to) of the block the chunk shows whole (`blocks.shown_block`, below a doc comment or
+    """Per chunk of the sketch (`_runs`, as `_chunks` reads them), the original's lines that count (indices
+    among them, from and to) of the block the chunk shows whole (`blocks.shown_block`, below a doc comment or
     annotations if any; of the original's blocks of its first line, the one holding the most of its lines),
     and whether it shows it to its closing line (`}`, `end`); None where it shows no block whole. A chunk
     that shows a block changes nothing outside it (its lines alike to lines past the block, a loop like the
     next method's, do not stretch its span there), and one shown to its closing line says what the whole
     block holds (`_covered`)."""
     lines = original.splitlines()
-    counted = [number for number, line in enumerate(lines) if counts(line)]
+    counted = _counted_numbers(lines)
     found: list[tuple[int, int, bool] | None] = []
-    chunk: list[str] = []
-    for line in [*sketch.splitlines(), "..."]:  # a marker closes the last chunk
-        if not is_elision(line):
-            chunk.append(line)
-            continue
-        if any(counts(line) for line in chunk):  # a chunk `_chunks` keeps
-            body = list(chunk)
-            while body and (not body[0].strip() or _LEADING.match(body[0].strip())):
-                body.pop(0)  # a doc comment or an annotation above the block's first line
-            shown = shown_block(body)
-            block = block_holding(lines, shown, body) if shown is not None else None
-            if shown is None or block is None:
-                found.append(None)
-            else:
-                indices = [index for index, number in enumerate(counted) if block[0] <= number < block[1]]
-                found.append((indices[0], indices[-1] + 1, bool(shown.closing)) if indices else None)
-        chunk = []
+    for run in _runs(sketch.splitlines()):
+        body = list(run)
+        while body and (not body[0].strip() or _LEADING.match(body[0].strip())):
+            body.pop(0)  # a doc comment or an annotation above the block's first line
+        shown = shown_block(body)
+        block = block_holding(lines, shown, body) if shown is not None else None
+        indices = sorted(_counted_in(counted, block)) if shown is not None and block is not None else []
+        found.append((indices[0], indices[-1] + 1, bool(shown.closing)) if shown is not None and indices else None)
     return found
+
+
+def _counted_in(counted: list[int], block: tuple[int, int]) -> set[int]:
+    """The indices among the original's lines that count (`counted`: their line numbers) of those in the
+    lines `block` spans."""
+    return {index for index, number in enumerate(counted) if block[0] <= number < block[1]}
+
+
+def _counted_numbers(lines: list[str]) -> list[int]:
+    """The numbers of the lines that count."""
+    return [number for number, line in enumerate(lines) if counts(line)]
 
 
 def _reaches_edges(sketch: str, original: str) -> tuple[bool, bool]:
@@ -260,15 +261,20 @@ def counts(line: str) -> bool:
     return _SAYS.match(line) is not None
 
 
-def _chunks(sketch_lines: list[str]) -> list[list[str]]:
-    """The sketch's runs of lines between elision markers (lines that count only)."""
+def _runs(sketch_lines: list[str]) -> list[list[str]]:
+    """The sketch's runs of lines between elision markers, as written, those holding a line that counts."""
     runs: list[list[str]] = [[]]
     for line in sketch_lines:
         if is_elision(line):
             runs.append([])
-        elif counts(line):
+        else:
             runs[-1].append(line)
-    return [run for run in runs if run]
+    return [run for run in runs if any(map(counts, run))]
+
+
+def _chunks(sketch_lines: list[str]) -> list[list[str]]:
+    """The sketch's runs of lines between elision markers (lines that count only)."""
+    return [[line for line in run if counts(line)] for run in _runs(sketch_lines)]
 
 
 def _covered(

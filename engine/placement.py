@@ -54,6 +54,7 @@ starts at the wrong one and replaces what lies between (express); a deletion lon
 from __future__ import annotations
 
 import difflib
+import functools
 from dataclasses import dataclass
 
 from rapidfuzz import fuzz
@@ -110,6 +111,11 @@ class Chunk:
     at_end: bool  # no marker after it: it ends the file
     marker_after: str = ""  # the elision marker after it, as written ("" if none)
     marker_before: str = ""  # the one before it
+
+    @functools.cached_property
+    def keys(self) -> frozenset[str]:
+        """Its lines, stripped (what a placement keeps of the original's lines it replaces)."""
+        return frozenset(line.strip() for line in self.lines)
 
 
 @dataclass(frozen=True)
@@ -239,9 +245,9 @@ def _within_context(
     if _lost_lines(keys, chunk, (placed.start, placed.stop, placed.lines)) <= RUN_LOSSES:
         return []
     narrower = []
+    chunk_said = {line.strip() for line in chunk.lines if counts(line)}
     for place in _between_context(lines, keys, raw, chunk, _found(keys, cursor, chunk)):
-        inside = set(keys[place.start : place.stop])
-        said = {line.strip() for line in chunk.lines if counts(line)} - inside
+        said = chunk_said - set(keys[place.start : place.stop])
         outside = keys[placed.start : place.start] + keys[place.stop : placed.stop]
         if (
             placed.start <= place.start
@@ -312,8 +318,7 @@ def _place(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk
 
 def _lost_lines(keys: list[str], chunk: Chunk, placement: tuple[int, int, list[str]]) -> int:
     """How many of the original's lines that say something a placement replaces that the chunk lacks."""
-    in_chunk = {line.strip() for line in chunk.lines}
-    return sum(counts(key) and key not in in_chunk for key in keys[placement[0] : placement[1]])
+    return sum(counts(key) and key not in chunk.keys for key in keys[placement[0] : placement[1]])
 
 
 def _place_by_anchors(
