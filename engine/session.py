@@ -255,11 +255,14 @@ def _ignore(event: Event) -> None:
     pass
 
 
-def local_session(options: EngineOptions | None = None, *, engine: Any = None, progress: Any = None) -> Session:
-    """The model in this process (`serving.local.LocalBackend`), loaded on first use (or `engine`)."""
+def local_session(
+    options: EngineOptions | None = None, *, engine: Any = None, progress: Any = None, one_off: bool = False
+) -> Session:
+    """The model in this process (`serving.local.LocalBackend`), loaded on first use (or `engine`);
+    `one_off`: in a process that runs a rewrite or a few and exits (`serving.local.load_target`)."""
     from specedit.engine.serving.local import LocalBackend
 
-    return Session(LocalBackend(options, engine=engine, progress=progress))
+    return Session(LocalBackend(options, engine=engine, progress=progress, one_off=one_off))
 
 
 def local_backend(session: Session) -> LocalBackend | None:

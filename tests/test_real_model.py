@@ -155,6 +155,13 @@ def test_the_default_models_tokenizer_kept_is_autotokenizers(tmp_path: Path) -> 
     messages = [{"role": "system", "content": "You rewrite code."}, {"role": "user", "content": ORIGINAL}]
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert "<|im_start|>assistant" in prompt
+    # byte-level: a one-off rewrite decodes its text from each token's bytes (`aside`), checked on every token
+    table = tokenizer.byte_table()
+    assert table is not None
+    ids = reference.encode(prompt + "\u00e9\U0001f642\u4f60<|endoftext|>")
+    for end in range(len(ids) + 1):
+        for skip in (False, True):
+            assert table.decode(ids[:end], skip) == reference.decode(ids[:end], skip_special_tokens=skip)
 
 
 # --- the HTTP door with the real model, through clients no one here wrote -----------------------------

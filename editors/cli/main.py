@@ -215,7 +215,7 @@ def rewrite_command(args: argparse.Namespace) -> int:
         # One process, one pass over the files: no prompt is kept for a later request (the start they all
         # share is: `keep_prompt_head`). The model is fetched and loaded only when a rewrite needs it (a
         # sketch its lines merge needs none), its progress on the status line.
-        session = local_session(dataclasses.replace(options, prefix_cache_mb=0), progress=provisioning)
+        session = local_session(dataclasses.replace(options, prefix_cache_mb=0), progress=provisioning, one_off=True)
     all_stats: list[dict[str, Any]] = []
     results: list[tuple[SourceText, str]] = []
     stream_to_stdout = not (args.in_place or args.output or args.diff)

@@ -16,8 +16,6 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 from specedit.engine.model.integrity import replace_sealed
 
 
@@ -40,8 +38,9 @@ def kept_file(folder: Path, kind: str, sources: list[Path], suffix: str, derived
 
 def versions() -> list[str]:
     """The versions of the libraries whose code derives what is kept: torch's and transformers' (read from
-    the installed package's metadata: transformers is not imported)."""
-    return [torch.__version__, importlib.metadata.version("transformers")]
+    the installed packages' metadata: neither is imported, so that a one-off rewrite finds its kept
+    tokenizer before torch's import, `aside`)."""
+    return [importlib.metadata.version("torch"), importlib.metadata.version("transformers")]
 
 
 def write_atomically(path: Path, write: Callable[[Path], object]) -> None:

@@ -22,7 +22,7 @@ from specedit.engine.model import decoder, exactness, invariant, kernels, kv_cac
 from specedit.engine.model.integrity import is_sealed
 from specedit.engine.model.kept import kept_file, write_atomically
 from specedit.engine.model.kv_cache import Cache
-from specedit.engine.model.tokenizer import KeptTokenizer, compact_pipeline
+from specedit.engine.model.tokenizer import KeptTokenizer, compact_pipeline, kept_files
 from specedit.engine.options import DTYPE_CHOICES
 
 log = logging.getLogger(__name__)
@@ -193,6 +193,7 @@ def load_model(
     verdicts: Path | None = None,
     kernel_folder: Path | None = None,
     kept_folder: Path | None = None,
+    tokenizer: Any = None,
 ) -> LoadedModel:
     """Load a model for inference. Any failure is a `ModelLoadError` that says what was tried.
 
@@ -202,7 +203,8 @@ def load_model(
     folder where the self-check's verdicts are remembered (see `exactness.settle`). `dtype` and
     `weights`: see `precision`; `kernel_folder`: where specedit's kernels are compiled (`model.kernels`; default: a
     temporary folder); `kept_folder`: where what loading derives from a model folder is kept for the next
-    start (`kept_file`: its tokenizer as built, its int8 weights as quantized; default: nothing kept).
+    start (`kept_file`: its tokenizer as built, its int8 weights as quantized; default: nothing kept);
+    `tokenizer`: the model's, where it is being read already (`aside.read_aside`).
     """
     torch_device = torch.device(device) if device else default_device()
     source, kwargs = _source(name_or_path)
@@ -216,7 +218,8 @@ def load_model(
     pack = torch_device.type == "cpu" and invariant.can_pack(torch_dtype)
     stored = "auto" if pack or int8 else torch_dtype
     try:
-        tokenizer = load_tokenizer(source, kwargs, kept_folder)
+        if tokenizer is None:
+            tokenizer = load_tokenizer(source, kwargs, kept_folder)
         # specedit's own forward on the CPU (on a GPU, not measured here: transformers' classes, as before)
         mine = not kwargs and torch_device.type == "cpu" and os.environ.get(DECODER_VARIABLE) != "transformers"
         own = decoder.covered(Path(source)) if mine else None
@@ -258,16 +261,15 @@ def load_tokenizer(source: str, kwargs: dict[str, Any], kept_folder: Path | None
     `KeptTokenizer` in 0.4 s, with no transformers; it is kept only if, read back, it tokenizes, decodes and
     renders probes as the built one does.
     """
-    files = [Path(source) / "tokenizer.json", Path(source) / "tokenizer_config.json"]
-    if kwargs or kept_folder is None or not all(file.is_file() for file in files):
+    kept = None if kwargs or kept_folder is None else kept_files(source, kept_folder)
+    if kept is None:
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(source, **kwargs)
-    pipeline = kept_file(kept_folder, "tokenizer", files, "json", Path(inspect.getfile(KeptTokenizer)).read_bytes())
-    settings = pipeline.with_suffix(".settings.json")
+    pipeline, settings = kept
 
     def read_kept() -> KeptTokenizer:
-        return KeptTokenizer(pipeline, json.loads(settings.read_text()))
+        return KeptTokenizer.read(pipeline, settings)
 
     if is_sealed(pipeline) and is_sealed(settings):  # else (none kept, or without a seal): built again
         with contextlib.suppress(Exception):  # kept whole, and yet it does not read: built again below

@@ -40,10 +40,12 @@ T = TypeVar("T")
 WARM_PENDING = 8  # documents waiting to be warmed; the least recently offered go
 
 
-def open_engine(options: EngineOptions, *, progress: ProgressCallback | None = None) -> Engine:
+def open_engine(options: EngineOptions, *, progress: ProgressCallback | None = None, one_off: bool = False) -> Engine:
     """The engine `options` describe: the target (provisioned if it is a known model; its kernels chosen
     by the self-check, whose verdict is remembered in the cache), the fallback drafter, if any, and its
-    prefix cache, holding the start every prompt shares (`loop.rewrite.keep_prompt_head`)."""
+    prefix cache, holding the start every prompt shares (`loop.rewrite.keep_prompt_head`). `one_off`: see
+    `load_target`."""
+    target = load_target(options, progress=progress, one_off=one_off)  # first: torch is imported in there
     from specedit.drafters.fallback import load_fallback
     from specedit.drafters.model_drafter import ModelDraftConfig
     from specedit.engine.loop.generate import Engine
@@ -52,7 +54,6 @@ def open_engine(options: EngineOptions, *, progress: ProgressCallback | None = N
     from specedit.engine.model.prefix_cache import PrefixCache
     from specedit.engine.model.store import kept_dir
 
-    target = load_target(options, progress=progress)
     draft_model = resolve_model(options.draft_model, progress=progress) if options.draft_model else None
     fallback = load_fallback(
         target, draft_model=draft_model, layers=options.draft_layers, config=ModelDraftConfig(p_min=options.p_min)
@@ -65,25 +66,36 @@ def open_engine(options: EngineOptions, *, progress: ProgressCallback | None = N
 
 
 def load_target(
-    options: EngineOptions, *, progress: ProgressCallback | None = None, remembered: bool = True
+    options: EngineOptions,
+    *,
+    progress: ProgressCallback | None = None,
+    remembered: bool = True,
+    one_off: bool = False,
 ) -> LoadedModel:
     """The target `options` describe, on their threads: provisioned if it is a known model, its kernels
     chosen by the self-check, whose verdict is taken from the cache if it is there (`remembered`; else the
     self-check runs afresh), its own kernels compiled into the cache once, its tokenizer as built and its
-    int8 weights (if it takes them) kept in the cache once."""
+    int8 weights (if it takes them) kept in the cache once. `one_off`: for a process that runs a rewrite or
+    a few and exits (`specedit rewrite` without a daemon), its kept tokenizer is read in a second process
+    while this one imports torch (`model.aside`), which it does here, after."""
+    from specedit.engine.model.aside import read_aside
     from specedit.engine.model.fetch import resolve_model
-    from specedit.engine.model.loading import load_model
     from specedit.engine.model.store import kept_dir, kernels_dir, verdicts_dir
+
+    source = resolve_model(options.model, progress=progress)
+    tokenizer = read_aside(source, kept_dir()) if one_off else None
+    from specedit.engine.model.loading import load_model
 
     apply_threads(options)
     return load_model(
-        resolve_model(options.model, progress=progress),
+        source,
         dtype=options.dtype,
         weights=options.weights,
         device=options.device,
         verdicts=verdicts_dir() if remembered else None,
         kernel_folder=kernels_dir(),
         kept_folder=kept_dir(),
+        tokenizer=tokenizer,
     )
 
 
@@ -228,10 +240,13 @@ class LocalBackend:
         *,
         engine: Engine | None = None,
         progress: ProgressCallback | None = None,
+        one_off: bool = False,
     ):
+        """`one_off`: a process that runs a rewrite or a few and exits (`load_target`)."""
         self.options = options or EngineOptions()
         self._engine = engine
         self._progress = progress
+        self._one_off = one_off
         self._load_lock = threading.Lock()
         self._failure: SpeceditError | None = None  # why the model did not load
         self._turns = Turns()
@@ -268,7 +283,9 @@ class LocalBackend:
             if self._engine is None:
                 log.info("loading %s", self.options.model or "the default model")
                 try:
-                    self._engine = on_model_thread(lambda: open_engine(self.options, progress=self._progress))
+                    self._engine = on_model_thread(
+                        lambda: open_engine(self.options, progress=self._progress, one_off=self._one_off)
+                    )
                 except SpeceditError as error:
                     self._failure = error
                     raise
@@ -282,14 +299,14 @@ class LocalBackend:
         cancel: threading.Event,
         client: str,
     ) -> RewriteOutcome:
+        loading = self._engine is None
+        if loading:
+            emit(Phase("loading"))  # torch's import included
+        engine = self.load()  # torch imported there, not before: see `load_target`
         from specedit.engine.loop.completion import complete
         from specedit.engine.loop.rewrite import refuse_early_if_too_long, rewrite
         from specedit.engine.model.loading import release_freed_memory
 
-        loading = self._engine is None
-        if loading:
-            emit(Phase("loading"))  # torch's import included
-        engine = self.load()
         if isinstance(request, RewriteRequest):
             # Before its turn, cheaply (a fraction of a second for 1 MB): an outsized request holds no one
             # up; the whole bound is counted in its turn (`prepare_rewrite`).
