@@ -1,7 +1,8 @@
 """The fallback drafter's model side: what drafts where the copy has nothing, as loaded for an engine.
 
-A small draft model with the target's tokenizer (checked at load), or a list of the target's own layers
-(given, or what `specedit calibrate` saved next to the model). The drafters themselves are in
+A small draft model with the target's tokenizer (checked at load; where its tokenizer files are the
+target's, byte for byte, the target's tokenizer itself), or a list of the target's own layers (given, or
+what `specedit calibrate` saved next to the model). The drafters themselves are in
 `drafters.model_drafter`; `loop.drafting` puts them in the chain.
 """
 
@@ -59,13 +60,18 @@ def load_fallback(
     draft_model: str | None = None,
     layers: str | None = None,
     config: ModelDraftConfig | None = None,
+    kernel_folder: Path | None = None,
+    kept_folder: Path | None = None,
 ) -> FallbackConfig | None:
     """The fallback a user configured: `draft_model` (a model folder or .gguf file), or `layers` (a layer
-    list such as `0-11,20-23`, or `auto` for the list `specedit calibrate` saved next to the model)."""
+    list such as `0-11,20-23`, or `auto` for the list `specedit calibrate` saved next to the model).
+    `kernel_folder`, `kept_folder`: as the target's (`loading.load_model`): a draft model's int8 or int4
+    weights and tokenizer are kept for the next start as the target's are."""
     config = config or ModelDraftConfig()
     if draft_model is not None and layers is not None:
         raise ModelLoadError("choose a draft model or layer skip, not both")
     if draft_model is not None:
+        shared = target.tokenizer if _same_tokenizer_files(target.name, draft_model) else None
         loaded = load_model(
             draft_model,
             dtype=target.dtype_name,
@@ -74,8 +80,12 @@ def load_fallback(
             weights="int4" if quantized.weight_bits(target.model) == 4 else "auto",
             device=str(target.device),
             target=False,  # only the target's logits decide the output
+            kernel_folder=kernel_folder,
+            kept_folder=kept_folder,
+            tokenizer=shared,
         )
-        check_same_tokenizer(target.tokenizer, loaded.tokenizer)
+        if shared is None:
+            check_same_tokenizer(target.tokenizer, loaded.tokenizer)
         log.info("drafting with %s where the copy has nothing", draft_model)
         return FallbackConfig(draft_model=loaded, draft=config)
     if layers is not None:
@@ -87,6 +97,16 @@ def load_fallback(
         log.info("drafting with layers %s of the target where the copy has nothing", format_layers(kept))
         return FallbackConfig(layers=tuple(kept), draft=config)
     return None
+
+
+def _same_tokenizer_files(target: str, draft: str) -> bool:
+    """Whether two model folders hold the same tokenizer files, byte for byte (Qwen2.5-Coder's 0.5B and
+    1.5B do): then they tokenize alike without a check, and the draft needs no tokenizer of its own."""
+    names = ("tokenizer.json", "tokenizer_config.json")
+    pairs = [(Path(target) / name, Path(draft) / name) for name in names]
+    if not all(ours.is_file() and theirs.is_file() for ours, theirs in pairs):
+        return False
+    return all(ours.read_bytes() == theirs.read_bytes() for ours, theirs in pairs)
 
 
 def calibration_path(model_name: str) -> Path:

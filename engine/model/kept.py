@@ -10,6 +10,7 @@ written so too. Deleting any of them only costs the next start its time again.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import os
@@ -38,9 +39,14 @@ def kept_file(folder: Path, kind: str, sources: list[Path], suffix: str, derived
 
 def versions() -> list[str]:
     """The versions of the libraries whose code derives what is kept: torch's and transformers' (read from
-    the installed packages' metadata: neither is imported, so that a one-off rewrite finds its kept
-    tokenizer before torch's import, `aside`)."""
-    return [importlib.metadata.version("torch"), importlib.metadata.version("transformers")]
+    the installed packages' metadata, once a process: neither is imported, so that a one-off rewrite finds
+    its kept tokenizer before torch's import, `aside`)."""
+    return list(_installed("torch", "transformers"))
+
+
+@functools.cache
+def _installed(*packages: str) -> tuple[str, ...]:
+    return tuple(importlib.metadata.version(package) for package in packages)
 
 
 def write_atomically(path: Path, write: Callable[[Path], object]) -> None:

@@ -52,11 +52,16 @@ def open_engine(options: EngineOptions, *, progress: ProgressCallback | None = N
     from specedit.engine.loop.rewrite import keep_prompt_head
     from specedit.engine.model.fetch import resolve_model
     from specedit.engine.model.prefix_cache import PrefixCache
-    from specedit.engine.model.store import kept_dir
+    from specedit.engine.model.store import kept_dir, kernels_dir
 
     draft_model = resolve_model(options.draft_model, progress=progress) if options.draft_model else None
     fallback = load_fallback(
-        target, draft_model=draft_model, layers=options.draft_layers, config=ModelDraftConfig(p_min=options.p_min)
+        target,
+        draft_model=draft_model,
+        layers=options.draft_layers,
+        config=ModelDraftConfig(p_min=options.p_min),
+        kernel_folder=kernels_dir(),
+        kept_folder=kept_dir(),
     )
     if fallback is not None:
         log.info("fallback drafter: %s", fallback.describe())
