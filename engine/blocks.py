@@ -1,13 +1,19 @@
 """Blocks of code as their indentation shows them: a first line (`def f():`, `func F() {`, `it 'adds' do`),
 the lines after it deeper than it, and the closing line at its own indentation where the language has one
 (`}`, `end`; the `{` may stand under the first line, as PHP's PSR-2 writes methods). A chat model shows "the
-function, changed" as one such block: `placement` puts a chunk that is one over the original's block of the
-same first line, and `merge_checks` lets a sketch that is one block and nothing else delete the last lines
-of that block, and a chunk that shows one from its first line to its closing one change all of it."""
+function, changed" as one such block, under its doc comment or annotations if it has them (which then stand
+for the original's right above the block: `comment_above`): `placement` puts a chunk that is one over the
+original's block of the same first line, and `merge_checks` lets a sketch that is one block and nothing else
+delete the last lines of that block, and a chunk that shows one from its first line to its closing one
+change all of it."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+# A comment's or an annotation's line: what may stand right above a block's first line, as part of it.
+_ABOVE = re.compile(r"^(?:#|//|/\*|\*|@)")
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,31 @@ def shown_block(lines: list[str]) -> Shown | None:
     if not body or any(indent(line) <= level for line in body):
         return None
     return Shown(said[0].strip(), said[-1].strip() if closes else "", below)
+
+
+def lines_above(lines: list[str]) -> int:
+    """How many of `lines` come before the first line of a block they show: blank lines, a doc comment's,
+    annotations."""
+    count = 0
+    while count < len(lines) and (not lines[count].strip() or _ABOVE.match(lines[count].strip())):
+        count += 1
+    return count
+
+
+def comment_above(lines: list[str], start: int, low: int, like: list[str]) -> int:
+    """Where the comment or annotation lines right above the block at `lines[start]` begin (not before `low`),
+    those of them begun as one of `like` is (`//`, `#`, `/*` and `*`, `@`: a chunk's own lines above the
+    block, which stand for them; not a C file's `#include` above a function shown with a `//` comment)."""
+    kinds = {_kind(line) for line in like if line.strip()}
+    while start > low and lines[start - 1].strip() and _kind(lines[start - 1]) in kinds:
+        start -= 1
+    return start
+
+
+def _kind(line: str) -> str | None:
+    """How a comment or annotation line begins (a `/*` comment's lines all one kind), None for another line."""
+    found = _ABOVE.match(line.strip())
+    return None if found is None else {"/*": "*"}.get(found.group(), found.group())
 
 
 def block_stop(lines: list[str], start: int, shown: Shown) -> int | None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from rapidfuzz import fuzz, process
 
-from specedit.engine.blocks import block_holding, find_block, shown_block
+from specedit.engine.blocks import block_holding, comment_above, find_block, lines_above, shown_block
 from specedit.engine.errors import MergeError
 from specedit.engine.patches import SYNTAX, SketchFormat, as_sketch, detect, parse_patch
 
@@ -47,7 +47,6 @@ _ELIDES_ALONE = re.compile(  # what says it without one
     r"unchanged|unchanged (?:code|lines)|rest of (?:the )?(?:code|file|class|function|module|methods)|"
     r"^(?:unchanged|omitted|elided|snip|snipped)$"  # `// (unchanged)`, `# [omitted]`
 )
-_LEADING = re.compile(r"^(?:#|//|/\*|\*|@)")  # a comment's or an annotation's line, above a block
 MAX_ELISION_WORDS = 8
 # Lines that say something a merge may drop before the first line a chunk spans, or after the last: no
 # more than the sketch's new first or last lines replace (a silent deletion beyond it is not a merge).
@@ -189,12 +188,13 @@ def _shown_blocks(original: str, sketch: str) -> list[tuple[int, int, bool] | No
     lines = original.splitlines()
     counted = _counted_numbers(lines)
     found: list[tuple[int, int, bool] | None] = []
-    for run in _runs(sketch.splitlines()):
-        body = list(run)
-        while body and (not body[0].strip() or _LEADING.match(body[0].strip())):
-            body.pop(0)  # a doc comment or an annotation above the block's first line
+    for run in map(list, _runs(sketch.splitlines())):
+        above = lines_above(run)  # a doc comment or annotations above the block's first line
+        body = run[above:]
         shown = shown_block(body)
         block = block_holding(lines, shown, body) if shown is not None else None
+        if block is not None:  # the chunk's own lines above it stand for the original's there
+            block = (comment_above(lines, block[0], 0, run[:above]), block[1])
         indices = sorted(_counted_in(counted, block)) if shown is not None and block is not None else []
         found.append((indices[0], indices[-1] + 1, bool(shown.closing)) if shown is not None and indices else None)
     return found

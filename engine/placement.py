@@ -69,7 +69,7 @@ from specedit.engine.anchors import (
     fits,
     replaces_little,
 )
-from specedit.engine.blocks import balance, find_block, has_words, indent, shown_block
+from specedit.engine.blocks import balance, comment_above, find_block, has_words, indent, lines_above, shown_block
 from specedit.engine.merge_checks import BLOCK_DROPS, counts
 
 # rapidfuzz's ratio (0-100) from which a chunk's line next to an anchor is taken for a change of the
@@ -305,11 +305,17 @@ def _place(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk
     placed = _place_by_anchors(lines, keys, raw, cursor, chunk)
     block = _whole_block(lines, keys, cursor, chunk)
     alone = not chunk.marker_before and not chunk.marker_after  # the sketch is this block, and no more
-    if block and (
-        isinstance(placed, str)
-        or _lost_lines(keys, chunk, block) < _lost_lines(keys, chunk, placed) + (BLOCK_DROPS + 1 if alone else 0)
-    ):
-        placed = block
+    if block is not None:
+        start, stop, new_lines, first = block
+        lost = _lost_lines(keys, chunk, (first, stop, new_lines))  # a comment above: the chunk shows its own
+        bound = None
+        if not isinstance(placed, str):
+            bound = _lost_lines(keys, chunk, placed) + (BLOCK_DROPS + 1 if alone else 0)
+        # A comment above the block that the chunk rewrites (the anchors would keep the old one too) tips a tie.
+        said_above = [line.strip() for line in chunk.lines[: lines_above(chunk.lines)] if line.strip()]
+        rewritten = said_above != [key for key in keys[start:first] if key]
+        if bound is None or lost < bound or (rewritten and lost == bound):
+            placed = start, stop, new_lines
     if isinstance(placed, str):
         return placed
     start, stop, new_lines = placed
@@ -374,25 +380,29 @@ def _place_by_anchors(
     return min(held, key=lambda placement: (lost(placement), placement[1] - placement[0]))
 
 
-def _whole_block(lines: list[str], keys: list[str], cursor: int, chunk: Chunk) -> tuple[int, int, list[str]] | None:
+def _whole_block(
+    lines: list[str], keys: list[str], cursor: int, chunk: Chunk
+) -> tuple[int, int, list[str], int] | None:
     """The placement of a chunk that is one block whole (`blocks.shown_block`; no marker after it deeper
     than its first line) over the original's block of the same first line (`blocks.block_stop`), where the
-    original has that line once after `cursor`. A model shows "the function, changed" so; where its new
-    body repeats a neighbour's lines (two tests alike), the anchors alone would stretch it over the
-    neighbour. None if it is not."""
-    shown = shown_block(chunk.lines)
+    original has that line once after `cursor`, and the block's first line. A model shows "the function,
+    changed" so, its doc comment or annotations above it standing for the original's there
+    (`blocks.comment_above`); where its new body repeats a neighbour's lines (two tests alike), the anchors
+    alone would stretch it over the neighbour. None if it is not."""
+    above = lines_above(chunk.lines)  # a doc comment or annotations above the block's first line
+    shown = shown_block(chunk.lines[above:])
     if chunk.at_start or chunk.at_end or shown is None or not counts(shown.first):
         return None
-    first = next(line for line in chunk.lines if line.strip())
-    if chunk.marker_after and indent(chunk.marker_after) > indent(first):
+    if chunk.marker_after and indent(chunk.marker_after) > indent(chunk.lines[above]):
         return None
     if (block := find_block(lines, shown, cursor)) is None:
         return None
-    start, stop = block
+    # Its own lines above the block stand for the original's there.
+    start, stop = comment_above(lines, block[0], cursor, chunk.lines[:above]), block[1]
     # Its lines equal to the block's, as anchors: indented as they are (tabs where the file has them).
     same = difflib.SequenceMatcher(None, keys[start:stop], [line.strip() for line in chunk.lines], autojunk=False)
     anchors = [Anchor(start + run.a, run.b, run.size, 0) for run in same.get_matching_blocks() if run.size]
-    return start, stop, _reindented(chunk.lines, anchors, lines)
+    return start, stop, _reindented(chunk.lines, anchors, lines), block[0]
 
 
 def _by_context(lines: list[str], raw: list[str], cursor: int, chunk: Chunk) -> list[tuple[int, int, list[str]]]:

@@ -811,6 +811,70 @@ def test_a_block_shown_whole_replaces_the_rest_of_the_original_block(marker: str
     assert merged(SCRAPE, sketch) == SCRAPE.replace("    pass\n", CONVERT)
 
 
+COMMANDS = """\
+import os
+
+
+class Commands:
+    # Adds files.
+    def add(self, files):
+        count = 0
+
+    def ls(self, files):
+        count = 0
+        for name in files:
+            path = os.path.join(root, name)
+            if path in seen:
+                print("*", name)
+"""
+ADD_LOOP = """\
+        for name in args:
+            path = os.path.join(root, name)
+            if path in seen:
+                print("Added", name)
+"""
+GO_FLAGS = """\
+#include "flags.h"
+// LocalFlags returns the local flags.
+// They are made once.
+func (c *Command) LocalFlags() *FlagSet {
+\treturn c.lflags
+}
+
+func (c *Command) Flags() *FlagSet {
+\treturn c.flags
+}
+"""
+
+
+def test_a_block_shown_whole_under_its_changed_doc_comment_replaces_that_comment() -> None:
+    """A method shown whole under a doc comment the edit rewrote (a chat model shows "the method, changed",
+    comment and all): the comment right above the original's method goes with it, nothing past the method
+    does. Its new loop is like the next method's: read by its lines alone, the chunk stretched over that
+    method, and the checks refused the merge, and the right answer too (the old comment "dropped")."""
+    sketch = (
+        f"    # ... same ...\n    # Adds the files named.\n    def add(self, files):\n        count = 0\n{ADD_LOOP}"
+    )
+    sketch += "    # ... same ...\n"
+    expected = COMMANDS.replace("    # Adds files.\n", "    # Adds the files named.\n").replace(
+        "        count = 0\n\n    def ls", f"        count = 0\n{ADD_LOOP}\n    def ls"
+    )
+    assert merged(COMMANDS, sketch) == expected
+    assert check_merge(COMMANDS, sketch, expected).ok
+    assert not check_merge(COMMANDS, sketch, expected[: expected.index("    def ls")]).ok
+
+
+def test_only_comment_lines_begun_as_the_chunks_stand_for_them() -> None:
+    """The comment right above a block goes where the chunk shows its own begun alike (`//`), not a line
+    above it begun otherwise (a C file's `#include`)."""
+    sketch = "// ...\n// LocalFlags returns the flags set here.\nfunc (c *Command) LocalFlags() *FlagSet {\n"
+    sketch += "\treturn c.local()\n}\n// ...\n"
+    expected = GO_FLAGS.replace(
+        "// LocalFlags returns the local flags.\n// They are made once.\n", sketch.split("\n")[1] + "\n"
+    )
+    assert merged(GO_FLAGS, sketch) == expected.replace("return c.lflags", "return c.local()")
+
+
 def test_a_marker_deeper_than_the_block_stands_for_the_rest_of_it() -> None:
     """The same sketch with its last marker inside the function: the rest of it is elided, kept."""
     sketch = f"# ...\ndef html_to_markdown(page_source: str) -> str:\n{CONVERT}    # ...\n"
