@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+from collections import Counter
 from dataclasses import dataclass
 
 from rapidfuzz import fuzz
@@ -630,19 +631,23 @@ def _reindented(chunk_lines: list[str], anchors: list[Anchor], lines: list[str])
 
 def _retabbed(chunk_lines: list[str], anchors: list[Anchor], lines: list[str]) -> list[str]:
     """The chunk's lines with their leading spaces as tabs, `width` spaces a tab, where every anchored line
-    of the original is indented with tabs and the chunk's with `width` spaces for each (a chat answer's
-    code block turns a Go file's tabs into spaces); else as they are."""
-    widths = set()
+    of the original is indented with tabs and the chunk's with spaces, a multiple of `width`: the spaces a
+    tab most of them take (a chat answer's code block turns a Go file's tabs into spaces; a line the edit
+    moved out of a block it left has a tab fewer); else as they are."""
+    widths: Counter[int] = Counter()
+    indents = []
     for anchor in anchors:
         for k in range(anchor.size):
             new, old = chunk_lines[anchor.chunk + k], lines[anchor.original + k]
             new_indent, old_indent = new[: len(new) - len(new.lstrip())], old[: len(old) - len(old.lstrip())]
             if not counts(new) or not old_indent:
                 continue
-            if old_indent.strip("\t") or new_indent.strip(" ") or len(new_indent) % len(old_indent):
+            if old_indent.strip("\t") or new_indent.strip(" "):
                 return chunk_lines
-            widths.add(len(new_indent) // len(old_indent))
-    if len(widths) != 1 or (width := widths.pop()) < 2:
+            indents.append(len(new_indent))
+            if len(new_indent) % len(old_indent) == 0:
+                widths[len(new_indent) // len(old_indent)] += 1
+    if not widths or (width := widths.most_common(1)[0][0]) < 2 or any(spaces % width for spaces in indents):
         return chunk_lines
     retabbed = []
     for line in chunk_lines:

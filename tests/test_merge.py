@@ -875,6 +875,17 @@ def test_only_comment_lines_begun_as_the_chunks_stand_for_them() -> None:
     assert merged(GO_FLAGS, sketch) == expected.replace("return c.lflags", "return c.local()")
 
 
+def test_a_chunk_in_spaces_takes_tabs_where_a_line_left_the_block_it_was_in() -> None:
+    """A Go function shown in spaces (a chat answer's code block), a line moved out of a block the edit
+    removed (three tabs in the original, two levels of spaces in the chunk): the chunk still takes the
+    file's tabs, four spaces a tab as most of its lines say, the moved line with one tab fewer. A block
+    placement matches every equal line, that one too, and kept the chunk's spaces (cobra 6f735782e098)."""
+    lines = ["\tif ok {\n", "\t\t\tlog.Println(err)\n", "\treturn nil\n", "\tdone()\n"]
+    chunk = ["    if ok {\n", "        log.Println(err)\n", "    return nil\n", "    done()\n"]
+    retabbed = placement._retabbed(chunk, [placement.Anchor(0, 0, 4, 0)], lines)
+    assert retabbed == ["\tif ok {\n", "\t\tlog.Println(err)\n", "\treturn nil\n", "\tdone()\n"]
+
+
 def test_a_marker_deeper_than_the_block_stands_for_the_rest_of_it() -> None:
     """The same sketch with its last marker inside the function: the rest of it is elided, kept."""
     sketch = f"# ...\ndef html_to_markdown(page_source: str) -> str:\n{CONVERT}    # ...\n"
