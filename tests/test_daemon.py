@@ -922,17 +922,20 @@ def test_warming_goes_on_after_a_turn_for_other_work(tiny_model_dir: Path) -> No
     """A document offered while a heavy sketch's merge holds a turn is warmed once the turn ends (warming
     gives way to any turn; whoever held it starts the warmer again)."""
     loaded = load_model(str(tiny_model_dir), dtype="float32", device="cpu")
-    backend = LocalBackend(engine=Engine(loaded, prefix_cache=PrefixCache(1 << 28)))  # type: ignore[arg-type]
+    cache = PrefixCache(1 << 28)
+    backend = LocalBackend(engine=Engine(loaded, prefix_cache=cache))  # type: ignore[arg-type]
     offered = WarmRequest(ADD * 30, "python", "file:///add.py")
 
     def offer_while_holding_the_turn() -> bool:
         taken = backend.warm(offered)
         wait_for(lambda: backend._warmer is None, "the warmer to give way to the turn")
+        assert backend.to_warm() == 1 and len(cache) == 0  # offered, not warmed while the turn is held
         return taken
 
     assert backend.in_turn(offer_while_holding_the_turn, lambda event: None, threading.Event(), "a")
-    assert backend.to_warm() == 1
+    # The warmer starts as the turn ends: it may have taken the document before this line runs.
     wait_for(lambda: backend.to_warm() == 0 and backend.warming is None, "the offered document to be warmed")
+    assert len(cache) == 1
 
 
 def test_work_other_than_a_rewrite_lets_the_rewrites_that_wait_go_first() -> None:
