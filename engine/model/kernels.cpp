@@ -17,8 +17,9 @@
 // Row-invariant by construction, which the engine's exactness rests on (see model/invariant.py): whatever
 // the number of rows of x, the rows or outputs computed beside it, the thread count or the CPU,
 // - q8_linear, q4_linear: each row's activations are quantized alone; per group, the sum of the 32
-//   products of integer levels is exact (in int32, however the instructions pair them); then each output is one chain
-//   of float32 fused multiply-adds over the groups in order, from zero: acc += that sum * (scale * d),
+//   products of integer levels is exact (in int32, however the instructions pair them; 4-bit levels without
+//   VNNI sum a group in 16-bit lanes first, 16 products of at most 15 * 127 each); then each output is one
+//   chain of float32 fused multiply-adds over the groups in order, from zero: acc += that sum * (scale * d),
 //   acc += offset * (d * the sum of the row's levels), then the bias added;
 // - attention: each query's scores are chains of fused multiply-adds over the head's width in order, its
 //   softmax runs over the keys up to its own position in their order, and so do its weighted values.
@@ -86,6 +87,7 @@ inline Prepared prepare(IVec u) { return {u}; }
 inline IVec dot4(IVec acc, const Prepared& w, IVec a) { return _mm512_dpbusd_epi32(acc, w.u, a); }
 inline IVec centred(IVec sums, int32_t levels) { return _mm512_sub_epi32(sums, _mm512_set1_epi32(128 * levels)); }
 inline IVec dot4_small(IVec acc, IVec u, IVec a) { return _mm512_dpbusd_epi32(acc, u, a); }
+inline IVec small_sums(IVec acc) { return acc; }
 #else
 // AVX-512 without VNNI: the weights' signed levels q = u - 128; |q| * (a with q's sign) paired into 16-bit
 // sums by vpmaddubsw (|q| <= 128, |a| <= 127: a pair never saturates), then into 32-bit by vpmaddwd.
@@ -101,10 +103,10 @@ inline IVec dot4(IVec acc, const Prepared& w, IVec a) {
   return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
 }
 inline IVec centred(IVec sums, int32_t) { return sums; }
-// 4-bit levels u in 0..15 times a: vpmaddubsw's pairs stay within 2 * 15 * 127.
-inline IVec dot4_small(IVec acc, IVec u, IVec a) {
-  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, a), _mm512_set1_epi16(1)));
-}
+// 4-bit levels u in 0..15 times a, by vpmaddubsw into 16-bit lanes: a group's 16 products a lane stay within
+// 16 * 15 * 127 = 30,480, exact; widened to 32 bits (vpmaddwd) once a group by `small_sums`.
+inline IVec dot4_small(IVec acc, IVec u, IVec a) { return _mm512_add_epi16(acc, _mm512_maddubs_epi16(u, a)); }
+inline IVec small_sums(IVec acc) { return _mm512_madd_epi16(acc, _mm512_set1_epi16(1)); }
 #endif
 // A 64-byte block of 4-bit levels: the low nibbles (the first 4 inputs of each lane's 8), the high ones.
 inline IVec low_nibbles(IVec v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
@@ -157,6 +159,7 @@ inline IVec dot4_small(IVec acc, IVec u, IVec a) { return _mm256_dpbusd_avx_epi3
 inline IVec dot4_small(IVec acc, IVec u, IVec a) { return _mm256_dpbusd_epi32(acc, u, a); }
 #endif
 inline IVec dot4(IVec acc, const Prepared& w, IVec a) { return dot4_small(acc, w.u, a); }
+inline IVec small_sums(IVec acc) { return acc; }
 inline IVec centred(IVec sums, int32_t levels) { return _mm256_sub_epi32(sums, _mm256_set1_epi32(128 * levels)); }
 #else
 // AVX2: as AVX-512 without VNNI, q's sign put on a by vpsignb.
@@ -171,9 +174,8 @@ inline IVec dot4(IVec acc, const Prepared& w, IVec a) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
 inline IVec centred(IVec sums, int32_t) { return sums; }
-inline IVec dot4_small(IVec acc, IVec u, IVec a) {
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16(1)));
-}
+inline IVec dot4_small(IVec acc, IVec u, IVec a) { return _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, a)); }
+inline IVec small_sums(IVec acc) { return _mm256_madd_epi16(acc, _mm256_set1_epi16(1)); }
 #endif
 inline IVec low_nibbles(IVec v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
 inline IVec high_nibbles(IVec v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
@@ -322,7 +324,7 @@ void int_block(const Levels& x, int64_t row, const IntWeights& w, int64_t panel,
       UNROLL for (int p = 0; p < P; ++p)
         UNROLL for (int h = 0; h < kVectors; ++h) {
           const int64_t group = ((panel + p) * groups + g) * kPanel + h * kLanes;
-          const IVec exact = kBiased && Bits == 8 ? centred(sums[r][p][h], x.sum[at]) : sums[r][p][h];
+          const IVec exact = Bits == 8 ? centred(sums[r][p][h], x.sum[at]) : small_sums(sums[r][p][h]);
           acc[r][p][h] = madd(to_float(exact), mul(load(w.scales + group), step), acc[r][p][h]);
           acc[r][p][h] = madd(load(w.offsets + group), total, acc[r][p][h]);
         }
