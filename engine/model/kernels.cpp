@@ -210,7 +210,7 @@ constexpr int64_t kQuad = 4;                     // inputs a lane sums per instr
 constexpr int64_t kQuadBytes = kPanel * kQuad;   // a panel's weights for 4 inputs (8 at 4 bits): 64 bytes
 template <int Bits>
 constexpr int64_t kBlockInputs = Bits == 8 ? kQuad : 2 * kQuad;  // inputs a lane's 4 bytes hold
-// The int8 register block for forwards of many rows: 6 rows by 16 outputs (AVX2) or 48 (AVX-512), the
+// The int8 register block for forwards of many rows: 6 rows by 16 outputs (8 lanes) or 48 (16 lanes), the
 // fastest of 2-8 rows by 16-64 outputs for the 0.5B model's layers (2026-12, Intel Xeon, 2 threads); 4 rows
 // on AVX2 without VNNI, whose sums (2 registers a row) and weights (a magnitude and a sign a vector) must
 // share 16 registers: 6 rows spilled sums at every quad (0.82-0.89x the time at 64-256 rows, AMD EPYC
