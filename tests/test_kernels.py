@@ -351,7 +351,7 @@ VARIANT_CHECK = textwrap.dedent(
     x = torch.randn(70, 96, generator=torch.Generator().manual_seed(7))
     layer, four = _layer(40, 96), _layer(40, 96, bits=4)
     query, key, value = torch.randn(3, 6, 90, 48, generator=torch.Generator().manual_seed(8)) * 3
-    linear = torch.cat([linear(rows) for linear in (layer, four) for rows in (x, x[:4], x[:3], x[:2], x[:1])])
+    linear = torch.cat([weights(rows) for weights in (layer, four) for rows in (x, x[:4], x[:3], x[:2], x[:1])])
     attention = torch.cat([kernels.attention(query[:, 20:], key[:2], value[:2], 20, 0.3),  # 3 heads a kv head
                            kernels.attention(query[:, 89:], key[:2], value[:2], 89, 0.3)])
     torch.save({"variant": kernels.variant(), "linear": linear, "attention": attention}, sys.argv[2])

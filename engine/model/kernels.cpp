@@ -184,11 +184,15 @@ inline IVec high_nibbles(IVec v) { return _mm256_and_si256(_mm256_srli_epi16(v, 
 // The loops over a block's rows, panels and vectors are unrolled whole, so that its accumulators live in
 // registers (GCC left them on the stack otherwise: AVX2 forwards of 8+ rows took twice as long).
 #define UNROLL _Pragma("GCC unroll 16")
-// Holds v in a register at this point (the end of a quad): GCC otherwise reassociates a group's integer sums
-// across its 8 quads and keeps the products of all of them on the stack (AVX2 without VNNI: 135 spills for
-// 96 vpmaddubsw a group in a block of 6 rows).
-template <typename T>
-inline void in_register(T& v) { asm volatile("" : "+v"(v)); }
+// Holds a block's sums in registers at this point (the end of a quad): GCC otherwise reassociates a group's
+// integer sums across its 8 quads and keeps the products of all of them on the stack (AVX2 without VNNI: 135
+// spills for 96 vpmaddubsw a group in a block of 6 rows).
+template <typename T, int R, int P, int V>
+inline void in_registers(T (&sums)[R][P][V]) {
+  UNROLL for (int r = 0; r < R; ++r)
+    UNROLL for (int p = 0; p < P; ++p)
+      UNROLL for (int h = 0; h < V; ++h) asm volatile("" : "+v"(sums[r][p][h]));
+}
 
 constexpr int64_t kGroup = 32;            // weights per scale and offset, along k
 constexpr int64_t kPanel = 16;            // outputs per panel
@@ -210,19 +214,21 @@ constexpr int64_t kQuad = 4;                     // inputs a lane sums per instr
 constexpr int64_t kQuadBytes = kPanel * kQuad;   // a panel's weights for 4 inputs (8 at 4 bits): 64 bytes
 template <int Bits>
 constexpr int64_t kBlockInputs = Bits == 8 ? kQuad : 2 * kQuad;  // inputs a lane's 4 bytes hold
+// AVX2 without VNNI: 16 registers, and two of them (a magnitude and a sign) for each vector of weights.
+constexpr bool kFewRegisters = kVectors == 2 && !kBiased;
 // The int8 register block for forwards of many rows: 6 rows by 16 outputs (8 lanes) or 48 (16 lanes), the
 // fastest of 2-8 rows by 16-64 outputs for the 0.5B model's layers (2026-12, Intel Xeon, 2 threads); 4 rows
 // on AVX2 without VNNI, whose sums (2 registers a row) and weights (a magnitude and a sign a vector) must
 // share 16 registers: 6 rows spilled sums at every quad (0.82-0.89x the time at 64-256 rows, AMD EPYC
 // steered to AVX2, 2026-12-04).
-constexpr int kIntRows = kVectors == 2 && !kBiased ? 4 : 6;
+constexpr int kIntRows = kFewRegisters ? 4 : 6;
 constexpr int kIntPanels = kVectors == 2 ? 1 : 3;
 
 // Panels a block of R rows of a few-row forward takes at a time: 4, or on AVX2 without VNNI 4 for one row
 // and 1 for more, whose sums then fit 16 registers beside the weights' (2 rows on 1 panel rather than 2:
 // 0.80x the time at int4, 0.90x at int8, the 0.5B model's 24 layers streamed from memory, 2026-12-04).
 template <int R>
-constexpr int kDirectPanels = kVectors == 2 && !kBiased ? (R == 1 ? 4 : 1) : 4;
+constexpr int kDirectPanels = kFewRegisters ? (R == 1 ? 4 : 1) : 4;
 
 struct IntWeights {
   const uint8_t* q;      // (panels, K/4, 64): panel p's outputs n at inputs 4j..4j+3: bytes 4n..4n+3 of quad j
@@ -293,9 +299,7 @@ void int_block(const Levels& x, int64_t row, const IntWeights& w, int64_t panel,
                 prepare(iload(w.q + ((panel + p) * quads + quad) * kQuadBytes + h * kLanes * kQuad));
             UNROLL for (int r = 0; r < R; ++r) sums[r][p][h] = dot4(sums[r][p][h], weights, a[r]);
           }
-        UNROLL for (int r = 0; r < R; ++r)
-          UNROLL for (int p = 0; p < P; ++p)
-            UNROLL for (int h = 0; h < kVectors; ++h) in_register(sums[r][p][h]);
+        in_registers(sums);
       }
     } else {  // 4 bits: a 64-byte block holds 8 inputs of each lane, 4 in the low nibbles, 4 in the high
       UNROLL for (int j = 0; j < kGroup / kBlockInputs<4>; ++j) {
@@ -314,9 +318,7 @@ void int_block(const Levels& x, int64_t row, const IntWeights& w, int64_t panel,
               sums[r][p][h] = dot4_small(sums[r][p][h], second, high[r]);
             }
           }
-        UNROLL for (int r = 0; r < R; ++r)
-          UNROLL for (int p = 0; p < P; ++p)
-            UNROLL for (int h = 0; h < kVectors; ++h) in_register(sums[r][p][h]);
+        in_registers(sums);
       }
     }
     UNROLL for (int r = 0; r < R; ++r) {
