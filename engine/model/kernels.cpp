@@ -3,8 +3,9 @@
 // - specedit::q8_linear(x, q, scales, offsets, bias) = x @ W^T + bias on int8 weights with a scale and an
 //   offset per group of 32 inputs, W[n, k] = scales[n, k / 32] * (q[n, k] - 128) + offsets[n, k / 32], q
 //   unsigned levels packed in panels of 16 outputs, 4 inputs a lane (q (N/16, K/4, 16 * 4), scales and
-//   offsets (N/16, K/32, 16)), on activations quantized as it goes: per row and group of 32 inputs, levels
-//   a = round(x * 127 / max|x|) in -127..127, each standing for d = max|x| / 127;
+//   offsets float16 (N/16, K/32, 16), widened to float32 exactly as they are read), on activations
+//   quantized as it goes: per row and group of 32 inputs, levels a = round(x * 127 / max|x|) in -127..127,
+//   each standing for d = max|x| / 127;
 // - specedit::q8_quantize(w): those (q, scales, offsets) from (N, K) weights (model/quantized.py);
 // - specedit::q4_linear, specedit::q4_quantize: the same on 4-bit weights, W[n, k] = scales[n, k / 32] *
 //   q[n, k] + offsets[n, k / 32], q in 0..15, two a byte: a lane's 8 inputs in 4 bytes, the first 4 in
@@ -52,6 +53,7 @@ using Vec = __m512;
 using IVec = __m512i;  // 16 int32 lanes, or 64 bytes: 4 of each lane's output
 constexpr int kLanes = 16;
 inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
+inline Vec load(const at::Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 inline Vec zero() { return _mm512_setzero_ps(); }
 inline Vec broadcast(const float* p) { return _mm512_set1_ps(*p); }
@@ -116,6 +118,7 @@ using Vec = __m256;
 using IVec = __m256i;
 constexpr int kLanes = 8;
 inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
+inline Vec load(const at::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 inline Vec zero() { return _mm256_setzero_ps(); }
 inline Vec broadcast(const float* p) { return _mm256_broadcast_ss(p); }
@@ -231,11 +234,11 @@ template <int R>
 constexpr int kDirectPanels = kFewRegisters ? (R == 1 ? 4 : 1) : 4;
 
 struct IntWeights {
-  const uint8_t* q;      // (panels, K/4, 64): panel p's outputs n at inputs 4j..4j+3: bytes 4n..4n+3 of quad j
-                         // (4 bits: (panels, K/8, 64), inputs 8j..8j+3 in the low nibbles, 8j+4..8j+7 high)
-  const float* scales;   // (panels, K/32, 16)
-  const float* offsets;  // (panels, K/32, 16)
-  const float* bias;     // (N) or null
+  const uint8_t* q;         // (panels, K/4, 64): panel p's outputs n at inputs 4j..4j+3: bytes 4n..4n+3 of quad j
+                            // (4 bits: (panels, K/8, 64), inputs 8j..8j+3 in the low nibbles, 8j+4..8j+7 high)
+  const at::Half* scales;   // (panels, K/32, 16)
+  const at::Half* offsets;  // (panels, K/32, 16)
+  const float* bias;        // (N) or null
   int64_t K;
 };
 
@@ -378,11 +381,11 @@ at::Tensor int_linear(const char* name, const at::Tensor& input, const at::Tenso
   const int64_t panels = q.size(0), K = q.size(1) * kBlockInputs<Bits>, N = panels * kPanel, groups = K / kGroup;
   TORCH_CHECK(K % kGroup == 0, name, ": the input size must be a multiple of 32");
   for (const at::Tensor* t : {&scales, &offsets})
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == N * groups, name,
-                ": float32 scales and offsets packed as (N/16, K/32, 16)");
+    TORCH_CHECK(t->scalar_type() == at::kHalf && t->is_contiguous() && t->numel() == N * groups, name,
+                ": float16 scales and offsets packed as (N/16, K/32, 16)");
   TORCH_CHECK(input.scalar_type() == at::kFloat, name, ": float32 activations");
   TORCH_CHECK(input.size(-1) == K, name, ": the input has ", input.size(-1), " features, the weights ", K);
-  IntWeights w{q.data_ptr<uint8_t>(), scales.data_ptr<float>(), offsets.data_ptr<float>(), nullptr, K};
+  IntWeights w{q.data_ptr<uint8_t>(), scales.data_ptr<at::Half>(), offsets.data_ptr<at::Half>(), nullptr, K};
   at::Tensor bias_f;
   if (bias.has_value() && bias->defined()) {
     bias_f = bias->contiguous();
@@ -615,10 +618,16 @@ at::Tensor attention(const at::Tensor& query, const at::Tensor& key, const at::T
   return out;
 }
 
+// float16's smallest positive value, 2^-24: the least scale a group keeps.
+constexpr float kLeastHalf = 5.9604644775390625e-8f;
+// v rounded to the nearest float16 (to even), as a float.
+inline float as_half(float v) { return static_cast<float>(at::Half(v)); }
+
 // One panel's weights quantized (see q8_quantize, q4_quantize): rows [panel * 16, +16) of w (N, K), rows
 // past N zeros.
 template <int Bits, typename T>
-void quantize_panel(const T* w, int64_t N, int64_t K, int64_t panel, uint8_t* q, float* scales, float* offsets) {
+void quantize_panel(const T* w, int64_t N, int64_t K, int64_t panel, uint8_t* q, at::Half* scales,
+                    at::Half* offsets) {
   constexpr float kTop = (1 << Bits) - 1;  // the highest level: 255 or 15
   float row[kGroup];
   for (int r = 0; r < kPanel; ++r) {
@@ -630,12 +639,14 @@ void quantize_panel(const T* w, int64_t N, int64_t K, int64_t panel, uint8_t* q,
         low = i == 0 ? row[i] : std::min(low, row[i]);
         high = i == 0 ? row[i] : std::max(high, row[i]);
       }
-      // Each operation rounded on its own, as torch's would be (-ffp-contract=off: no fused multiply-add).
-      const float scale = std::max((high - low) / kTop, std::numeric_limits<float>::min());
-      const float offset = Bits == 8 ? low + 128.0f * scale : low;  // 8 bits: levels centred on 128
+      // Each operation rounded on its own, as torch's would be (-ffp-contract=off: no fused multiply-add);
+      // the scale and offset rounded to float16 as they are kept, and the levels chosen for those.
+      const float scale = as_half(std::max((high - low) / kTop, kLeastHalf));
+      const float offset = as_half(Bits == 8 ? low + 128.0f * scale : low);  // 8 bits: levels centred on 128
+      TORCH_CHECK(std::isfinite(scale) && std::isfinite(offset), "quantize: a weight beyond float16's range");
       const int64_t at = (panel * (K / kGroup) + g) * kPanel + r;
-      scales[at] = scale;
-      offsets[at] = offset;
+      scales[at] = at::Half(scale);
+      offsets[at] = at::Half(offset);
       for (int i = 0; i < kGroup; ++i) {
         const float level = std::nearbyint((row[i] - offset) / scale);  // to even, as torch.round
         const int64_t k = g * kGroup + i;
@@ -652,25 +663,26 @@ void quantize_panel(const T* w, int64_t N, int64_t K, int64_t panel, uint8_t* q,
 }
 
 // (N, K) weights -> q8_linear's (q, scales, offsets): per group of 32 inputs, 256 levels from the group's
-// lowest weight to its highest, scale = (high - low) / 255, offset = low + 128 * scale, q = round((w -
-// offset) / scale) + 128; N padded with zero rows to a multiple of 16. One pass over the weights, a panel per
-// task (the same arithmetic in torch's ops took 3 s for the 0.5B model's weights, most of its load).
-// q4_quantize: the same with 16 levels, scale = (high - low) / 15, offset = low, q = round((w - low) / scale),
-// two levels a byte (q4_linear's packing, (N/16, K/8, 64)).
+// lowest weight to its highest, scale = half((high - low) / 255), offset = half(low + 128 * scale), q =
+// round((w - offset) / scale) + 128 (half: to the nearest float16, the scale at least 2^-24); N padded with
+// zero rows to a multiple of 16. One pass over the weights, a panel per task (the same arithmetic in torch's
+// ops took 3 s for the 0.5B model's weights, most of its load). q4_quantize: the same with 16 levels, scale =
+// half((high - low) / 15), offset = half(low), q = round((w - offset) / scale), two levels a byte
+// (q4_linear's packing, (N/16, K/8, 64)).
 template <int Bits>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> int_quantize(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.size(1) % kGroup == 0, "quantize: (N, K) weights, K a multiple of 32");
   const at::Tensor w = weight.contiguous();
   const int64_t N = w.size(0), K = w.size(1), panels = (N + kPanel - 1) / kPanel;
   at::Tensor q = at::zeros({panels, K / kBlockInputs<Bits>, kQuadBytes}, w.options().dtype(at::kByte));
-  at::Tensor scales = at::empty({panels, K / kGroup, kPanel}, w.options().dtype(at::kFloat));
+  at::Tensor scales = at::empty({panels, K / kGroup, kPanel}, w.options().dtype(at::kHalf));
   at::Tensor offsets = at::empty_like(scales);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, w.scalar_type(), "quantize", [&] {
     const scalar_t* wp = w.data_ptr<scalar_t>();
     at::parallel_for(0, panels, 1, [&](int64_t first, int64_t last) {
       for (int64_t panel = first; panel < last; ++panel)
-        quantize_panel<Bits>(wp, N, K, panel, q.data_ptr<uint8_t>(), scales.data_ptr<float>(),
-                             offsets.data_ptr<float>());
+        quantize_panel<Bits>(wp, N, K, panel, q.data_ptr<uint8_t>(), scales.data_ptr<at::Half>(),
+                             offsets.data_ptr<at::Half>());
     });
   });
   return {q, scales, offsets};

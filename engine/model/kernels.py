@@ -42,7 +42,7 @@ PANEL = 16  # outputs per packed panel
 HEAD_WIDTHS = 16  # `attention` takes heads a multiple of this wide: whole vectors of 8 or 16 lanes
 SOURCE = Path(__file__).with_name("kernels.cpp")
 # -ffp-contract=off: a multiply and an add stay two roundings unless the source fuses them itself.
-FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++20")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++20")
 # The variants (`runnable_variants`): the same kernels with VNNI's 4-product sums, and on 16-lane vectors,
 # the same bits. "avx2-vnni" is AVX-VNNI where the CPU has it (`-mavxvnni`), else AVX-512 VNNI's
 # instruction kept to 8 lanes (to compare them).
