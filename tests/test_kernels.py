@@ -89,7 +89,7 @@ def test_the_kernels_quantization_is_torchs_bit_for_bit(dtype: torch.dtype) -> N
 @needs_kernel
 def test_quantization_keeps_each_weight_within_a_254th_of_its_groups_largest() -> None:
     weight = torch.randn(40, 96, generator=torch.Generator().manual_seed(1))
-    weight[1, :32] += 3  # a group far from zero: its weights take the upper levels only
+    weight[1, :32] += 3  # a group far from zero: 127 levels of the 255 span it
     weight[3, 32:64] = 0.25  # a constant group: level 127, within float16's rounding of 0.25 / 127 times 127
     weight[4, 64:96] = 0  # a group of zeros: exact
     q, scales = quantized.quantize(weight)

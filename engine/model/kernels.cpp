@@ -381,11 +381,9 @@ at::Tensor int_linear(const char* name, const at::Tensor& input, const at::Tenso
               ": uint8 weights packed as (N/16, K/", kBlockInputs<Bits>, ", 64)");
   const int64_t panels = q.size(0), K = q.size(1) * kBlockInputs<Bits>, N = panels * kPanel, groups = K / kGroup;
   TORCH_CHECK(K % kGroup == 0, name, ": the input size must be a multiple of 32");
-  const auto by_group = [&](const at::Tensor& t) {
-    return t.scalar_type() == at::kHalf && t.is_contiguous() && t.numel() == N * groups;
-  };
-  TORCH_CHECK(by_group(scales) && (Bits == 8 || by_group(*offsets)), name,
-              Bits == 8 ? ": float16 scales" : ": float16 scales and offsets", " packed as (N/16, K/32, 16)");
+  for (const at::Tensor* t : {&scales, Bits == 4 ? offsets : &scales})
+    TORCH_CHECK(t->scalar_type() == at::kHalf && t->is_contiguous() && t->numel() == N * groups, name,
+                Bits == 4 ? ": float16 scales and offsets" : ": float16 scales", " packed as (N/16, K/32, 16)");
   TORCH_CHECK(input.scalar_type() == at::kFloat, name, ": float32 activations");
   TORCH_CHECK(input.size(-1) == K, name, ": the input has ", input.size(-1), " features, the weights ", K);
   IntWeights w{q.data_ptr<uint8_t>(), scales.data_ptr<at::Half>(), Bits == 4 ? offsets->data_ptr<at::Half>() : nullptr,

@@ -3,9 +3,9 @@
 
 A forward of a few tokens (plain decoding, a short draft) costs what streaming the weights from memory
 costs: float32's 2 GB for the 0.5B model, against llama.cpp's 4-6 bits a weight. `QuantizedLinear` keeps
-each linear layer's weights as 8-bit levels with a float16 scale per group of 32 inputs (llama.cpp's
-Q8_0), and computes with `specedit::q8_linear` (`model.kernels`): each row's activations quantized to
-8-bit levels per group of 32 (as llama.cpp's CPU kernels quantize theirs), the products of levels summed exactly in
+each linear layer's weights as 8-bit levels with a float16 scale per group of 32 inputs (llama.cpp's Q8_0), and
+computes with `specedit::q8_linear` (`model.kernels`): each row's activations quantized to 8-bit levels per
+group of 32 (as llama.cpp's CPU kernels quantize theirs), the products of levels summed exactly in
 integers per group, 4 a lane per instruction (AVX-512 VNNI) or 2 then 2 (AVX2), and the groups' sums
 scaled and added in float32 in the order of the inputs: a row's result never depends on the rows beside
 it, the forward's size, the thread count or the CPU (what `model.exactness` asks of every kernel).
@@ -35,9 +35,9 @@ of at most 1/254 of the group's largest magnitude (x 1.0005). Until 2026-12-04 a
 levels from its lowest weight to its highest with a float32 scale and offset (10 bits a weight; then, for
 a day, float16 ones: 9 bits); docs/kernels.md has what each step saved, and the quality: the 30 answers
 teacher-forced, mean negative log-likelihood 0.1198 with each kind, the expected token the argmax at 97.42%
-then 97.37%. A model converted from a GGUF (the default one: Q5_0, Q8_0, Q4_K and Q6_K groups of 32 and
-16) has at most 32 or 256 distinct values per group: its int8 copy is its GGUF's weights within that
-error, not bit for bit.
+then 97.37%. A model converted from a GGUF (the
+default one: Q5_0, Q8_0, Q4_K and Q6_K groups of 32 and 16) has at most 32 or 256 distinct values per
+group: its int8 copy is its GGUF's weights within that error, not bit for bit.
 
 At 4 bits (`--weights int4`, `specedit::q4_linear`): 16 levels a group of 32 from its lowest weight to its
 highest, two a byte, a float16 scale and offset (llama.cpp's Q4_1; an error of at most 1/30 of the group's
