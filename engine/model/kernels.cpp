@@ -1,16 +1,15 @@
 // specedit's CPU kernels (built and loaded by model/kernels.py): results whose rows never depend on the
 // rows beside them.
-// - specedit::q8_linear(x, q, scales, bias) = x @ W^T + bias on int8 weights with a scale per group of 32
-//   inputs, W[n, k] = scales[n, k / 32] * (q[n, k] - 128), q unsigned levels (1..255: -127..127 about
-//   zero) packed in panels of 16 outputs, 4 inputs a lane (q (N/16, K/4, 16 * 4), scales float16 (N/16,
-//   K/32, 16), widened to float32 exactly as they are read), on activations quantized as it goes: per row
-//   and group of 32 inputs, levels a = round(x * 127 / max|x|) in -127..127, each standing for d = max|x|
-//   / 127;
-// - specedit::q8_quantize(w): those (q, scales) from (N, K) weights (model/quantized.py);
-// - specedit::q4_linear(x, q, scales, offsets, bias), specedit::q4_quantize: the same on 4-bit weights
-//   with an offset too, W[n, k] = scales[n, k / 32] * q[n, k] + offsets[n, k / 32], q in 0..15, two a
-//   byte: a lane's 8 inputs in 4 bytes, the first 4 in the low nibbles (q (N/16, K/8, 16 * 4), offsets as
-//   scales); about half the bytes of the int8 weights to stream at every step;
+// - specedit::q8_linear(x, q, scales, offsets, bias) = x @ W^T + bias on int8 weights with a scale and an
+//   offset per group of 32 inputs, W[n, k] = scales[n, k / 32] * (q[n, k] - 128) + offsets[n, k / 32], q
+//   unsigned levels packed in panels of 16 outputs, 4 inputs a lane (q (N/16, K/4, 16 * 4), scales and
+//   offsets float16 (N/16, K/32, 16), widened to float32 exactly as they are read), on activations
+//   quantized as it goes: per row and group of 32 inputs, levels a = round(x * 127 / max|x|) in -127..127,
+//   each standing for d = max|x| / 127;
+// - specedit::q8_quantize(w): those (q, scales, offsets) from (N, K) weights (model/quantized.py);
+// - specedit::q4_linear, specedit::q4_quantize: the same on 4-bit weights, W[n, k] = scales[n, k / 32] *
+//   q[n, k] + offsets[n, k / 32], q in 0..15, two a byte: a lane's 8 inputs in 4 bytes, the first 4 in
+//   the low nibbles (q (N/16, K/8, 16 * 4)); half the bytes of the int8 levels to stream at every step;
 // - specedit::attention(query, key, value, first, scale): causal attention of one sequence's queries on
 //   the keys and values of every position up to theirs, grouped-query heads (model/invariant.py): scores,
 //   softmax and weighted values in one pass a block of queries.
@@ -21,8 +20,8 @@
 // - q8_linear, q4_linear: each row's activations are quantized alone; per group, the sum of the 32
 //   products of integer levels is exact (in int32, however the instructions pair them; 4-bit levels without
 //   VNNI sum a group in 16-bit lanes first, 16 products of at most 15 * 127 each); then each output is one
-//   chain of float32 fused multiply-adds over the groups in order, from zero: acc += that sum * (scale * d)
-//   (4 bits: then acc += offset * (d * the sum of the row's levels)), then the bias added;
+//   chain of float32 fused multiply-adds over the groups in order, from zero: acc += that sum * (scale * d),
+//   acc += offset * (d * the sum of the row's levels), then the bias added;
 // - attention: each query's scores are chains of fused multiply-adds over the head's width in order, its
 //   softmax runs over the keys up to its own position in their order, and so do its weighted values.
 // Only the blocking changes with the number of rows. q8_linear streams its weights once for a forward of a
@@ -93,7 +92,7 @@ inline IVec dot4_small(IVec acc, IVec u, IVec a) { return _mm512_dpbusd_epi32(ac
 inline IVec small_sums(IVec acc) { return acc; }
 #else
 // AVX-512 without VNNI: the weights' signed levels q = u - 128; |q| * (a with q's sign) paired into 16-bit
-// sums by vpmaddubsw (|q| <= 127, |a| <= 127: a pair never saturates), then into 32-bit by vpmaddwd.
+// sums by vpmaddubsw (|q| <= 128, |a| <= 127: a pair never saturates), then into 32-bit by vpmaddwd.
 struct Prepared { IVec magnitude; __mmask64 negative; };
 constexpr bool kBiased = false;
 inline Prepared prepare(IVec u) {
@@ -238,7 +237,7 @@ struct IntWeights {
   const uint8_t* q;         // (panels, K/4, 64): panel p's outputs n at inputs 4j..4j+3: bytes 4n..4n+3 of quad j
                             // (4 bits: (panels, K/8, 64), inputs 8j..8j+3 in the low nibbles, 8j+4..8j+7 high)
   const at::Half* scales;   // (panels, K/32, 16)
-  const at::Half* offsets;  // (panels, K/32, 16); 4 bits only
+  const at::Half* offsets;  // (panels, K/32, 16)
   const float* bias;        // (N) or null
   int64_t K;
 };
@@ -333,7 +332,7 @@ void int_block(const Levels& x, int64_t row, const IntWeights& w, int64_t panel,
           const int64_t group = ((panel + p) * groups + g) * kPanel + h * kLanes;
           const IVec exact = Bits == 8 ? centred(sums[r][p][h], x.sum[at]) : small_sums(sums[r][p][h]);
           acc[r][p][h] = madd(to_float(exact), mul(load(w.scales + group), step), acc[r][p][h]);
-          if constexpr (Bits == 4) acc[r][p][h] = madd(load(w.offsets + group), total, acc[r][p][h]);
+          acc[r][p][h] = madd(load(w.offsets + group), total, acc[r][p][h]);
         }
     }
   }
@@ -372,22 +371,21 @@ void int_panels(const Levels& x, int64_t M, const IntWeights& w, int64_t first, 
   }
 }
 
-// x @ W^T + bias on `Bits`-bit weights (q8_linear, q4_linear; offsets: 4 bits only): the checks, the
-// activations quantized per row, then the panels split among the threads.
+// x @ W^T + bias on `Bits`-bit weights (q8_linear, q4_linear): the checks, the activations quantized per
+// row, then the panels split among the threads.
 template <int Bits>
 at::Tensor int_linear(const char* name, const at::Tensor& input, const at::Tensor& q, const at::Tensor& scales,
-                      const at::Tensor* offsets, const c10::optional<at::Tensor>& bias) {
+                      const at::Tensor& offsets, const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(q.scalar_type() == at::kByte && q.dim() == 3 && q.size(2) == kQuadBytes && q.is_contiguous(), name,
               ": uint8 weights packed as (N/16, K/", kBlockInputs<Bits>, ", 64)");
   const int64_t panels = q.size(0), K = q.size(1) * kBlockInputs<Bits>, N = panels * kPanel, groups = K / kGroup;
   TORCH_CHECK(K % kGroup == 0, name, ": the input size must be a multiple of 32");
-  for (const at::Tensor* t : {&scales, Bits == 4 ? offsets : &scales})
+  for (const at::Tensor* t : {&scales, &offsets})
     TORCH_CHECK(t->scalar_type() == at::kHalf && t->is_contiguous() && t->numel() == N * groups, name,
-                Bits == 4 ? ": float16 scales and offsets" : ": float16 scales", " packed as (N/16, K/32, 16)");
+                ": float16 scales and offsets packed as (N/16, K/32, 16)");
   TORCH_CHECK(input.scalar_type() == at::kFloat, name, ": float32 activations");
   TORCH_CHECK(input.size(-1) == K, name, ": the input has ", input.size(-1), " features, the weights ", K);
-  IntWeights w{q.data_ptr<uint8_t>(), scales.data_ptr<at::Half>(), Bits == 4 ? offsets->data_ptr<at::Half>() : nullptr,
-               nullptr, K};
+  IntWeights w{q.data_ptr<uint8_t>(), scales.data_ptr<at::Half>(), offsets.data_ptr<at::Half>(), nullptr, K};
   at::Tensor bias_f;
   if (bias.has_value() && bias->defined()) {
     bias_f = bias->contiguous();
@@ -418,13 +416,13 @@ at::Tensor int_linear(const char* name, const at::Tensor& input, const at::Tenso
 }
 
 at::Tensor q8_linear(const at::Tensor& input, const at::Tensor& q, const at::Tensor& scales,
-                     const c10::optional<at::Tensor>& bias) {
-  return int_linear<8>("q8_linear", input, q, scales, nullptr, bias);
+                     const at::Tensor& offsets, const c10::optional<at::Tensor>& bias) {
+  return int_linear<8>("q8_linear", input, q, scales, offsets, bias);
 }
 
 at::Tensor q4_linear(const at::Tensor& input, const at::Tensor& q, const at::Tensor& scales,
                      const at::Tensor& offsets, const c10::optional<at::Tensor>& bias) {
-  return int_linear<4>("q4_linear", input, q, scales, &offsets, bias);
+  return int_linear<4>("q4_linear", input, q, scales, offsets, bias);
 }
 
 // ---- attention ----
@@ -630,6 +628,7 @@ inline float as_half(float v) { return static_cast<float>(at::Half(v)); }
 template <int Bits, typename T>
 void quantize_panel(const T* w, int64_t N, int64_t K, int64_t panel, uint8_t* q, at::Half* scales,
                     at::Half* offsets) {
+  constexpr float kTop = (1 << Bits) - 1;  // the highest level: 255 or 15
   float row[kGroup];
   for (int r = 0; r < kPanel; ++r) {
     const int64_t n = panel * kPanel + r;
@@ -642,21 +641,20 @@ void quantize_panel(const T* w, int64_t N, int64_t K, int64_t panel, uint8_t* q,
       }
       // Each operation rounded on its own, as torch's would be (-ffp-contract=off: no fused multiply-add);
       // the scale and offset rounded to float16 as they are kept, and the levels chosen for those.
-      const float spread = Bits == 8 ? std::max(-low, high) / 127.0f : (high - low) / 15.0f;
-      const float scale = as_half(std::max(spread, kLeastHalf));
-      const float offset = Bits == 8 ? 0.0f : as_half(low);
+      const float scale = as_half(std::max((high - low) / kTop, kLeastHalf));
+      const float offset = as_half(Bits == 8 ? low + 128.0f * scale : low);  // 8 bits: levels centred on 128
       TORCH_CHECK(std::isfinite(scale) && std::isfinite(offset), "quantize: a weight beyond float16's range");
       const int64_t at = (panel * (K / kGroup) + g) * kPanel + r;
       scales[at] = at::Half(scale);
-      if constexpr (Bits == 4) offsets[at] = at::Half(offset);
+      offsets[at] = at::Half(offset);
       for (int i = 0; i < kGroup; ++i) {
         const float level = std::nearbyint((row[i] - offset) / scale);  // to even, as torch.round
         const int64_t k = g * kGroup + i;
         uint8_t* block = q + (panel * (K / kBlockInputs<Bits>) + k / kBlockInputs<Bits>) * kQuadBytes + r * kQuad + k % kQuad;
         if constexpr (Bits == 8) {
-          *block = static_cast<uint8_t>(std::clamp(level, -127.0f, 127.0f) + 128.0f);
+          *block = static_cast<uint8_t>(std::clamp(level, -128.0f, 127.0f) + 128.0f);
         } else {  // inputs 0-3 of a block of 8 in the low nibble, 4-7 in the high one
-          const uint8_t u = static_cast<uint8_t>(std::clamp(level, 0.0f, 15.0f));
+          const uint8_t u = static_cast<uint8_t>(std::clamp(level, 0.0f, kTop));
           *block = k % kBlockInputs<Bits> < kQuad ? u : static_cast<uint8_t>(*block | (u << 4));
         }
       }
@@ -664,12 +662,13 @@ void quantize_panel(const T* w, int64_t N, int64_t K, int64_t panel, uint8_t* q,
   }
 }
 
-// (N, K) weights -> q8_linear's (q, scales): per group of 32 inputs, 255 levels about zero, scale =
-// half(max|w| / 127), q = round(w / scale) + 128 (half: to the nearest float16, the scale at least 2^-24); N
-// padded with zero rows to a multiple of 16. One pass over the weights, a panel per task (the same arithmetic
-// in torch's ops took 3 s for the 0.5B model's weights, most of its load). q4_quantize: (q, scales, offsets),
-// 16 levels from the group's lowest weight to its highest, scale = half((high - low) / 15), offset =
-// half(low), q = round((w - offset) / scale), two levels a byte (q4_linear's packing, (N/16, K/8, 64)).
+// (N, K) weights -> q8_linear's (q, scales, offsets): per group of 32 inputs, 256 levels from the group's
+// lowest weight to its highest, scale = half((high - low) / 255), offset = half(low + 128 * scale), q =
+// round((w - offset) / scale) + 128 (half: to the nearest float16, the scale at least 2^-24); N padded with
+// zero rows to a multiple of 16. One pass over the weights, a panel per task (the same arithmetic in torch's
+// ops took 3 s for the 0.5B model's weights, most of its load). q4_quantize: the same with 16 levels, scale =
+// half((high - low) / 15), offset = half(low), q = round((w - offset) / scale), two levels a byte
+// (q4_linear's packing, (N/16, K/8, 64)).
 template <int Bits>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> int_quantize(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.size(1) % kGroup == 0, "quantize: (N, K) weights, K a multiple of 32");
@@ -677,29 +676,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int_quantize(const at::Tensor& we
   const int64_t N = w.size(0), K = w.size(1), panels = (N + kPanel - 1) / kPanel;
   at::Tensor q = at::zeros({panels, K / kBlockInputs<Bits>, kQuadBytes}, w.options().dtype(at::kByte));
   at::Tensor scales = at::empty({panels, K / kGroup, kPanel}, w.options().dtype(at::kHalf));
-  at::Tensor offsets = Bits == 4 ? at::empty_like(scales) : at::Tensor();
+  at::Tensor offsets = at::empty_like(scales);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, w.scalar_type(), "quantize", [&] {
     const scalar_t* wp = w.data_ptr<scalar_t>();
     at::parallel_for(0, panels, 1, [&](int64_t first, int64_t last) {
       for (int64_t panel = first; panel < last; ++panel)
         quantize_panel<Bits>(wp, N, K, panel, q.data_ptr<uint8_t>(), scales.data_ptr<at::Half>(),
-                             Bits == 4 ? offsets.data_ptr<at::Half>() : nullptr);
+                             offsets.data_ptr<at::Half>());
     });
   });
   return {q, scales, offsets};
 }
 
-std::tuple<at::Tensor, at::Tensor> q8_quantize(const at::Tensor& weight) {
-  auto [q, scales, none] = int_quantize<8>(weight);
-  return {q, scales};
-}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> q8_quantize(const at::Tensor& weight) { return int_quantize<8>(weight); }
 std::tuple<at::Tensor, at::Tensor, at::Tensor> q4_quantize(const at::Tensor& weight) { return int_quantize<4>(weight); }
 
 }  // namespace
 
 TORCH_LIBRARY(specedit, m) {
-  m.def("q8_linear(Tensor input, Tensor q, Tensor scales, Tensor? bias) -> Tensor");
-  m.def("q8_quantize(Tensor weight) -> (Tensor, Tensor)");
+  m.def("q8_linear(Tensor input, Tensor q, Tensor scales, Tensor offsets, Tensor? bias) -> Tensor");
+  m.def("q8_quantize(Tensor weight) -> (Tensor, Tensor, Tensor)");
   m.def("q4_linear(Tensor input, Tensor q, Tensor scales, Tensor offsets, Tensor? bias) -> Tensor");
   m.def("q4_quantize(Tensor weight) -> (Tensor, Tensor, Tensor)");
   m.def("attention(Tensor query, Tensor key, Tensor value, int first, float scale) -> Tensor");

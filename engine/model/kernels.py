@@ -8,7 +8,7 @@ or the CPU. Three ops:
 
 - `specedit::q8_linear`: a linear layer on int8 weights (`model.quantized`), its activations quantized to
   int8 as it goes, the products summed in integers;
-- `specedit::q8_quantize`: those int8 weights and their scales from a layer's weights, in one pass;
+- `specedit::q8_quantize`: those int8 weights, scales and offsets from a layer's weights, in one pass;
 - `specedit::attention`: causal attention (`attention`: scores, softmax and weighted values in one pass),
   where the CPU's flash kernel is not row-invariant everywhere (Intel Xeon steered to AVX2, 1 thread: a
   prefill of 61 rows at once and in two pieces differ; 2026-12).

@@ -1,9 +1,9 @@
-"""int8 (and int4) weights on the CPU: 8.5 bits a weight to stream at every step, not float32's 32 (int4:
-5 bits, scales and offsets counted), row-invariant arithmetic.
+"""int8 (and int4) weights on the CPU: 9 bits a weight to stream at every step, not float32's 32 (int4: 5
+bits, scales and offsets counted), row-invariant arithmetic.
 
 A forward of a few tokens (plain decoding, a short draft) costs what streaming the weights from memory
 costs: float32's 2 GB for the 0.5B model, against llama.cpp's 4-6 bits a weight. `QuantizedLinear` keeps
-each linear layer's weights as 8-bit levels with a float16 scale per group of 32 inputs (llama.cpp's Q8_0), and
+each linear layer's weights as 8-bit levels with a float16 scale and offset per group of 32 inputs, and
 computes with `specedit::q8_linear` (`model.kernels`): each row's activations quantized to 8-bit levels per
 group of 32 (as llama.cpp's CPU kernels quantize theirs), the products of levels summed exactly in
 integers per group, 4 a lane per instruction (AVX-512 VNNI) or 2 then 2 (AVX2), and the groups' sums
@@ -29,25 +29,24 @@ What 8-bit activations cost in quality, teacher-forced on the 30 whole-file rewr
 float32 activations on the same weights, the expected token the argmax at 97.42% of positions against
 97.46%, the two argmaxes the same at 99.92%.
 
-The weights are quantized from the model as loaded: per group of 32, 255 levels about zero, -127..127 times
-the group's largest magnitude / 127 rounded to float16 (the levels chosen for the rounded scale): an error
-of at most 1/254 of the group's largest magnitude (x 1.0005). Until 2026-12-04 an int8 group had 256
-levels from its lowest weight to its highest with a float32 scale and offset (10 bits a weight; then, for
-a day, float16 ones: 9 bits); docs/kernels.md has what each step saved, and the quality: the 30 answers
-teacher-forced, mean negative log-likelihood 0.1198 with each kind, the expected token the argmax at 97.42%
-then 97.37%. A model converted from a GGUF (the
+The weights are quantized from the model as loaded: per group of 32, 256 levels from the group's lowest to
+its highest weight, the scale and offset rounded to float16 and the levels chosen for them (an error of at
+most 1/510 of the group's range, and 2^-11 of its largest weight where the offset's rounding pushes a
+weight past the top or bottom level). Scales and offsets were float32 until 2026-12-04 (10 bits a weight):
+float16's took 0.85-0.92x the time of a one-row forward over the 0.5B model's 24 layers (steered to AVX2,
+int4 and int8; 0.92-0.97x with VNNI), the same at 64-256 rows, and left the quality as it was: the 30
+answers teacher-forced, mean negative log-likelihood 0.1198 and the expected token the argmax at 97.42%,
+before and after (docs/kernels.md). A model converted from a GGUF (the
 default one: Q5_0, Q8_0, Q4_K and Q6_K groups of 32 and 16) has at most 32 or 256 distinct values per
 group: its int8 copy is its GGUF's weights within that error, not bit for bit.
 
-At 4 bits (`--weights int4`, `specedit::q4_linear`): 16 levels a group of 32 from its lowest weight to its
-highest, two a byte, a float16 scale and offset (llama.cpp's Q4_1; an error of at most 1/30 of the group's
-range, and 2^-11 of its largest magnitude for the offset's rounding), the same arithmetic and one more
-multiply-add a group for the offset; the 1.5B model's one-token forward 48-52 ms against 75-78 ms at 8 bits
+At 4 bits (`--weights int4`, `specedit::q4_linear`): 16 levels a group of 32, two a byte, the same scale
+and offset and the same arithmetic; the 1.5B model's one-token forward 48-52 ms against 75-78 ms at 8 bits
 (AMD EPYC, AVX512-BF16, 2 threads; docs/kernels.md).
 
 The kernel is one of specedit's own (`model.kernels`: compiled once, on first use); where it is not
 available, the model keeps float32. Quantizing the 0.5B model takes 0.8 s; a load keeps the result in a
-file (`loading.load_model`'s `kept_folder`: 525 MB for the 0.5B) that the next load maps into memory in
+file (`loading.load_model`'s `kept_folder`: 555 MB for the 0.5B) that the next load maps into memory in
 milliseconds: the same bits.
 """
 
@@ -60,9 +59,9 @@ import torch
 from specedit.engine.model.kernels import PANEL
 from specedit.engine.model.linears import linear_bias, linear_weight, replace_modules
 
-GROUP = 32  # inputs per scale (and offset)
+GROUP = 32  # inputs per scale and offset
 QUAD = 4  # inputs a packed lane holds
-PARTS = {8: ("q", "scales"), 4: ("q", "scales", "offsets")}  # a layer's tensors by bits, as `quantize` returns them
+PARTS = ("q", "scales", "offsets")  # a layer's tensors, as `quantize` returns them
 
 
 class QuantizedLinear(torch.nn.Module):
@@ -78,14 +77,12 @@ class QuantizedLinear(torch.nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.bits = bits
-        self.packed = packed or quantize(weight, bits)  # `PARTS[bits]`
-        self.q, self.scales = self.packed[:2]
-        self.offsets = self.packed[2] if bits == 4 else None
+        self.q, self.scales, self.offsets = packed or quantize(weight, bits)
         self.bias = None if bias is None else _padded(bias.detach().to(torch.float32), self.q.shape[0] * PANEL)
         self._kernel = torch.ops.specedit.q8_linear if bits == 8 else torch.ops.specedit.q4_linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
-        output: torch.Tensor = self._kernel(x, *self.packed, self.bias)
+        output: torch.Tensor = self._kernel(x, self.q, self.scales, self.offsets, self.bias)
         return output if output.shape[-1] == self.out_features else output[..., : self.out_features]
 
     def dequantized(self) -> torch.Tensor:
@@ -101,18 +98,19 @@ class QuantizedLinear(torch.nn.Module):
         return linear
 
 
-def quantize(weight: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, ...]:
-    """(out, in) weights -> the kernel's packing (`PARTS[bits]`): uint8 levels (P, in/4, 16 * 4) (a panel's
-    16 outputs, 4 inputs each) and scales (P, in/32, 16) float16, P = out / 16 rounded up (the padding rows
-    are zeros): `specedit::q8_quantize`, one pass over the weights in their own dtype (float32, bf16,
-    float16). At 4 bits (`specedit::q4_quantize`), levels 0..15, two a byte: (P, in/8, 16 * 4), a lane's 8
-    inputs in 4 bytes, the first 4 in the low nibbles, and offsets as the scales."""
+def quantize(weight: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, in) weights -> the kernel's packing: uint8 levels (P, in/4, 16 * 4) (a panel's 16 outputs, 4
+    inputs each), scales and offsets (P, in/32, 16) float32, P = out / 16 rounded up (the padding rows are
+    zeros): `specedit::q8_quantize`, one pass over the weights in their own dtype (float32, bf16, float16).
+    At 4 bits (`specedit::q4_quantize`), levels 0..15, two a byte: (P, in/8, 16 * 4), a lane's 8 inputs in
+    4 bytes, the first 4 in the low nibbles."""
     quantizer = torch.ops.specedit.q8_quantize if bits == 8 else torch.ops.specedit.q4_quantize
-    return tuple(quantizer(weight.detach()))
+    q, scales, offsets = quantizer(weight.detach())
+    return q, scales, offsets
 
 
 def levels(q: torch.Tensor, bits: int = 8) -> torch.Tensor:
-    """The packed levels as (P*16, in) integers (int16): -127..127 at 8 bits, 0..15 at 4."""
+    """The packed levels as (P*16, in) integers (int16): -128..127 at 8 bits, 0..15 at 4."""
     panels, blocks, _ = q.shape
     if bits == 4:  # a block's low nibbles are its first 4 inputs a lane, the high ones the next 4
         halves = [(half.reshape(panels, blocks, PANEL, QUAD)) for half in (q & 0x0F, q >> 4)]
@@ -122,14 +120,13 @@ def levels(q: torch.Tensor, bits: int = 8) -> torch.Tensor:
     return signed.reshape(panels, blocks, PANEL, QUAD).permute(0, 2, 1, 3).reshape(panels * PANEL, blocks * QUAD)
 
 
-def dequantize(q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, bits: int = 8) -> torch.Tensor:
-    """The packed weights back as (P*16, in) float32: scale * level (+ offset at 4 bits; the values the
-    kernel's integer sums stand for)."""
+def dequantize(q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, bits: int = 8) -> torch.Tensor:
+    """The packed weights back as (P*16, in) float32: scale * level + offset (the values the kernel's
+    integer sums stand for)."""
     rows = levels(q, bits).to(torch.float32)
     outputs, in_features = rows.shape
     scale, offset = (
-        torch.zeros(()) if t is None else t.to(torch.float32).transpose(1, 2).reshape(outputs, -1, 1)
-        for t in (scales, offsets)
+        t.to(torch.float32).transpose(1, 2).reshape(outputs, in_features // GROUP, 1) for t in (scales, offsets)
     )
     weights = torch.addcmul(offset, rows.reshape(outputs, -1, GROUP), scale)
     return weights.reshape(outputs, in_features)
@@ -149,7 +146,7 @@ def quantize_linears(model: Any, kept: dict[str, torch.Tensor] | None = None, bi
         weight = linear_weight(module)
         if weight is None or weight.shape[1] % GROUP:
             return None
-        packed = tuple(kept.get(f"{names[id(module)]}.{part}") for part in PARTS[bits])
+        packed = tuple(kept.get(f"{names[id(module)]}.{part}") for part in PARTS)
         if [None if t is None else (t.shape, t.dtype) for t in packed] != _packed_shapes(weight, bits):
             quantized_here += 1
             return QuantizedLinear(weight, linear_bias(module), bits=bits)
@@ -160,13 +157,13 @@ def quantize_linears(model: Any, kept: dict[str, torch.Tensor] | None = None, bi
 
 
 def packed_layers(model: Any) -> dict[str, torch.Tensor]:
-    """The integer layers of `model` as they are kept (`quantize_linears`' `kept`): `NAME.q`, `NAME.scales`
-    (and at 4 bits `NAME.offsets`) per layer."""
+    """The int8 layers of `model` as they are kept (`quantize_linears`' `kept`): `NAME.q`, `NAME.scales`,
+    `NAME.offsets` per layer."""
     return {
-        f"{name}.{part}": tensor
+        f"{name}.{part}": getattr(module, part)
         for name, module in model.named_modules()
         if isinstance(module, QuantizedLinear)
-        for part, tensor in zip(PARTS[module.bits], module.packed, strict=True)
+        for part in PARTS
     }
 
 
@@ -222,8 +219,7 @@ def _packed_shapes(weight: torch.Tensor, bits: int = 8) -> list[tuple[torch.Size
     outputs, inputs = weight.shape
     panels = -(-outputs // PANEL)
     scales = (torch.Size((panels, inputs // GROUP, PANEL)), torch.float16)
-    packed_levels = (torch.Size((panels, inputs // (QUAD * 8 // bits), PANEL * QUAD)), torch.uint8)
-    return [packed_levels, scales] if bits == 8 else [packed_levels, scales, scales]
+    return [(torch.Size((panels, inputs // (QUAD * 8 // bits), PANEL * QUAD)), torch.uint8), scales, scales]
 
 
 def _padded(tensor: torch.Tensor, rows: int) -> torch.Tensor:
