@@ -330,6 +330,21 @@ def test_a_missing_compiler_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: A
     assert not list((tmp_path / "kernels").glob("*.so"))
 
 
+def test_a_cpu_without_what_the_kernels_are_compiled_for_is_told_so(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """AVX2 without F16C (which the float16 scales are widened with) or FMA: a reason, never a library
+    that would fault on its first instruction."""
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: ["sse4_2", "avx", "avx2", "fma"])
+    reason = kernels.library(tmp_path)
+    assert isinstance(reason, str) and "AVX2, FMA and F16C" in reason and "lacks f16c" in reason
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: [])  # not x86
+    assert kernels.library(tmp_path) == (
+        "specedit's kernels need an x86 CPU with AVX2, FMA and F16C (this one lacks avx2, fma, f16c)"
+    )
+    assert not list(tmp_path.iterdir())
+
+
 @needs_kernel
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(4, 2, 64), (4, 4, 8), (6, 2, 24)])
 def test_the_attention_on_own_kernels_is_torchs_and_row_invariant(heads: int, kv_heads: int, head_dim: int) -> None:

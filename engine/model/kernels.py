@@ -15,7 +15,7 @@ or the CPU. Three ops:
 
 They are compiled on first use with the machine's C++ compiler against the installed torch (about 10 s),
 into a folder keyed by the source, torch's version and the flags, sealed there (`integrity`: a library
-changed since is never loaded), and need an x86 CPU with AVX2 and FMA; where that fails, `available`
+changed since is never loaded), and need an x86 CPU with AVX2, FMA and F16C; where that fails, `available`
 says why and the model keeps torch's kernels. Where torch's own kernels are AVX-512's, so are these, with
 VNNI where the CPU has it (`variant`): each output is computed the same way on every variant, bit for bit.
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from specedit.engine.model.cpu import cpu_class, cpu_flags
+from specedit.engine.model.cpu import cpu_flags
 from specedit.engine.model.integrity import is_sealed, replace_sealed
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,7 @@ HEAD_WIDTHS = 16  # `attention` takes heads a multiple of this wide: whole vecto
 SOURCE = Path(__file__).with_name("kernels.cpp")
 # -ffp-contract=off: a multiply and an add stay two roundings unless the source fuses them itself.
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++20")
+NEEDED_FLAGS = ("avx2", "fma", "f16c")  # what FLAGS compile for, as /proc/cpuinfo names it
 # The variants (`runnable_variants`): the same kernels with VNNI's 4-product sums, and on 16-lane vectors,
 # the same bits. "avx2-vnni" is AVX-VNNI where the CPU has it (`-mavxvnni`), else AVX-512 VNNI's
 # instruction kept to 8 lanes (to compare them).
@@ -118,8 +119,9 @@ def library(folder: Path | None) -> Path | str:
     """The kernels compiled for this machine in `folder` (default: a temporary folder): found there under
     their seal (`integrity`: a library changed since it was compiled is a `ModelLoadError`, never loaded),
     else compiled and sealed. A string where they cannot be: why."""
-    if cpu_class() == "baseline":
-        return "specedit's kernels need an x86 CPU with AVX2 and FMA"
+    missing = [flag for flag in NEEDED_FLAGS if flag not in cpu_flags()]
+    if missing:
+        return f"specedit's kernels need an x86 CPU with AVX2, FMA and F16C (this one lacks {', '.join(missing)})"
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         return "specedit's kernels need a C++ compiler (g++) to build them once"
