@@ -55,14 +55,14 @@ def _quantized_by_torch(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 
 def _by_the_kernels_rule(layer: quantized.QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
     """What `specedit::q8_linear` computes, in float64 and torch's ops: each row's activations quantized
-    per group of 32 (levels round(x * 127 / max|x|), step max|x| / 127), the levels' products summed
+    per group of 32 (levels round(x * 63 / max|x|), step max|x| / 63), the levels' products summed
     exactly per group, then scale * step * that + offset * step * (the levels' sum), summed over groups."""
     rows = x.reshape(-1, layer.in_features).to(torch.float32)
     groups = rows.reshape(rows.shape[0], -1, 32)
     largest = groups.abs().amax(-1, keepdim=True)
-    inverse = torch.where(largest > 0, 127 / largest, torch.zeros_like(largest))
+    inverse = torch.where(largest > 0, 63 / largest, torch.zeros_like(largest))
     levels = torch.round(groups * inverse)
-    step = largest / 127
+    step = largest / 63
     weights = quantized.levels(layer.q, layer.bits).to(torch.float64)  # (out padded, in)
     sums = torch.einsum("mgi,ngi->mgn", levels.double(), weights.reshape(weights.shape[0], -1, 32))
     scales, offsets = (t.transpose(1, 2).reshape(weights.shape[0], -1).double() for t in (layer.scales, layer.offsets))
@@ -193,8 +193,8 @@ def test_a_model_on_integer_weights_keeps_plain_decodings_answer(bits: int, with
         assert not quantized.is_quantized(loaded.model)
         stock = loaded.model(torch.tensor([list(range(20, 60))])).logits
     assert quantized.is_quantized(loaded.model)
-    error = (stock[0] - logits).abs().max()  # the float32 activations against their 8-bit levels
-    assert 0 < error < 0.02 * stock.abs().max()
+    error = (stock[0] - logits).abs().max()  # the float32 activations against their 7-bit levels
+    assert 0 < error < 0.04 * stock.abs().max()  # levels of 63 a side: about 3% of the largest logit
 
 
 @needs_kernel

@@ -4,8 +4,8 @@
 //   offset per group of 32 inputs, W[n, k] = scales[n, k / 32] * (q[n, k] - 128) + offsets[n, k / 32], q
 //   unsigned levels packed in panels of 16 outputs, 4 inputs a lane (q (N/16, K/4, 16 * 4), scales and
 //   offsets float16 (N/16, K/32, 16), widened to float32 exactly as they are read), on activations
-//   quantized as it goes: per row and group of 32 inputs, levels a = round(x * 127 / max|x|) in -127..127,
-//   each standing for d = max|x| / 127;
+//   quantized as it goes: per row and group of 32 inputs, levels a = round(x * 63 / max|x|) in -63..63,
+//   each standing for d = max|x| / 63 (kActivationTop);
 // - specedit::q8_quantize(w): those (q, scales, offsets) from (N, K) weights (model/quantized.py);
 // - specedit::q4_linear, specedit::q4_quantize: the same on 4-bit weights, W[n, k] = scales[n, k / 32] *
 //   q[n, k] + offsets[n, k / 32], q in 0..15, two a byte: a lane's 8 inputs in 4 bytes, the first 4 in
@@ -19,7 +19,7 @@
 // the number of rows of x, the rows or outputs computed beside it, the thread count or the CPU,
 // - q8_linear, q4_linear: each row's activations are quantized alone; per group, the sum of the 32
 //   products of integer levels is exact (in int32, however the instructions pair them; 4-bit levels without
-//   VNNI sum a group in 16-bit lanes first, 16 products of at most 15 * 127 each); then each output is one
+//   VNNI sum a group in 16-bit lanes first, 16 products of at most 15 * 63 each); then each output is one
 //   chain of float32 fused multiply-adds over the groups in order, from zero: acc += that sum * (scale * d),
 //   acc += offset * (d * the sum of the row's levels), then the bias added;
 // - attention: each query's scores are chains of fused multiply-adds over the head's width in order, its
@@ -27,7 +27,8 @@
 // Only the blocking changes with the number of rows. q8_linear streams its weights once for a forward of a
 // few rows (the weights' bytes are the cost) and keeps a block of panels in the cache for the row blocks
 // of a larger one (the arithmetic is the cost): 4 byte products a lane per instruction (AVX-512 VNNI's
-// vpdpbusd), or 2 then 2 (AVX2's vpmaddubsw then vpmaddwd). attention reads each key once for a block of
+// vpdpbusd), or 2 then 2 (AVX2's vpmaddubsw then vpmaddwd), of the weights' unsigned levels u and the
+// activations' a, less 128 * (the sum of a) a group. attention reads each key once for a block of
 // up to 64 queries, a query a lane.
 // Compiled for AVX2 (8 lanes a vector) or AVX-512 (16), with VNNI or without: each lane is an output,
 // computed the same way, bit for bit.
@@ -81,35 +82,24 @@ inline Vec power_of_two(Vec n) {  // 2^n for integral n in -126..127
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
 }
 #if defined(__AVX512VNNI__)
-// VNNI: vpdpbusd sums 4 products of unsigned weights' levels u and signed activations' a into each lane,
-// exactly. Sum (u - 128) * a = that - 128 * sum a (`biased`: the group's correction, `centred`).
-struct Prepared { IVec u; };
-constexpr bool kBiased = true;
-inline Prepared prepare(IVec u) { return {u}; }
-inline IVec dot4(IVec acc, const Prepared& w, IVec a) { return _mm512_dpbusd_epi32(acc, w.u, a); }
-inline IVec centred(IVec sums, int32_t levels) { return _mm512_sub_epi32(sums, _mm512_set1_epi32(128 * levels)); }
+// VNNI: vpdpbusd sums 4 products of unsigned weights' levels u and signed activations' a into each lane.
+inline IVec dot4(IVec acc, IVec u, IVec a) { return _mm512_dpbusd_epi32(acc, u, a); }
 inline IVec dot4_small(IVec acc, IVec u, IVec a) { return _mm512_dpbusd_epi32(acc, u, a); }
 inline IVec small_sums(IVec acc) { return acc; }
+constexpr bool kVnni = true;
 #else
-// AVX-512 without VNNI: the weights' signed levels q = u - 128; |q| * (a with q's sign) paired into 16-bit
-// sums by vpmaddubsw (|q| <= 128, |a| <= 127: a pair never saturates), then into 32-bit by vpmaddwd.
-struct Prepared { IVec magnitude; __mmask64 negative; };
-constexpr bool kBiased = false;
-inline Prepared prepare(IVec u) {
-  const IVec q = _mm512_xor_si512(u, _mm512_set1_epi8(static_cast<char>(0x80)));
-  return {_mm512_abs_epi8(q), _mm512_movepi8_mask(q)};
+// Without VNNI: u * a paired into 16-bit sums by vpmaddubsw (u <= 255, |a| <= 63: a pair never saturates),
+// then into 32-bit by vpmaddwd.
+inline IVec dot4(IVec acc, IVec u, IVec a) {
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, a), _mm512_set1_epi16(1)));
 }
-inline IVec dot4(IVec acc, const Prepared& w, IVec a) {
-  const IVec signed_a = _mm512_mask_sub_epi8(a, w.negative, _mm512_setzero_si512(), a);
-  const IVec pairs = _mm512_maddubs_epi16(w.magnitude, signed_a);
-  return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
-}
-inline IVec centred(IVec sums, int32_t) { return sums; }
 // 4-bit levels u in 0..15 times a, by vpmaddubsw into 16-bit lanes: a group's 16 products a lane stay within
-// 16 * 15 * 127 = 30,480, exact; widened to 32 bits (vpmaddwd) once a group by `small_sums`.
+// 16 * 15 * 63 = 15,120, exact; widened to 32 bits (vpmaddwd) once a group by `small_sums`.
 inline IVec dot4_small(IVec acc, IVec u, IVec a) { return _mm512_add_epi16(acc, _mm512_maddubs_epi16(u, a)); }
 inline IVec small_sums(IVec acc) { return _mm512_madd_epi16(acc, _mm512_set1_epi16(1)); }
+constexpr bool kVnni = false;
 #endif
+inline IVec centred(IVec sums, int32_t levels) { return _mm512_sub_epi32(sums, _mm512_set1_epi32(128 * levels)); }
 // A 64-byte block of 4-bit levels: the low nibbles (the first 4 inputs of each lane's 8), the high ones.
 inline IVec low_nibbles(IVec v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
 inline IVec high_nibbles(IVec v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
@@ -153,33 +143,24 @@ inline Vec power_of_two(Vec n) {
 }
 #if defined(__AVXVNNI__) || defined(__AVX512VNNI__)
 // AVX-VNNI (most laptops since 2021), or AVX-512 VNNI's instruction on 8 lanes: as on 16 lanes above.
-struct Prepared { IVec u; };
-constexpr bool kBiased = true;
-inline Prepared prepare(IVec u) { return {u}; }
 #if defined(__AVXVNNI__)
-inline IVec dot4_small(IVec acc, IVec u, IVec a) { return _mm256_dpbusd_avx_epi32(acc, u, a); }
+inline IVec dot4(IVec acc, IVec u, IVec a) { return _mm256_dpbusd_avx_epi32(acc, u, a); }
 #else
-inline IVec dot4_small(IVec acc, IVec u, IVec a) { return _mm256_dpbusd_epi32(acc, u, a); }
+inline IVec dot4(IVec acc, IVec u, IVec a) { return _mm256_dpbusd_epi32(acc, u, a); }
 #endif
-inline IVec dot4(IVec acc, const Prepared& w, IVec a) { return dot4_small(acc, w.u, a); }
+inline IVec dot4_small(IVec acc, IVec u, IVec a) { return dot4(acc, u, a); }
 inline IVec small_sums(IVec acc) { return acc; }
-inline IVec centred(IVec sums, int32_t levels) { return _mm256_sub_epi32(sums, _mm256_set1_epi32(128 * levels)); }
+constexpr bool kVnni = true;
 #else
-// AVX2: as AVX-512 without VNNI, q's sign put on a by vpsignb.
-struct Prepared { IVec magnitude, q; };
-constexpr bool kBiased = false;
-inline Prepared prepare(IVec u) {
-  const IVec q = _mm256_xor_si256(u, _mm256_set1_epi8(static_cast<char>(0x80)));
-  return {_mm256_abs_epi8(q), q};
+// AVX2: as AVX-512 without VNNI.
+inline IVec dot4(IVec acc, IVec u, IVec a) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16(1)));
 }
-inline IVec dot4(IVec acc, const Prepared& w, IVec a) {
-  const IVec pairs = _mm256_maddubs_epi16(w.magnitude, _mm256_sign_epi8(a, w.q));
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-}
-inline IVec centred(IVec sums, int32_t) { return sums; }
 inline IVec dot4_small(IVec acc, IVec u, IVec a) { return _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, a)); }
 inline IVec small_sums(IVec acc) { return _mm256_madd_epi16(acc, _mm256_set1_epi16(1)); }
+constexpr bool kVnni = false;
 #endif
+inline IVec centred(IVec sums, int32_t levels) { return _mm256_sub_epi32(sums, _mm256_set1_epi32(128 * levels)); }
 inline IVec low_nibbles(IVec v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
 inline IVec high_nibbles(IVec v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
 #endif
@@ -217,13 +198,12 @@ constexpr int64_t kQuad = 4;                     // inputs a lane sums per instr
 constexpr int64_t kQuadBytes = kPanel * kQuad;   // a panel's weights for 4 inputs (8 at 4 bits): 64 bytes
 template <int Bits>
 constexpr int64_t kBlockInputs = Bits == 8 ? kQuad : 2 * kQuad;  // inputs a lane's 4 bytes hold
-// AVX2 without VNNI: 16 registers, and two of them (a magnitude and a sign) for each vector of weights.
-constexpr bool kFewRegisters = kVectors == 2 && !kBiased;
+// AVX2 without VNNI: 16 registers, shared by the sums, the weights, the pairs in flight and vpmaddwd's ones.
+constexpr bool kFewRegisters = kVectors == 2 && !kVnni;
 // The int8 register block for forwards of many rows: 6 rows by 16 outputs (8 lanes) or 48 (16 lanes), the
 // fastest of 2-8 rows by 16-64 outputs for the 0.5B model's layers (2026-12, Intel Xeon, 2 threads); 4 rows
-// on AVX2 without VNNI, whose sums (2 registers a row) and weights (a magnitude and a sign a vector) must
-// share 16 registers: 6 rows spilled sums at every quad (0.82-0.89x the time at 64-256 rows, AMD EPYC
-// steered to AVX2, 2026-12-04).
+// on AVX2 without VNNI, whose sums take 2 registers a row: 4 rows took 0.89x 6 rows' time and 0.92x 5 rows'
+// at 256 rows, about the same at 64 (AMD EPYC steered to AVX2, 2026-12-04).
 constexpr int kIntRows = kFewRegisters ? 4 : 6;
 constexpr int kIntPanels = kVectors == 2 ? 1 : 3;
 
@@ -244,14 +224,20 @@ struct IntWeights {
 
 // A forward's activations quantized (`quantize_row`), row r's at r * K and r * K/32.
 struct Levels {
-  const int8_t* a;        // (M, K): round(x * 127 / max|x|), in -127..127
-  const float* step;      // (M, K/32): d = max|x| / 127 of the group (0 for a group of zeros)
+  const int8_t* a;        // (M, K): round(x * 63 / max|x|), in -63..63
+  const float* step;      // (M, K/32): d = max|x| / 63 of the group (0 for a group of zeros)
   const float* total;     // (M, K/32): d * (sum of the group's levels)
   const int32_t* sum;     // (M, K/32): the sum of the group's levels
   int64_t K;
 };
 
-// Row x (K floats) quantized into its levels, per group of 32: d = max|x| / 127, a = round(x * (127 /
+// The activations' highest level: 63, not int8's 127, so that vpmaddubsw's pairs of an unsigned weight level
+// (at most 255) times an activation level stay within 16 bits (2 * 255 * 63 = 32,130) and AVX2 without VNNI
+// multiplies the weights' levels as they are stored: 3 instructions per 32 products rather than 4 (with
+// vpsignb) and 4 registers fewer, 0.74-0.81x the time at 16-256 rows (docs/kernels.md).
+constexpr float kActivationTop = 63.0f;
+
+// Row x (K floats) quantized into its levels, per group of 32: d = max|x| / 63, a = round(x * (63 /
 // max|x|)), to even; a group of zeros has d = 0 and levels 0. Elementwise, so every vector width agrees.
 void quantize_row(const float* x, int64_t K, int8_t* a, float* step, float* total, int32_t* sum) {
   for (int64_t g = 0; g < K / kGroup; ++g) {
@@ -259,12 +245,12 @@ void quantize_row(const float* x, int64_t K, int8_t* a, float* step, float* tota
     Vec high = zero();
     UNROLL for (int i = 0; i < kGroup; i += kLanes) high = greater(high, magnitude(load(xs + i)));
     const float largest = greatest(high);
-    const float inverse = largest > 0.0f ? 127.0f / largest : 0.0f;
+    const float inverse = largest > 0.0f ? kActivationTop / largest : 0.0f;
     const Vec scale = broadcast(&inverse);
     UNROLL for (int i = 0; i < kGroup; i += kLanes) store_int8(a + g * kGroup + i, rounded(mul(load(xs + i), scale)));
     int32_t levels = 0;
     for (int i = 0; i < kGroup; ++i) levels += a[g * kGroup + i];
-    step[g] = largest / 127.0f;
+    step[g] = largest / kActivationTop;
     sum[g] = levels;
     total[g] = step[g] * static_cast<float>(levels);
   }
@@ -298,8 +284,7 @@ void int_block(const Levels& x, int64_t row, const IntWeights& w, int64_t panel,
         UNROLL for (int r = 0; r < R; ++r) a[r] = ibroadcast(four_levels(x.a + (row + r) * K + quad * kQuad));
         UNROLL for (int p = 0; p < P; ++p)
           UNROLL for (int h = 0; h < kVectors; ++h) {
-            const Prepared weights =
-                prepare(iload(w.q + ((panel + p) * quads + quad) * kQuadBytes + h * kLanes * kQuad));
+            const IVec weights = iload(w.q + ((panel + p) * quads + quad) * kQuadBytes + h * kLanes * kQuad);
             UNROLL for (int r = 0; r < R; ++r) sums[r][p][h] = dot4(sums[r][p][h], weights, a[r]);
           }
         in_registers(sums);
