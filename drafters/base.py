@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -45,6 +45,17 @@ class Drafter(Protocol):
     def observe(self, n_accepted: int) -> None:
         """Feedback after each verify: how many of the last proposal's tokens the target accepted."""
         ...
+
+
+@runtime_checkable
+class CatchesUp(Protocol):
+    """A drafter that must first read what was committed since it last proposed (a draft model on its own
+    cache): `backlog` tokens before proposing on `context`; `caught_up` is what its last proposal read
+    (tokens, seconds)."""
+
+    caught_up: tuple[int, float]
+
+    def backlog(self, context: Sequence[int]) -> int: ...
 
 
 class NoDrafter:

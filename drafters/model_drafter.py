@@ -8,8 +8,10 @@ fixed length cost up to 4x the energy of plain decoding, and a threshold near 0.
 every task measured (the seed measurements of this project, 2026-11).
 
 - `ModelDrafter`: a second model with the target's tokenizer and its own KV cache. Before drafting it
-  feeds the cache what was committed since it last drafted (after a copy run, a few hundred tokens in one
-  forward), so it always drafts from the full committed context.
+  feeds the cache what was committed since it last drafted (its backlog: the whole prompt the first time,
+  after a copy run a few hundred tokens, in one forward), so it always drafts from the full committed
+  context. On a CPU that forward computes as many rows as it reads: the cost governor weighs it before
+  asking (`loop.governor`).
 - `LayerSkipDrafter`: the target with some layers left out, on the target's own cache: the kept layers
   read the keys and values the full model wrote for the committed tokens, so there is nothing to catch
   up and no second model in memory. The drafted positions are cropped away before the target verifies.
@@ -18,6 +20,7 @@ every task measured (the seed measurements of this project, 2026-11).
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -122,6 +125,11 @@ class ModelDrafter:
         self.cache = draft_model.new_cache()
         self.cached_tokens: list[int] = []  # what the cache holds, position by position
         self._proposed_from = 0  # context length at the last proposal, until its feedback
+        self.caught_up = (0, 0.0)  # the last proposal's catch-up: tokens fed, seconds
+
+    def backlog(self, context: Sequence[int]) -> int:
+        """The tokens a proposal on `context` would feed the model before drafting."""
+        return len(context) - min(_common_prefix(self.cached_tokens, context), len(context) - 1)
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
         k = min(k, self._config.max_draft)
@@ -133,7 +141,9 @@ class ModelDrafter:
             keep = min(_common_prefix(self.cached_tokens, context), len(context) - 1)
             kv_cache.rollback(self.cache, keep)
             del self.cached_tokens[keep:]
+            started = time.perf_counter()
             first_logits = self._forward(context[keep:])
+            self.caught_up = (len(context) - keep, time.perf_counter() - started)
             # 2. Draft; every drafted token but the last goes through the model, and so into the cache.
             draft = draft_tokens(
                 first_logits,

@@ -34,7 +34,7 @@ from specedit.engine.errors import ModelLoadError, SpeceditError
 from specedit.engine.events import Step
 from specedit.engine.loop.drafting import build_drafter
 from specedit.engine.loop.generate import Engine, Generation
-from specedit.engine.loop.governor import CostGovernor, StepCost
+from specedit.engine.loop.governor import CATCH_UP_ROW, RENT, CostGovernor, StepCost
 from specedit.engine.loop.rewrite import rewrite
 from specedit.engine.loop.sampling import SamplingConfig
 from specedit.engine.model import kernels, kv_cache, quantized
@@ -557,6 +557,76 @@ def test_an_expensive_link_that_stops_paying_is_probed_after_a_growing_cool_down
     # Off for 4 steps, probed, off for 8, probed, off for 16, probed: the inner drafter is rarely asked.
     assert [i for i, a in enumerate(asked) if a] == [4, 13]
     assert link.cooldown == 32
+
+
+class BackloggedDrafter(ScriptedDrafter):
+    """A scripted draft model that must first read what was committed since it last proposed: each
+    backlog token costs it `row` seconds (a test double for `ModelDrafter`'s catch-up)."""
+
+    def __init__(self, answer: Sequence[int], output_start: int, vocab: int, row: float) -> None:
+        super().__init__(answer, output_start, vocab)
+        self.wrong = False
+        self.row = row
+        self.read = 0  # the context it has read
+        self.caught_up = (0, 0.0)
+
+    def backlog(self, context: Sequence[int]) -> int:
+        return len(context) - self.read
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        tokens = self.backlog(context)
+        self.caught_up = (tokens, tokens * self.row)
+        self.read = len(context)
+        return super().propose(context, k)
+
+    def observe(self, n_accepted: int) -> None:
+        self.read += n_accepted  # as a draft model reads its own tokens while drafting
+
+
+def test_a_draft_model_reads_a_long_backlog_only_once_waiting_has_cost_as_much() -> None:
+    """Ski rental: 200 tokens to read at the first catch-up's price (CATCH_UP_ROW of a plain step of 0.1 s
+    each) wait until the steps it sat out would have saved as much (RENT of a plain step each); a short
+    backlog is read at once; and the catch-up is not held against the step that paid it."""
+    governor = CostGovernor()
+    row = CATCH_UP_ROW * 0.1
+    inner = BackloggedDrafter([1] * 1000, 0, 5, row=row)
+    gated = governor.gate(inner, "draft-model", max_draft=8, cheap=False)
+    link = governor.links["draft-model"]
+    context = [0] * 200
+    assert gated.propose(context, 8) == NO_DRAFT  # no plain step timed yet: it prices the backlog
+    governor.record(_cost("", 0, 0, 0.1, position=201))
+    context.append(0)
+    waited = 0
+    while not (draft := gated.propose(context, 8)).tokens:  # each a plain step
+        waited += 1
+        governor.record(_cost("", 0, 0, 0.1, position=len(context) + 1))
+        context.append(0)
+        assert waited < 40
+    # at the k-th ask, 200 + k tokens to read against a rent of k * RENT * 0.1 s (this step's included)
+    asked = next(k for k in itertools.count(1) if (200 + k) * row <= k * RENT * 0.1)
+    assert asked > 10 and waited == asked - 1 and inner.proposals == 1 and len(draft) == 8
+    assert link.row_seconds == pytest.approx(row) and link.rent == 0.0
+    gated.observe(8)
+    # 8 accepted for the catch-up and 0.1 s more: judged on the 0.1 s, it paid
+    sunk = inner.caught_up[1]
+    governor.record(StepCost("draft-model", 8, 8, 9, sunk + 0.1, 2 * (sunk + 0.1), len(context) + 9))
+    assert link.cap == 8 and link.backoffs == 0 and link.balance > 0
+    context += [1] * 9
+    assert inner.backlog(context) == 1 and gated.propose(context, 8).tokens  # the target's token: read at once
+    assert inner.proposals == 2
+
+
+def test_a_model_drafter_knows_its_backlog() -> None:
+    engine = tiny_engine("qwen2", seed=9)
+    inner = ModelDrafter(draft_model_for(engine, seed=9), output_start=3, config=ALWAYS)
+    context = [5, 6, 7, 8, 9]
+    assert inner.backlog(context) == 5
+    draft = inner.propose(context, 4)
+    assert inner.caught_up[0] == 5 and inner.caught_up[1] > 0
+    inner.observe(2)  # 2 of its drafted tokens accepted, then the target's own
+    context = [*context, *draft.tokens[:2], 3]
+    assert inner.backlog(context) == 1
+    assert inner.backlog([5, 6, 1]) == 1  # a context it has not read past its second token
 
 
 def test_a_model_drafter_unsure_of_its_first_token_backs_off() -> None:
