@@ -140,17 +140,35 @@ def test_the_kernel_computes_its_weights_on_activations_quantized_by_group(
     output = layer(x)
     assert output.shape == (2, 9, out_features)
     assert torch.allclose(output.double(), _by_the_kernels_rule(layer, x), atol=1e-3, rtol=1e-5)
-    # the same product as the float32 activations', within what 8-bit activations lose (1/254 of a group's
+    # the same product as the float32 activations', within what 7-bit activations lose (1/126 of a group's
     # largest, per activation)
     exact = x.double() @ layer.dequantized().double().T + layer.bias[:out_features].double()  # type: ignore[index]
     groups = x.reshape(2, 9, -1, 32).abs().amax(-1, keepdim=True).expand(-1, -1, -1, 32).reshape(x.shape)
-    bound = (groups.double() / 254) @ layer.dequantized().double().abs().T
+    bound = (groups.double() / 126) @ layer.dequantized().double().abs().T
     assert ((output.double() - exact).abs() <= bound + 1e-3).all()
     assert not torch.equal(output.double(), exact)
     unpacked = layer.unpacked()  # what transformers' kernels get: the float32 activations
     assert torch.allclose(unpacked(x).double(), exact, atol=1e-3)
     unbiased = _layer(out_features, in_features, bias=False, bits=bits)
     assert torch.equal(unbiased(x) + layer.bias[:out_features], output)  # type: ignore[index]
+
+
+def _at_the_extremes() -> tuple[quantized.QuantizedLinear, torch.Tensor]:
+    """Every weight at its group's top level, 255, but the group's first at 0, and activations at +63 or -63
+    throughout: each of vpmaddubsw's 16-bit pairs (AVX2 without VNNI) then adds 2 * 255 * 63 = 32,130, the
+    most it ever does. With activation levels of 127 a pair would saturate at 32,767."""
+    weight = torch.ones(16, 64)
+    weight[:, ::32] = -1.0
+    return quantized.QuantizedLinear(weight, None), torch.cat([torch.ones(2, 64), -torch.ones(2, 64)])
+
+
+@needs_kernel
+def test_the_largest_levels_never_overflow_a_16_bit_pair() -> None:
+    layer, x = _at_the_extremes()
+    assert int(quantized.levels(layer.q, 8).max()) == 127  # levels less 128: 255 as stored
+    expected = _by_the_kernels_rule(layer, x)
+    assert torch.allclose(layer(x).double(), expected, rtol=1e-6)
+    assert torch.allclose(expected, x.double() @ layer.dequantized()[:16].double().T, rtol=1e-3)
 
 
 @needs_kernel
@@ -371,7 +389,7 @@ VARIANT_CHECK = textwrap.dedent(
     """
     import sys, torch
     sys.path.insert(0, sys.argv[1])
-    from test_kernels import _layer
+    from test_kernels import _at_the_extremes, _layer
     from specedit.engine.model import kernels
     assert kernels.available() is None
     x = torch.randn(70, 96, generator=torch.Generator().manual_seed(7))
@@ -380,7 +398,9 @@ VARIANT_CHECK = textwrap.dedent(
     linear = torch.cat([weights(rows) for weights in (layer, four) for rows in (x, x[:4], x[:3], x[:2], x[:1])])
     attention = torch.cat([kernels.attention(query[:, 20:], key[:2], value[:2], 20, 0.3),  # 3 heads a kv head
                            kernels.attention(query[:, 89:], key[:2], value[:2], 89, 0.3)])
-    torch.save({"variant": kernels.variant(), "linear": linear, "attention": attention}, sys.argv[2])
+    extreme, at = _at_the_extremes()
+    torch.save({"variant": kernels.variant(), "linear": linear, "attention": attention, "extremes": extreme(at)},
+               sys.argv[2])
     """
 )
 
@@ -389,7 +409,7 @@ VARIANT_CHECK = textwrap.dedent(
 def test_every_variant_of_the_kernels_gives_the_same_bits(tmp_path: Path) -> None:
     """Each output is one lane, computed the same way on 8-lane and 16-lane vectors, with VNNI's 4-product
     sums or AVX2's 2-product ones: every variant this CPU runs (`SPECEDIT_KERNELS`) gives the same bits,
-    every row count, both ops, int8 and int4 weights."""
+    every row count, both ops, int8 and int4 weights, and the levels at their extremes."""
     variants = kernels.runnable_variants()
     if len(variants) == 1:
         pytest.skip(f"torch runs {torch.backends.cpu.get_cpu_capability()} here: the AVX2 kernels only")
@@ -406,6 +426,7 @@ def test_every_variant_of_the_kernels_gives_the_same_bits(tmp_path: Path) -> Non
     for variant in variants[1:]:
         assert torch.equal(results[variant]["linear"], results["avx2"]["linear"]), variant
         assert torch.equal(results[variant]["attention"], results["avx2"]["attention"]), variant
+        assert torch.equal(results[variant]["extremes"], results["avx2"]["extremes"]), variant
 
 
 def test_the_weights_option_is_checked() -> None:

@@ -234,7 +234,7 @@ struct Levels {
 // The activations' highest level: 63, not int8's 127, so that vpmaddubsw's pairs of an unsigned weight level
 // (at most 255) times an activation level stay within 16 bits (2 * 255 * 63 = 32,130) and AVX2 without VNNI
 // multiplies the weights' levels as they are stored: 3 instructions per 32 products rather than 4 (with
-// vpsignb) and 4 registers fewer, 0.74-0.81x the time at 16-256 rows (docs/kernels.md).
+// vpsignb) and 4 registers fewer, 0.73-0.81x the time at 16-256 rows (docs/kernels.md).
 constexpr float kActivationTop = 63.0f;
 
 // Row x (K floats) quantized into its levels, per group of 32: d = max|x| / 63, a = round(x * (63 /
