@@ -6,8 +6,8 @@ construction: every output is one chain of float32 fused multiply-adds in the or
 its groups of 32 inputs, each summed exactly in integers), whatever the number of rows, the thread count
 or the CPU. Three ops:
 
-- `specedit::q8_linear`: a linear layer on int8 weights (`model.quantized`), its activations quantized to
-  int8 as it goes, the products summed in integers;
+- `specedit::q8_linear`: a linear layer on int8 weights (`model.quantized`), its activations quantized as it
+  goes (to 63 levels either side of zero, in int8), the products summed in integers;
 - `specedit::q8_quantize`: those int8 weights, scales and offsets from a layer's weights, in one pass;
 - `specedit::attention`: causal attention (`attention`: scores, softmax and weighted values in one pass),
   where the CPU's flash kernel is not row-invariant everywhere (Intel Xeon steered to AVX2, 1 thread: a
