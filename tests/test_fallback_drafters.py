@@ -616,6 +616,25 @@ def test_a_draft_model_reads_a_long_backlog_only_once_waiting_has_cost_as_much()
     assert inner.proposals == 2
 
 
+def test_the_one_token_a_caught_up_draft_model_reads_counts_against_its_step() -> None:
+    """Its catch-up of one token is the forward that gives its first draft token: part of the draft's
+    cost, not sunk. 2 tokens accepted, 3 committed in 0.32 s against 0.1 s plain steps: a loss, even
+    though leaving out that 0.06 s forward would have made it look like a saving."""
+    governor = CostGovernor()
+    inner = BackloggedDrafter([1] * 100, 0, 5, row=0.06)
+    inner.wrong = False
+    gated = governor.gate(inner, "draft-model", max_draft=2, cheap=False)
+    link = governor.links["draft-model"]
+    context = [0] * 10
+    inner.read = len(context) - 1  # caught up but for the target's last token
+    governor.record(_cost("", 0, 0, 0.1, position=10))
+    draft = gated.propose(context, 2)
+    assert len(draft) == 2 and inner.caught_up == (1, 0.06)
+    gated.observe(2)
+    governor.record(StepCost("draft-model", 2, 2, 3, 0.32, 0.64, 13))
+    assert link.backoffs == 1 and link.cap == 1 and link.balance < 0
+
+
 def test_a_model_drafter_knows_its_backlog() -> None:
     engine = tiny_engine("qwen2", seed=9)
     inner = ModelDrafter(draft_model_for(engine, seed=9), output_start=3, config=ALWAYS)
