@@ -385,12 +385,104 @@ def test_the_attention_on_own_kernels_is_torchs_and_row_invariant(heads: int, kv
         assert torch.equal(part, whole[:, first:]), first
 
 
+@needs_kernel
+@pytest.mark.parametrize("bits", [8, 4])
+def test_layers_in_one_call_are_each_layers_own_call(bits: int) -> None:
+    """q, k and v (or gate and up) in one call: the activations quantized once, each layer's outputs its own
+    call's bit for bit, whatever the rows (1 to 70: both of the kernel's paths), padded outputs and biases
+    or none; layers of two kinds are left to the caller."""
+    layers = [_layer(64, 96, bits=bits, seed=1), _layer(40, 96, bits=bits, seed=2)]
+    layers.append(_layer(16, 96, bias=False, seed=3, bits=bits))
+    x = torch.randn(70, 96, generator=torch.Generator().manual_seed(4))
+    for rows in (1, 2, 3, 4, 5, 70):
+        together = quantized.linears(x[:rows], layers)
+        assert together is not None and [t.shape for t in together] == [(rows, 64), (rows, 40), (rows, 16)]
+        for output, layer in zip(together, layers, strict=True):
+            assert torch.equal(output, layer(x[:rows])), rows
+    assert quantized.linears(x, [layers[0], _layer(16, 96, bits=12 - bits)]) is None
+
+
+def _rms_norm_by_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+@needs_kernel
+def test_the_layers_glue_is_torchs_to_rounding_and_each_row_its_own() -> None:
+    """RMSNorm within a float32 rounding of torch's (its sum of squares in double), the rotary embeddings
+    torch's bit for bit, SiLU times up within a few roundings of torch's; a row's result the same alone
+    or among others, and an element past the last whole vector computed as one inside it."""
+    generator = torch.Generator().manual_seed(6)
+    x = torch.randn(9, 896, generator=generator) * 5
+    weight = torch.randn(896, generator=generator)
+    normed = kernels.rms_norm(x, weight, 1e-6)
+    assert torch.allclose(normed, _rms_norm_by_torch(x, weight, 1e-6), rtol=2e-6, atol=1e-6)
+    assert all(torch.equal(kernels.rms_norm(x[r : r + 1], weight, 1e-6), normed[r : r + 1]) for r in range(9))
+    assert torch.equal(kernels.rms_norm(torch.zeros(1, 896), weight, 1e-6), torch.zeros(1, 896))
+
+    heads, width, rows = 6, 64, 7
+    states = torch.randn(1, rows, heads * width, generator=generator)
+    cos, sin = (torch.randn(rows, width, generator=generator) for _ in range(2))
+    cos, sin = torch.cat([cos[:, : width // 2]] * 2, -1), torch.cat([sin[:, : width // 2]] * 2, -1)
+    rotated = kernels.rotary(states, cos, sin, heads)  # (heads, rows, width)
+    split = states.view(1, rows, heads, width).transpose(1, 2)
+    turned = torch.cat((-split[..., width // 2 :], split[..., : width // 2]), dim=-1)
+    assert torch.equal(rotated[None], split * cos + turned * sin)
+    assert torch.equal(kernels.rotary(states[:, 3:4], cos[3:4], sin[3:4], heads), rotated[:, 3:4])
+
+    gate = torch.randn(3, 4864 + 5, generator=generator) * 8
+    gate[0, :4] = torch.tensor([0.0, -100.0, 100.0, -1e-30])
+    up = torch.randn(3, 4864 + 5, generator=generator)
+    product = kernels.silu_mul(gate, up)
+    expected = torch.nn.functional.silu(gate.double()) * up.double()
+    assert torch.allclose(product.double(), expected, rtol=1e-6, atol=1e-30)
+    assert all(torch.equal(kernels.silu_mul(gate[r], up[r]), product[r]) for r in range(3))
+    tail = torch.cat([gate[0, :3], gate[1, -5:]]), torch.cat([up[0, :3], up[1, -5:]])
+    assert torch.equal(kernels.silu_mul(*tail), torch.cat([product[0, :3], product[1, -5:]]))
+
+
+@needs_kernel
+def test_a_decoder_on_the_kernels_glue_computes_what_its_torch_glue_does(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """float32 on the CPU with the kernels loaded: the layers' glue is theirs (one call where torch took
+    6-8), the logits torch's to rounding, and on integer weights a row's logits the same whatever the
+    forward around it."""
+    from specedit.engine.model import decoder
+
+    config = decoder.covered(tiny_model_dir)
+    assert config is not None
+    model = decoder.load(tiny_model_dir, config, torch.float32)
+    ids = torch.tensor([list(range(3, 40))])
+    calls: list[str] = []
+    for name in ("rms_norm", "rotary", "silu_mul"):
+        monkeypatch.setattr(kernels, name, _counting(getattr(kernels, name), name, calls))
+    own = model(ids).logits
+    layers = config.num_hidden_layers
+    expected = {"rms_norm": 2 * layers + 1, "rotary": 2 * layers, "silu_mul": layers}
+    assert {name: calls.count(name) for name in set(calls)} == expected
+    with monkeypatch.context() as torch_glue:
+        torch_glue.setattr(decoder.kernels, "loaded", lambda: False)
+        assert torch.allclose(model(ids).logits, own, rtol=1e-4, atol=1e-4)
+    quantized.quantize_linears(model)  # (torch's float32 products are not row-invariant: the kernel's are)
+    whole, cache = model(ids).logits, model.new_cache()
+    pieces = [model(ids[:, :20], cache=cache), model(ids[:, 20:21], cache=cache), model(ids[:, 21:], cache=cache)]
+    assert torch.equal(torch.cat([piece.logits for piece in pieces], dim=1), whole)
+
+
+def _counting(function: Any, name: str, calls: list[str]) -> Any:
+    def counted(*args: Any) -> Any:
+        calls.append(name)
+        return function(*args)
+
+    return counted
+
+
 VARIANT_CHECK = textwrap.dedent(
     """
     import sys, torch
     sys.path.insert(0, sys.argv[1])
     from test_kernels import _at_the_extremes, _layer
-    from specedit.engine.model import kernels
+    from specedit.engine.model import kernels, quantized
     assert kernels.available() is None
     x = torch.randn(70, 96, generator=torch.Generator().manual_seed(7))
     layer, four = _layer(40, 96), _layer(40, 96, bits=4)
@@ -399,8 +491,12 @@ VARIANT_CHECK = textwrap.dedent(
     attention = torch.cat([kernels.attention(query[:, 20:], key[:2], value[:2], 20, 0.3),  # 3 heads a kv head
                            kernels.attention(query[:, 89:], key[:2], value[:2], 89, 0.3)])
     extreme, at = _at_the_extremes()
-    torch.save({"variant": kernels.variant(), "linear": linear, "attention": attention, "extremes": extreme(at)},
-               sys.argv[2])
+    glue = torch.cat([kernels.rms_norm(x, x[0], 1e-6), kernels.silu_mul(x * 9, x.flip(0)),
+                      kernels.silu_mul(x[0, :13] * 9, x[1, :13]).expand(70, 13),
+                      kernels.rotary(x[:, :64], x[:, 64:80].repeat(1, 2), x[:, 80:96].repeat(1, 2), 2)[1]], dim=1)
+    together = torch.cat(quantized.linears(x[:3], [layer, _layer(16, 96, seed=1)]), dim=1)
+    torch.save({"variant": kernels.variant(), "linear": linear, "attention": attention, "extremes": extreme(at),
+                "glue": glue, "together": together}, sys.argv[2])
     """
 )
 
@@ -427,6 +523,8 @@ def test_every_variant_of_the_kernels_gives_the_same_bits(tmp_path: Path) -> Non
         assert torch.equal(results[variant]["linear"], results["avx2"]["linear"]), variant
         assert torch.equal(results[variant]["attention"], results["avx2"]["attention"]), variant
         assert torch.equal(results[variant]["extremes"], results["avx2"]["extremes"]), variant
+        assert torch.equal(results[variant]["glue"], results["avx2"]["glue"]), variant
+        assert torch.equal(results[variant]["together"], results["avx2"]["together"]), variant
 
 
 def test_the_weights_option_is_checked() -> None:

@@ -2,16 +2,20 @@
 
 The engine's exactness rests on a row's logits not depending on the forward that computes it (see
 `model.invariant`). torch's kernels do so on some CPUs and not on others, as measured; these do by
-construction: every output is one chain of float32 fused multiply-adds in the order of its inputs (or of
-its groups of 32 inputs, each summed exactly in integers), whatever the number of rows, the thread count
-or the CPU. Three ops:
+construction: every output of a product is one chain of float32 fused multiply-adds in the order of its
+inputs (or of its groups of 32 inputs, each summed exactly in integers), and every other output is
+computed from its own row alone, whatever the number of rows, the thread count or the CPU. The ops:
 
 - `specedit::q8_linear`: a linear layer on int8 weights (`model.quantized`), its activations quantized as it
   goes (to 63 levels either side of zero, in int8), the products summed in integers;
 - `specedit::q8_quantize`: those int8 weights, scales and offsets from a layer's weights, in one pass;
+- `specedit::q8_linears`, `specedit::q4_linears`: several layers on one input (a layer's q, k and v
+  projections; its gate and up), the activations quantized once, every layer's outputs as its own call's;
 - `specedit::attention`: causal attention (`attention`: scores, softmax and weighted values in one pass),
   where the CPU's flash kernel is not row-invariant everywhere (Intel Xeon steered to AVX2, 1 thread: a
-  prefill of 61 rows at once and in two pieces differ; 2026-12).
+  prefill of 61 rows at once and in two pieces differ; 2026-12);
+- `specedit::rms_norm`, `specedit::rotary`, `specedit::silu_mul`: a decoder layer's elementwise glue, one
+  call each where torch takes 6-8 operators (`model.decoder`).
 
 They are compiled on first use with the machine's C++ compiler against the installed torch (about 10 s),
 into a folder keyed by the source, torch's version and the flags, sealed there (`integrity`: a library
@@ -68,6 +72,26 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, first
     and values (H_kv, first + T or more, D) (grouped-query heads: head h on kv head h // (H / H_kv)) -> (T, H,
     D), row-invariantly. D: a multiple of 16; any strides but D's."""
     output: torch.Tensor = torch.ops.specedit.attention(query, key, value, first, scale)
+    return output
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of each row of float32 `x` (..., K): weight * (x / sqrt(mean(x^2) + eps)), the sum of squares
+    in double: the same on every CPU, whatever the rows beside it."""
+    output: torch.Tensor = torch.ops.specedit.rms_norm(x, weight, eps)
+    return output
+
+
+def rotary(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
+    """Rotary embeddings of a projection's rows, torch's bits: states (T, heads * D) (or (1, T, heads * D)),
+    cos and sin (T, D) -> (heads, T, D)."""
+    output: torch.Tensor = torch.ops.specedit.rotary(states, cos, sin, heads)
+    return output
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up, elementwise, float32."""
+    output: torch.Tensor = torch.ops.specedit.silu_mul(gate, up)
     return output
 
 
