@@ -38,9 +38,9 @@ step) to its *rent*; it catches up once the backlog costs no more than the rent 
 priced per token as its last catch-up measured (`CATCH_UP_ROW` of a plain step before one). So a short
 edit in a long file is decoded plainly, and long new text pays the catch-up once, after waiting about as
 long as the catch-up costs. The catch-up is not counted when the step itself is judged: it was paid for
-the steps that follow as much as for that one. Its last token is: a caught-up draft model reads one token
-a step too, the forward that gives its first draft token (left out, it made every draft look 20 ms, half a
-plain step, cheaper than it was: the 1.5B model on a CPU, docs/drafting.md).
+the steps that follow as much as for that one. Its last token is counted: a caught-up draft model reads
+one token a step too, the forward that gives its first draft token (left out, it made every draft look
+20 ms, half a plain step, cheaper than it was: the 1.5B model on a CPU, docs/drafting.md).
 """
 
 from __future__ import annotations

@@ -76,8 +76,8 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, first
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of each row of float32 `x` (..., K): weight * (x / sqrt(mean(x^2) + eps)), the sum of squares
-    in double: the same on every CPU, whatever the rows beside it."""
+    """RMSNorm of each row of float32 `x` (..., K): weight * (x * (1 / sqrt(mean(x^2) + eps))), the sum of
+    squares in double: the same on every CPU, whatever the rows beside it."""
     output: torch.Tensor = torch.ops.specedit.rms_norm(x, weight, eps)
     return output
 
