@@ -129,16 +129,20 @@ class ModelDrafter:
 
     def backlog(self, context: Sequence[int]) -> int:
         """The tokens a proposal on `context` would feed the model before drafting."""
-        return len(context) - min(_common_prefix(self.cached_tokens, context), len(context) - 1)
+        return len(context) - self._kept(context)
+
+    def _kept(self, context: Sequence[int]) -> int:
+        """The cached positions a proposal on `context` keeps: the prefix the context still agrees with (all
+        of it, unless a caller rewound), less the last context token, which gives the first prediction."""
+        return min(_common_prefix(self.cached_tokens, context), len(context) - 1)
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
         k = min(k, self._config.max_draft)
         if k < 1 or not context:
             return NO_DRAFT
         with torch.inference_mode():
-            # 1. Catch up: keep the cached prefix the context still agrees with (all of it, unless a
-            #    caller rewound), then feed the rest; the last context token gives the first prediction.
-            keep = min(_common_prefix(self.cached_tokens, context), len(context) - 1)
+            # 1. Catch up: keep what the cache still agrees with, then feed the rest.
+            keep = self._kept(context)
             kv_cache.rollback(self.cache, keep)
             del self.cached_tokens[keep:]
             started = time.perf_counter()

@@ -141,30 +141,20 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """`first`: the position of x's first row (what the cache held before). `own`: on specedit's kernels
         (`Decoder.forward`), cos and sin (T, D)."""
-        if own:
-            return self._on_own_kernels(x, cos, sin, cache, first)
         shape = (*x.shape[:-1], -1, self.width)  # (1, T, heads, width)
-        query = _rotated(self.q_proj(x).view(shape).transpose(1, 2), cos, sin)
-        key = _rotated(self.k_proj(x).view(shape).transpose(1, 2), cos, sin)
-        value = self.v_proj(x).view(shape).transpose(1, 2)
+        if own:  # q, k and v in one call, each rotated in one
+            projections = (self.q_proj, self.k_proj, self.v_proj)
+            q, k, v = quantized.linears(x, projections) or [projection(x) for projection in projections]
+            query = kernels.rotary(q, cos, sin, q.shape[-1] // self.width)[None]  # (1, heads, T, width)
+            key = kernels.rotary(k, cos, sin, k.shape[-1] // self.width)[None]
+        else:
+            query = _rotated(self.q_proj(x).view(shape).transpose(1, 2), cos, sin)
+            key = _rotated(self.k_proj(x).view(shape).transpose(1, 2), cos, sin)
+            v = self.v_proj(x)
+        value = v.view(shape).transpose(1, 2)
         key, value = cache.update(key, value, self.index)  # all it holds, and perhaps zeros after (`KVCache`)
         output = invariant.attention(query, key, value, first, self.scale)
         projected: torch.Tensor = self.o_proj(output.reshape(*x.shape[:-1], -1))
-        return projected
-
-    def _on_own_kernels(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, first: int
-    ) -> torch.Tensor:
-        """The same on specedit's kernels: q, k and v in one call, each rotated in one."""
-        projections = (self.q_proj, self.k_proj, self.v_proj)
-        q, k, v = quantized.linears(x, projections) or [projection(x) for projection in projections]
-        rows = x.shape[1]
-        query = kernels.rotary(q, cos, sin, q.shape[-1] // self.width)[None]  # (1, heads, T, width)
-        key = kernels.rotary(k, cos, sin, k.shape[-1] // self.width)[None]
-        value = v.view(1, rows, -1, self.width).transpose(1, 2)
-        key, value = cache.update(key, value, self.index)
-        output = invariant.attention(query, key, value, first, self.scale)
-        projected: torch.Tensor = self.o_proj(output.reshape(1, rows, -1))
         return projected
 
 

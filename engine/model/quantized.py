@@ -86,7 +86,10 @@ class QuantizedLinear(torch.nn.Module):
         self._kernel = torch.ops.specedit.q8_linear if bits == 8 else torch.ops.specedit.q4_linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
-        output: torch.Tensor = self._kernel(x, self.q, self.scales, self.offsets, self.bias)
+        return self.trimmed(self._kernel(x, self.q, self.scales, self.offsets, self.bias))
+
+    def trimmed(self, output: torch.Tensor) -> torch.Tensor:
+        """The kernel's output without the outputs that pad the last panel."""
         return output if output.shape[-1] == self.out_features else output[..., : self.out_features]
 
     def dequantized(self) -> torch.Tensor:
@@ -117,10 +120,7 @@ def linears(x: torch.Tensor, layers: Sequence[torch.nn.Module]) -> list[torch.Te
         [layer.offsets for layer in integer],
         [layer.bias for layer in integer],
     )
-    return [
-        output if output.shape[-1] == layer.out_features else output[..., : layer.out_features]
-        for output, layer in zip(outputs, integer, strict=True)
-    ]
+    return [layer.trimmed(output) for output, layer in zip(outputs, integer, strict=True)]
 
 
 def quantize(weight: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
