@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
-"""Writes the benchmark's whole-file case set from the shared edits data (nothing is copied into the repo).
+"""Writes a benchmark case set from the shared edits data (nothing is copied into the repo).
 
     scripts/bench_cases.py > bench-results/wholefile30.jsonl
+    scripts/bench_cases.py --mid-size > bench-results/midsize6.jsonl
 
-Every 49th case of humanevalfix.jsonl (20 cases: Python, JS, Java, Go, C++, Rust) and 10 files under
-2,000 characters of git_history.jsonl, spread over the file: the model rewrites whole files.
+The default set: every 49th case of humanevalfix.jsonl (20 cases: Python, JS, Java, Go, C++, Rust) and 10
+files under 2,000 characters of git_history.jsonl, spread over the file: the model rewrites whole files.
+
+`--mid-size`: 6 files of 4,500-9,000 characters of git_history.jsonl, spread over the file (1,000-2,600
+tokens each, where the prefill is half of a rewrite); none is in the default set, and none was tuned on.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -21,11 +26,25 @@ def read(name: str) -> list[dict[str, str]]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-def main() -> None:
-    cases = read("humanevalfix.jsonl")[::49][:20]
+def spread(cases: list[dict[str, str]], count: int) -> list[dict[str, str]]:
+    """`count` cases taken at even steps over `cases`."""
+    return cases[:: max(1, len(cases) // count)][:count]
+
+
+def whole_files() -> list[dict[str, str]]:
     short = [case for case in read("git_history.jsonl") if len(case["before"]) < 2000]
-    cases += short[:: max(1, len(short) // 10)][:10]
-    for case in cases:
+    return read("humanevalfix.jsonl")[::49][:20] + spread(short, 10)
+
+
+def mid_size() -> list[dict[str, str]]:
+    return spread([case for case in read("git_history.jsonl") if 4500 <= len(case["before"]) <= 9000], 6)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mid-size", action="store_true", help="6 files of 4,500-9,000 characters")
+    args = parser.parse_args()
+    for case in mid_size() if args.mid_size else whole_files():
         sys.stdout.write(json.dumps(case) + "\n")
 
 
