@@ -7,8 +7,9 @@
 The default set: every 49th case of humanevalfix.jsonl (20 cases: Python, JS, Java, Go, C++, Rust) and 10
 files under 2,000 characters of git_history.jsonl, spread over the file: the model rewrites whole files.
 
-`--mid-size`: 6 files of 4,500-9,000 characters of git_history.jsonl, spread over the file (1,000-2,600
-tokens each, where the prefill is half of a rewrite); none is in the default set, and none was tuned on.
+`--mid-size`: 6 files of 4,500-9,000 characters of git_history.jsonl, spread over the file (prompts of
+1,300-2,100 tokens, where the prefill is about a third of a rewrite); none is in the default set, and none
+was tuned on.
 """
 
 from __future__ import annotations
