@@ -60,7 +60,13 @@ def build_tokenizer(*, chat: bool = True, eos: bool = True) -> Any:
 
 
 def build_model(
-    architecture: str, vocab_size: int, *, seed: int = 0, dtype: torch.dtype = torch.float64, layers: int = 2
+    architecture: str,
+    vocab_size: int,
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+    layers: int = 2,
+    positions: int = 2048,
 ) -> Any:
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
@@ -69,7 +75,7 @@ def build_model(
     if architecture == "gpt2":
         config: Any = GPT2Config(
             vocab_size=vocab_size,
-            n_positions=2048,
+            n_positions=positions,
             n_embd=32,
             n_layer=layers,
             n_head=4,
@@ -86,7 +92,7 @@ def build_model(
             num_hidden_layers=layers,
             num_attention_heads=4,
             num_key_value_heads=2,
-            max_position_embeddings=2048,
+            max_position_embeddings=positions,
             initializer_range=0.3,
         )
         model = Qwen2ForCausalLM(config)
@@ -98,7 +104,7 @@ def build_model(
             num_hidden_layers=layers,
             num_attention_heads=4,
             num_key_value_heads=4,
-            max_position_embeddings=2048,
+            max_position_embeddings=positions,
             initializer_range=0.3,
         )
         model = LlamaForCausalLM(config)
@@ -139,6 +145,19 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tiny-qwen2")
     tokenizer = build_tokenizer(eos=False)
     model = build_model("qwen2", len(tokenizer), dtype=torch.float32)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def endless_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`tiny_model_dir` with a context of 32,768 positions, for an editor's test that cancels a running
+    rewrite: the tiny model writes 1,000-2,000 tokens a second, so 2,048 positions run out within a second or
+    two, sooner than an editor's cancel may arrive (CI saw it); this one runs for a minute unless stopped."""
+    path = tmp_path_factory.mktemp("endless-qwen2")
+    tokenizer = build_tokenizer(eos=False)
+    model = build_model("qwen2", len(tokenizer), dtype=torch.float32, positions=32768)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

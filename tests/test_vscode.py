@@ -77,14 +77,14 @@ def _run(command: list[str], *, cwd: Path, env: dict[str, str], timeout: float) 
     return process.returncode, output
 
 
-def test_the_extension_in_vscode(memorising_model_dir: Path, tiny_model_dir: Path) -> None:
+def test_the_extension_in_vscode(memorising_model_dir: Path, endless_model_dir: Path) -> None:
     """editors/vscode/src/test/*.test.ts: live, preview accepted and rejected, cancel, in VS Code 1.100."""
     _require(CODE_SERVER, EXTENSION / "node_modules" / "vscode-languageclient")
     env = {
         **os.environ,
         "SPECEDIT_VSCODE_PYTHON": sys.executable,
         "SPECEDIT_VSCODE_MODEL": str(memorising_model_dir),
-        "SPECEDIT_VSCODE_ENDLESS_MODEL": str(tiny_model_dir),
+        "SPECEDIT_VSCODE_ENDLESS_MODEL": str(endless_model_dir),
         "SPECEDIT_VSCODE_TIMEOUT": str(RUN_TIMEOUT),
         "SPECEDIT_VSCODE_CACHE": str(CACHE),
     }
