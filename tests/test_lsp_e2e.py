@@ -637,15 +637,16 @@ async def test_bad_requests_are_json_rpc_errors(client: EditorClient) -> None:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def endless_client(tiny_model_dir: Path) -> AsyncIterator[EditorClient]:
+async def endless_client(endless_model_dir: Path) -> AsyncIterator[EditorClient]:
     """A server on a random tiny model: it never closes its code block, so a rewrite runs until stopped."""
-    client = await start_client("vscode", tiny_model_dir)
+    client = await start_client("vscode", endless_model_dir)
     yield client
     await client.shutdown_session()
     await client.stop()
 
 
 ENDLESS = "def add(a, b):\n    return a + b\n" * 3
+ENDLESS_BUDGET = 20_000  # tokens: ten seconds or more of the endless model, far more than a test lets it write
 
 
 async def _start_endless(
@@ -656,7 +657,7 @@ async def _start_endless(
         "textDocument": {"uri": uri, "version": client.documents[uri].version if version is None else version},
         "instruction": "Rename add to plus.",
         "delivery": delivery,
-        "maxNewTokens": 1500,
+        "maxNewTokens": ENDLESS_BUDGET,
         "partialResultToken": msg_id,
     }
     pending = asyncio.ensure_future(client.protocol.send_request_async(protocol.REWRITE_METHOD, params, msg_id=msg_id))
@@ -691,7 +692,7 @@ async def test_cancellation_stops_the_engine_within_a_step(endless_client: Edito
     assert asyncio.get_running_loop().time() - started < 2.0
     assert result["status"] == "cancelled"
     assert result["stepsAfterCancel"] <= 1
-    assert result["stats"]["generated_tokens"] < 1500
+    assert result["stats"]["generated_tokens"] < ENDLESS_BUDGET
     if how != "close":
         assert (await settle(client, uri)) == ENDLESS  # final delivery: nothing written
         client.close(uri)
@@ -707,7 +708,7 @@ async def test_progress_cancel_button(endless_client: EditorClient) -> None:
         "textDocument": {"uri": uri, "version": 1},
         "instruction": "Rename add to plus.",
         "delivery": "preview",
-        "maxNewTokens": 1500,
+        "maxNewTokens": ENDLESS_BUDGET,
         "partialResultToken": "progress",
         "workDoneToken": "work",
     }
@@ -750,10 +751,10 @@ async def test_a_newer_overlapping_request_supersedes(endless_client: EditorClie
 
 
 @pytest.mark.parametrize("how", ["exit", "end of input"])
-async def test_the_server_ends_with_its_client_while_a_live_rewrite_writes(tiny_model_dir: Path, how: str) -> None:
+async def test_the_server_ends_with_its_client_while_a_live_rewrite_writes(endless_model_dir: Path, how: str) -> None:
     """Neither a live rewrite's pending edits nor its provisional text keep the process alive once the
     editor said exit, or was killed (its end of the channel closed)."""
-    client = await start_client("vscode", tiny_model_dir)
+    client = await start_client("vscode", endless_model_dir)
     uri = new_uri("endless")
     client.open(uri, ENDLESS)
     live = await _start_endless(client, uri, "live", delivery="live")

@@ -196,8 +196,8 @@ def test_rewrites_in_every_delivery_mode(tmp_path: Path, memorised_settings: dic
     run_spec("rewrite_spec.lua", tmp_path, memorised_settings)
 
 
-def test_cancel_leaves_the_buffer(tmp_path: Path, tiny_model_dir: Path) -> None:
-    settings = {"cmd": server_command(tiny_model_dir), "original": ORIGINAL, "instruction": INSTRUCTION}
+def test_cancel_leaves_the_buffer(tmp_path: Path, endless_model_dir: Path) -> None:
+    settings = {"cmd": server_command(endless_model_dir), "original": ORIGINAL, "instruction": INSTRUCTION}
     run_spec("cancel_spec.lua", tmp_path, settings)
 
 

@@ -7,7 +7,7 @@ local settings = t.settings()
 specedit.setup({ cmd = settings.cmd })
 
 local TIMEOUT = 60000
-local BUDGET = 1500 -- tokens: far more than the test lets it write
+local BUDGET = 20000 -- tokens: ten seconds or more of the endless model, far more than the test lets it write
 
 local function start(name, delivery)
   local bufnr = t.open(name, settings.original)
