@@ -388,7 +388,7 @@ def test_the_attention_on_own_kernels_is_torchs_and_row_invariant(heads: int, kv
     """Grouped-query heads and head sizes that are not a multiple of 16 (padded), against torch's attention
     with the same causal mask, and each query row the same whatever the forward's size."""
     generator = torch.Generator().manual_seed(5)
-    length = 150  # three key buckets
+    length = 300  # past the kernel's chunk of 256 keys for the weighted values
     query = torch.randn(1, heads, length, head_dim, generator=generator)
     key, value = (torch.randn(1, kv_heads, length, head_dim, generator=generator) for _ in range(2))
     module = torch.nn.Module()
@@ -399,7 +399,7 @@ def test_the_attention_on_own_kernels_is_torchs_and_row_invariant(heads: int, kv
     ).transpose(1, 2)
     assert whole.shape == (1, length, heads, head_dim)
     assert torch.allclose(whole, expected, atol=1e-5)
-    for first in (0, 37, 63, 64, 100, 149):  # the last queries, after a cache of `first` positions
+    for first in (0, 37, 63, 64, 100, 149, 250, 256, 299):  # the last queries, after a cache of `first` positions
         part, _ = invariant.invariant_attention(module, query[:, :, first:], key, value, None)
         assert torch.equal(part, whole[:, first:]), first
 
@@ -505,10 +505,11 @@ VARIANT_CHECK = textwrap.dedent(
     assert kernels.available() is None
     x = torch.randn(70, 96, generator=torch.Generator().manual_seed(7))
     layer, four = _layer(40, 96), _layer(40, 96, bits=4)
-    query, key, value = torch.randn(3, 6, 90, 48, generator=torch.Generator().manual_seed(8)) * 3
+    query, key, value = torch.randn(3, 6, 300, 48, generator=torch.Generator().manual_seed(8)) * 3
     linear = torch.cat([weights(rows) for weights in (layer, four) for rows in (x, x[:4], x[:3], x[:2], x[:1])])
     attention = torch.cat([kernels.attention(query[:, 20:], key[:2], value[:2], 20, 0.3),  # 3 heads a kv head
-                           kernels.attention(query[:, 89:], key[:2], value[:2], 89, 0.3)])
+                           kernels.attention(query[:, 250:], key[:2], value[:2], 250, 0.3),  # 2 key chunks
+                           kernels.attention(query[:, 299:], key[:2], value[:2], 299, 0.3)])
     extreme, at = _at_the_extremes()
     glue = torch.cat([kernels.rms_norm(x, x[0], 1e-6), kernels.silu_mul(x * 9, x.flip(0)),
                       kernels.silu_mul(x[0, :13] * 9, x[1, :13]).expand(70, 13),

@@ -490,21 +490,29 @@ struct AttentionArgs {
   float scale;
 };
 
-constexpr int kOutputVectors = 64 / kLanes;  // a query's outputs computed together: 64 floats
+// The weighted values run as a product of the block's e (queries by keys) and the values (keys by D), in
+// tiles of kValueQueries queries by kValueVectors vectors of outputs, a key chunk at a time: the chunk's values
+// and e stay in the cache while every tile reads them (a query at a time over all keys read the values once
+// a query, from memory past a few thousand keys: half of a 64-row forward of the 1.5B model at 3,000
+// positions steered to AVX2).
+constexpr int kValueQueries = 6;
+constexpr int kValueVectors = kLanes == 16 ? 4 : 2;  // 24 or 12 registers of sums
+constexpr int64_t kValueKeys = 256;                  // a chunk: its values and e within a core's L2
 
-// C vectors of the outputs of Q queries (lanes l .. l + Q - 1 of the block), from output d: each one chain of
-// multiply-adds over its keys 0 .. last[q] in order, of its e of the key (e[key * stride + q]) times the key's
-// values, then divided by its sum. Q queries at once share the loads of the values.
+// C vectors of the sums of Q queries (lanes l .. l + Q - 1 of the block), from output d, over keys [begin,
+// end) up to each one's last: its sums read from out (zero at key 0), one chain of multiply-adds over those
+// keys in order, of its e of the key (e[key * stride + q]) times the key's values, and stored back there.
+// Chunk by chunk, a query's chain runs over its keys in their order, whatever the queries beside it.
 template <int C, int Q>
 void weighted_values(const AttentionArgs& a, int64_t g, const int64_t* last, const float* e, int64_t stride,
-                     const float* sums, int64_t d, float* const* out) {
+                     int64_t d, float* const* out, int64_t begin, int64_t end) {
   const float* values = a.v + g * a.v_head + d;
   Vec acc[Q][C];
   UNROLL for (int q = 0; q < Q; ++q)
-    UNROLL for (int c = 0; c < C; ++c) acc[q][c] = zero();
-  int64_t together = last[0];
-  UNROLL for (int q = 1; q < Q; ++q) together = std::min(together, last[q]);
-  for (int64_t j = 0; j <= together; ++j) {
+    UNROLL for (int c = 0; c < C; ++c) acc[q][c] = begin == 0 ? zero() : load(out[q] + c * kLanes);
+  int64_t together = end - 1;
+  UNROLL for (int q = 0; q < Q; ++q) together = std::min(together, last[q]);
+  for (int64_t j = begin; j <= together; ++j) {
     Vec value[C];
     UNROLL for (int c = 0; c < C; ++c) value[c] = load(values + j * a.v_row + c * kLanes);
     UNROLL for (int q = 0; q < Q; ++q) {
@@ -513,43 +521,73 @@ void weighted_values(const AttentionArgs& a, int64_t g, const int64_t* last, con
     }
   }
   UNROLL for (int q = 0; q < Q; ++q) {
-    for (int64_t j = together + 1; j <= last[q]; ++j) {
+    const int64_t until = std::min(end - 1, last[q]);
+    for (int64_t j = std::max(begin, together + 1); j <= until; ++j) {
       const Vec weight = broadcast(e + j * stride + q);
       UNROLL for (int c = 0; c < C; ++c) acc[q][c] = madd(weight, load(values + j * a.v_row + c * kLanes), acc[q][c]);
     }
-    UNROLL for (int c = 0; c < C; ++c) store(out[q] + c * kLanes, divide(acc[q][c], splat(sums[q])));
+    UNROLL for (int c = 0; c < C; ++c) store(out[q] + c * kLanes, acc[q][c]);
   }
 }
 
-// Keys j .. j + U - 1 (their rows at k, `stride` apart, D wide) scored against V vectors of queries (qt: (D,
-// V lanes), transposed): per key and query one chain of multiply-adds over d in order, times the scale; a
-// key past a query's position (`until`) scores -infinity there. Each query's largest score kept, the scores
-// stored at scores[key][lane].
-template <int V, int U>
-void score_keys(const float* k, int64_t j, int64_t stride, int64_t D, const float* qt, const Vec* until,
+// The block's outputs (count queries, lanes 0 .. count - 1, query l's at out[l], keys up to last[l]): the
+// weighted values tile by tile and chunk by chunk, then each divided by its sum.
+void block_outputs(const AttentionArgs& a, int64_t g, int64_t count, int64_t keys, const int64_t* last,
+                   const float* e, int64_t stride, const float* sums, float* const* out) {
+  for (int64_t begin = 0; begin < keys; begin += kValueKeys) {
+    const int64_t end = std::min(keys, begin + kValueKeys);
+    for (int64_t d = 0; d < a.D;) {
+      const int vectors = static_cast<int>(std::min<int64_t>(kValueVectors, (a.D - d) / kLanes));
+      float* outputs[kQueryBlock];
+      for (int64_t l = 0; l < count; ++l) outputs[l] = out[l] + d;
+      by_count<kValueVectors>(vectors, [&]<int C>() {
+        for (int64_t l = 0; l < count; l += kValueQueries) {
+          by_count<kValueQueries>(static_cast<int>(std::min<int64_t>(kValueQueries, count - l)), [&]<int Q>() {
+            weighted_values<C, Q>(a, g, last + l, e + l, stride, d, outputs + l, begin, end);
+          });
+        }
+      });
+      d += vectors * kLanes;
+    }
+  }
+  for (int64_t l = 0; l < count; ++l)
+    for (int64_t d = 0; d < a.D; d += kLanes) store(out[l] + d, divide(load(out[l] + d), splat(sums[l])));
+}
+
+// Keys j .. j + U - 1 (their rows at k, `stride` apart, D wide) scored against W vectors of queries (qt: (D,
+// lanes) transposed, rows L apart): per key and query one chain of multiply-adds over d in order, times the
+// scale; a key past a query's position (`until`) scores -infinity there. Each query's largest score kept, the
+// scores stored at scores[key * L + lane]. Each key's width is read once for W vectors, each query vector's
+// once for U keys.
+template <int W, int U>
+void score_keys(const float* k, int64_t j, int64_t stride, int64_t D, const float* qt, int64_t L, const Vec* until,
                 Vec* largest, float* scores, float scale) {
-  constexpr int64_t L = V * kLanes;
-  Vec acc[U][V];
+  Vec acc[U][W];
   UNROLL for (int u = 0; u < U; ++u)
-    UNROLL for (int v = 0; v < V; ++v) acc[u][v] = zero();
+    UNROLL for (int w = 0; w < W; ++w) acc[u][w] = zero();
   for (int64_t d = 0; d < D; ++d) {
-    Vec q[V];
-    UNROLL for (int v = 0; v < V; ++v) q[v] = load(qt + d * L + v * kLanes);
+    Vec q[W];
+    UNROLL for (int w = 0; w < W; ++w) q[w] = load(qt + d * L + w * kLanes);
     UNROLL for (int u = 0; u < U; ++u) {
       const Vec kd = broadcast(k + (j + u) * stride + d);
-      UNROLL for (int v = 0; v < V; ++v) acc[u][v] = madd(kd, q[v], acc[u][v]);
+      UNROLL for (int w = 0; w < W; ++w) acc[u][w] = madd(kd, q[w], acc[u][w]);
     }
   }
   UNROLL for (int u = 0; u < U; ++u) {
     const Vec index = splat(static_cast<float>(j + u));
-    UNROLL for (int v = 0; v < V; ++v) {
-      const Vec score = kept_if_at_most(index, until[v], mul(acc[u][v], splat(scale)),
+    UNROLL for (int w = 0; w < W; ++w) {
+      const Vec score = kept_if_at_most(index, until[w], mul(acc[u][w], splat(scale)),
                                         splat(-std::numeric_limits<float>::infinity()));
-      largest[v] = greater(largest[v], score);
-      store(scores + (j + u) * L + v * kLanes, score);
+      largest[w] = greater(largest[w], score);
+      store(scores + (j + u) * L + w * kLanes, score);
     }
   }
 }
+
+// The scores' register tile: kScoreVectors vectors of queries by 6 keys (8 keys for one vector): 12 or 24
+// chains of multiply-adds in flight, a load of a query vector for every 6 of them (for every 1 when all 8
+// vectors of a block took one key at a time: AVX2 then waited on the loads).
+constexpr int kScoreVectors = kLanes == 16 ? 4 : 2;
 
 // Queries [start, start + count) of kv head g's group (query i: head g * G + i / T, row i % T, at position
 // first + i % T), one a lane of V vectors: the scores of every key up to the block's last position, each one
@@ -582,14 +620,18 @@ void attention_block(const AttentionArgs& a, int64_t g, int64_t start, int64_t c
     largest[v] = splat(-std::numeric_limits<float>::infinity());
     total[v] = zero();
   }
-  // U keys at a time: 8 or more chains of multiply-adds in flight
-  constexpr int U = std::max(1, 8 / V);
+  constexpr int W = std::min(V, kScoreVectors), U = W == 1 ? 8 : 6;
   const float* k = a.k + g * a.k_head;
+  const auto score = [&]<int Keys>(int64_t j) {  // keys j .. j + Keys - 1, W vectors of queries at a time
+    for (int v = 0; v < V; v += W)
+      by_count<W>(std::min(W, V - v), [&]<int Vectors>() {
+        score_keys<Vectors, Keys>(k, j, a.k_row, D, qt.data() + v * kLanes, L, until + v, largest + v,
+                                  scores.data() + v * kLanes, a.scale);
+      });
+  };
   int64_t scored = 0;
-  for (; scored + U <= keys; scored += U)
-    score_keys<V, U>(k, scored, a.k_row, D, qt.data(), until, largest, scores.data(), a.scale);
-  for (; scored < keys; ++scored)
-    score_keys<V, 1>(k, scored, a.k_row, D, qt.data(), until, largest, scores.data(), a.scale);
+  for (; scored + U <= keys; scored += U) score.template operator()<U>(scored);
+  for (; scored < keys; ++scored) score.template operator()<1>(scored);
   for (int64_t j = 0; j < keys; ++j) {
     const Vec index = splat(static_cast<float>(j));
     UNROLL for (int v = 0; v < V; ++v) {
@@ -607,17 +649,7 @@ void attention_block(const AttentionArgs& a, int64_t g, int64_t start, int64_t c
     last[l] = a.first + row[l];
     out[l] = a.out + (row[l] * a.heads + head[l]) * D;
   }
-  for (int64_t d = 0; d < D; d += kOutputVectors * kLanes) {
-    float* outputs[L];
-    for (int64_t l = 0; l < count; ++l) outputs[l] = out[l] + d;
-    by_count<kOutputVectors>(static_cast<int>(std::min<int64_t>(kOutputVectors, (D - d) / kLanes)), [&]<int C>() {
-      constexpr int Q = C <= 4 ? 2 : 1;  // 8 chains of multiply-adds in flight, or C
-      int64_t l = 0;
-      for (; l + Q <= count; l += Q)
-        weighted_values<C, Q>(a, g, last + l, scores.data() + l, L, sums + l, d, outputs + l);
-      for (; l < count; ++l) weighted_values<C, 1>(a, g, last + l, scores.data() + l, L, sums + l, d, outputs + l);
-    });
-  }
+  block_outputs(a, g, count, keys, last, scores.data(), L, sums, out);
 }
 
 // Causal attention of one sequence's queries at positions first .. first + T - 1 (query (H, T, D), keys and
