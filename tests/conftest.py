@@ -136,18 +136,21 @@ def tiny_engine(architecture: str, *, seed: int = 0, vocab_size: int | None = No
     return engine
 
 
+def save_random_model(folder: Path, positions: int = 2048) -> Path:
+    """A tiny random float32 Qwen2 model and its tokenizer, without EOS, saved in `folder`."""
+    tokenizer = build_tokenizer(eos=False)
+    build_model("qwen2", len(tokenizer), dtype=torch.float32, positions=positions).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Qwen2 model and tokenizer saved as a folder, loadable with `--model PATH`.
 
     It has no EOS token, so it never finishes an answer: only its token budget (or the context) ends it.
     """
-    path = tmp_path_factory.mktemp("tiny-qwen2")
-    tokenizer = build_tokenizer(eos=False)
-    model = build_model("qwen2", len(tokenizer), dtype=torch.float32)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_random_model(tmp_path_factory.mktemp("tiny-qwen2"))
 
 
 @pytest.fixture(scope="session")
@@ -155,12 +158,7 @@ def endless_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`tiny_model_dir` with a context of 32,768 positions, for an editor's test that cancels a running
     rewrite: the tiny model writes 1,000-2,000 tokens a second, so 2,048 positions run out within a second or
     two, sooner than an editor's cancel may arrive (CI saw it); this one runs for a minute unless stopped."""
-    path = tmp_path_factory.mktemp("endless-qwen2")
-    tokenizer = build_tokenizer(eos=False)
-    model = build_model("qwen2", len(tokenizer), dtype=torch.float32, positions=32768)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_random_model(tmp_path_factory.mktemp("endless-qwen2"), positions=32768)
 
 
 # --- A tiny model that has memorised a few rewrites --------------------------------------------------
