@@ -94,7 +94,7 @@ class Settings:
             return replace(self, load_on_start=value)
         if key == "presets":
             return replace(self, presets=_presets(value))
-        if key in ("trace", "server", "serverCommand", "pythonPath"):
+        if key in ("trace", "server", "serverCommand", "pythonPath", "previewDiff"):
             return self  # settings of the editor plugins, not of the server
         raise ValueError("unknown setting, or a value of the wrong type")
 

@@ -9,6 +9,7 @@ extension's node packages). Without it they are skipped, saying so; with `SPECED
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from specedit.lsp.config import Settings
 from specedit.lsp.protocol import NAMES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,6 +77,23 @@ def _run(command: list[str], *, cwd: Path, env: dict[str, str], timeout: float) 
             output, _ = process.communicate()
         return 124, output
     return process.returncode, output
+
+
+def test_the_server_takes_every_setting_the_extension_declares(caplog: pytest.LogCaptureFixture) -> None:
+    """The extension sends its whole `specedit` section (package.json's settings, at their defaults) as
+    initializationOptions: the server takes each, its own or the editor's, and warns of none."""
+    declared = json.loads((EXTENSION / "package.json").read_text(encoding="utf-8"))["contributes"]["configuration"]
+    section: dict[str, object] = {}
+    for name, schema in declared["properties"].items():
+        *parents, key = name.removeprefix("specedit.").split(".")
+        nested = section
+        for parent in parents:
+            nested = nested.setdefault(parent, {})  # type: ignore[assignment]
+        nested[key] = schema.get("default")
+    with caplog.at_level(logging.WARNING, logger="specedit.lsp.config"):
+        settings = Settings().merged(section)
+    assert caplog.messages == []
+    assert settings == Settings()  # the defaults are the server's own
 
 
 def test_the_extension_in_vscode(memorising_model_dir: Path, endless_model_dir: Path) -> None:

@@ -227,6 +227,7 @@ export class Rewrites implements vscode.Disposable {
     run: Running,
     partialResultToken: string,
   ): Promise<RewriteResult | undefined> {
+    await this.server.synced(document.uri);
     for (let attempt = 0; ; attempt++) {
       const params: RewriteParams = {
         textDocument: { uri: client.code2ProtocolConverter.asUri(document.uri), version: document.version },

@@ -23,6 +23,7 @@ const MAX_RESTARTS = 3; // after a crash, before giving up until the user restar
 export class Server implements vscode.Disposable {
   private client: LanguageClient | undefined;
   private starting: Promise<LanguageClient> | undefined;
+  private readonly opening = new Map<string, Promise<void>>(); // uri -> its last didOpen, sent or being sent
   private readonly stateEmitter = new vscode.EventEmitter<ServerState>();
   readonly onDidChangeState = this.stateEmitter.event;
   state: ServerState = 'stopped';
@@ -36,9 +37,18 @@ export class Server implements vscode.Disposable {
 
   /** The running client, started if need be. Rejects (after telling the user) when it cannot start. */
   ready(): Promise<LanguageClient> {
-    if (this.client?.state === State.Running) return Promise.resolve(this.client);
+    const client = this.client;
+    // The client runs from the server's answer to initialize on, but sends the open documents' didOpen only
+    // at the end of its start: `client.start()` is that start (a restart's too), or done.
+    if (!this.starting && client?.state === State.Running) return client.start().then(() => client);
     this.starting ??= this.start().finally(() => (this.starting = undefined));
     return this.starting;
+  }
+
+  /** Resolves once `uri`'s didOpen is on its way to the server (at once for a document it was not sent). A
+   * request about the document sent after it reaches the server after it. */
+  async synced(uri: vscode.Uri): Promise<void> {
+    await this.opening.get(uri.toString());
   }
 
   async restart(): Promise<void> {
@@ -81,6 +91,17 @@ export class Server implements vscode.Disposable {
         synchronize: { configurationSection: SECTION },
         errorHandler: this.errorHandler(),
         initializationFailedHandler: () => false,
+        middleware: {
+          didOpen: (document, next) => {
+            const sent = next(document);
+            this.opening.set(document.uri.toString(), sent.catch(() => undefined));
+            return sent;
+          },
+          didClose: (document, next) => {
+            this.opening.delete(document.uri.toString());
+            return next(document);
+          },
+        },
       },
     );
     client.onDidChangeState((event) => {

@@ -132,6 +132,22 @@ suite('specedit in VS Code', () => {
     assert.strictEqual(editor.document.getText(), ADD.before, 'one undo takes the whole rewrite back');
   });
 
+  test('a rewrite asked for as the server starts waits until the server has the document', async () => {
+    const editor = await openFile(XY.before);
+    await api.server.stop();
+    // The client says it runs from the server's answer to initialize on, before it has sent the open
+    // documents: a rewrite asked for then must not reach the server ahead of its document.
+    const running = new Promise<void>((resolve) => {
+      const listener = api.server.onDidChangeState((state) => state === 'running' && (listener.dispose(), resolve()));
+    });
+    const started = api.server.ready();
+    await within(running, REWRITE_TIMEOUT_MS, 'the server runs');
+    const result = await rewriteFile(XY.instruction, 'live');
+    await started;
+    assert.strictEqual(result.status, 'complete', result.message);
+    assert.strictEqual(editor.document.getText(), XY.after);
+  });
+
   test('a rewrite that changes nothing says so, in every delivery', async () => {
     for (const delivery of ['live', 'preview', 'final']) {
       const editor = await openFile(XY.after); // tests/conftest.py: the model answers it with itself
