@@ -416,6 +416,27 @@ def test_the_decode_ceiling_script_sets_a_run_against_its_forward_costs(tmp_path
     assert "5.00x, ceiling  6.25x =  80%" in done.stdout and "median 80%" in done.stdout
 
 
+def test_the_first_byte_script_times_a_rewrite_to_its_first_streamed_byte(
+    tmp_path: Path, memorising_model_dir: Path
+) -> None:
+    """`scripts/first_byte.py`: a rewrite run once to warm, then timed from its start to its first byte on
+    stdout, the figures written; a rewrite that fails stops it, saying so."""
+    original, instruction, _ = MEMORISED_REWRITES[0]
+    source = tmp_path / "add.py"
+    source.write_text(original)
+    out = tmp_path / "first-byte.json"
+    script = [sys.executable, str(Path(__file__).parents[1] / "scripts" / "first_byte.py"), "--runs", "1"]
+    rewrite = ["-i", instruction, "--model", str(memorising_model_dir), "--no-progress"]
+    done = subprocess.run([*script, "--json", str(out), "--", str(source), *rewrite], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(out.read_text())
+    assert figures["runs"] == 1 and 0 < figures["median_seconds"] == figures["seconds"][0] < 60
+    assert "first byte: median" in done.stderr and figures["cpu_class"] in done.stderr
+    assert source.read_text() == original  # the rewrite went to stdout
+    failed = subprocess.run([*script, "--", str(tmp_path / "missing.py"), *rewrite], capture_output=True, text=True)
+    assert failed.returncode == 1 and "failed (exit" in failed.stderr
+
+
 def test_the_http_door_answers_the_bench_cases_as_specedit_does(tmp_path: Path, memorising_model_dir: Path) -> None:
     """`openai-prediction`: each case through the HTTP door (OpenAI's API, the original as the prediction,
     the code block primed), the same answer as `specedit`'s, and what the door adds to it reported."""
