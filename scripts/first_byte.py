@@ -19,24 +19,29 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = ["examples/sample.py", "-i", "Rename merge to merge_configs."]
 TARGET_SECONDS = 2.0
+STEERING = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")  # docs/benchmarks.md
 
 
 def first_byte_seconds(command: list[str], env: dict[str, str]) -> float:
     """Seconds from starting `command` to the first byte on its stdout; the command runs to its end."""
-    started = time.perf_counter()
-    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    assert process.stdout is not None
-    first = process.stdout.read(1)
-    seconds = time.perf_counter() - started
-    process.stdout.read()
-    if process.wait() != 0 or not first:
-        raise SystemExit(f"first_byte: {' '.join(command)} failed (exit {process.returncode})")
+    with tempfile.TemporaryFile() as stderr:  # (a pipe could fill while stdout is read)
+        started = time.perf_counter()
+        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=stderr)
+        assert process.stdout is not None
+        first = process.stdout.read(1)
+        seconds = time.perf_counter() - started
+        process.stdout.read()
+        if process.wait() != 0 or not first:
+            stderr.seek(0)
+            said = stderr.read().decode(errors="replace").strip().splitlines()[-3:]
+            raise SystemExit(f"first_byte: {' '.join(command)} failed (exit {process.returncode}): {' '.join(said)}")
     return seconds
 
 
@@ -63,7 +68,7 @@ def main() -> None:
         "seconds": [round(seconds, 3) for seconds in times],
         "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "cpu_class": cpu_class(),
-        "steered": {key: os.environ[key] for key in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY") if key in os.environ},
+        "steered": {key: os.environ[key] for key in STEERING if key in os.environ},
         "command": command[1:],
     }
     print(

@@ -434,7 +434,7 @@ def test_the_first_byte_script_times_a_rewrite_to_its_first_streamed_byte(
     assert "first byte: median" in done.stderr and figures["cpu_class"] in done.stderr
     assert source.read_text() == original  # the rewrite went to stdout
     failed = subprocess.run([*script, "--", str(tmp_path / "missing.py"), *rewrite], capture_output=True, text=True)
-    assert failed.returncode == 1 and "failed (exit" in failed.stderr
+    assert failed.returncode == 1 and "failed (exit" in failed.stderr and "missing.py" in failed.stderr
 
 
 def test_the_http_door_answers_the_bench_cases_as_specedit_does(tmp_path: Path, memorising_model_dir: Path) -> None:
