@@ -17,6 +17,7 @@ from typing import Any
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "float64")
 WEIGHTS_CHOICES = ("auto", "int8", "int4", "float")
+KV_CACHE_CHOICES = ("float32", "float16")
 
 
 def _option(default: Any, help_text: str, *, metavar: str | None = None, choices: tuple[str, ...] | None = None) -> Any:
@@ -47,6 +48,15 @@ class EngineOptions:
         "else int8",
         choices=WEIGHTS_CHOICES,
     )
+    # float16 on specedit's kernels (`kv_cache.KVCache`): measured in docs/kernels.md; not the default yet, as
+    # it flips near-ties of the default model's answers like any change of arithmetic (one of aider's, 2026-12-05).
+    kv_cache: str = _option(
+        "float32",
+        "the keys and values the model keeps of the text it has read, on specedit's CPU kernels: float32 "
+        "(default) or float16 (half the memory and the bytes a step reads: the 1.5B's one-token step after "
+        "2,000 tokens 0.87-0.91x the time; the answers differ from float32's at near-ties)",
+        choices=KV_CACHE_CHOICES,
+    )
     device: str | None = _option(None, "cpu, cuda, cuda:1, ... (default: CUDA when available)")
     threads: int | None = _option(None, "CPU threads for torch (default: torch's choice)")
     draft_model: str | None = _option(
@@ -74,6 +84,8 @@ class EngineOptions:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
         if self.weights not in WEIGHTS_CHOICES:
             raise ValueError(f"weights must be one of {', '.join(WEIGHTS_CHOICES)}, got {self.weights!r}")
+        if self.kv_cache not in KV_CACHE_CHOICES:
+            raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHE_CHOICES)}, got {self.kv_cache!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.draft_model is not None and self.draft_layers is not None:

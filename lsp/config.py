@@ -1,10 +1,10 @@
 """Settings of the language server: defaults, then `initializationOptions`, then `workspace/configuration`
 (section `specedit`), then the command line, each overriding the one before.
 
-Keys as the editors spell them (camelCase): engine, engineTokenFile, model, dtype, device, threads, draft,
-draftModel, draftLayers, pMin, prefixCacheMb, delivery, presets, maxNewTokens, warm, loadOnStart. `engine` is
-"inprocess", a daemon address, or absent: the shared daemon, started if none runs. The engine's own
-settings are an `EngineOptions` (`ENGINE_KEYS`: the editors' names of its fields).
+Keys as the editors spell them (camelCase): engine, engineTokenFile, model, dtype, weights, kvCache, device,
+threads, draft, draftModel, draftLayers, pMin, prefixCacheMb, delivery, presets, maxNewTokens, warm,
+loadOnStart. `engine` is "inprocess", a daemon address, or absent: the shared daemon, started if none runs.
+The engine's own settings are an `EngineOptions` (`ENGINE_KEYS`: the editors' names of its fields).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from test_kernels import needs_kernel
 
 from specedit.engine.model import decoder
 from specedit.engine.model.loading import load_model
@@ -116,18 +117,45 @@ def test_the_cache_grows_in_buckets_with_zeros_past_what_it_holds() -> None:
     assert kv_cache.nbytes(cache) < before and torch.equal(cache.layers[0].values[..., 65:, :], -states[1])
     copy = kv_cache.copy_prefix(cache, 30)
     assert type(copy) is kv_cache.KVCache and torch.equal(copy.layers[0].keys, states[0][..., :30, :])
+    half = kv_cache.KVCache(torch.float16)
+    keys, _ = half.update(states[0], -states[0], 0)  # rounded as they are added
+    assert keys.dtype == torch.float16 and torch.equal(half.layers[0].keys, states[0].half())
+    assert kv_cache.copy_prefix(half, 30).layers[0].keys.dtype == torch.float16
 
 
+class _RoundedToHalf:
+    """A float32 `KVCache` given every key and value rounded to float16 first."""
+
+    def __init__(self) -> None:
+        from specedit.engine.model import kv_cache
+
+        self.inner = kv_cache.KVCache()
+        self.layers = self.inner.layers
+
+    def get_seq_length(self, index: int = 0) -> int:
+        return self.inner.get_seq_length(index)
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.inner.update(keys.half().float(), values.half().float(), index)
+
+
+@needs_kernel
 def test_a_forward_on_the_decoders_cache_is_a_forward_on_transformers_cache(tiny_model_dir: Path) -> None:
-    """Bit for bit, in float32 on the engine's kernels, across the cache's growth and a rollback."""
+    """Bit for bit, in float32 on the engine's kernels, across the cache's growth and a rollback; and the
+    float16 cache the decoder makes there (`--kv-cache float16`) is the float32 one given its keys and values
+    rounded to float16."""
     from transformers import DynamicCache
 
     from specedit.engine.model import kv_cache
 
-    loaded = load_model(str(tiny_model_dir), dtype="float32", weights="auto", device="cpu")
+    assert load_model(str(tiny_model_dir), dtype="float32", device="cpu").new_cache().dtype is None  # the default
+    loaded = load_model(str(tiny_model_dir), dtype="float32", weights="auto", kv_cache="float16", device="cpu")
     ids = torch.randint(0, loaded.model.config.vocab_size, (700,), generator=torch.Generator().manual_seed(2)).tolist()
     rows = []
-    for cache in (loaded.new_cache(), DynamicCache()):
+    made = loaded.new_cache()
+    assert made.dtype == torch.float16 and loaded.exactness is not None
+    assert "float32, float16 cache" in loaded.exactness.describe()
+    for cache in (kv_cache.KVCache(), DynamicCache(), made, _RoundedToHalf()):
         with torch.inference_mode():
             logits = [loaded.forward(ids[:100], cache)]
             for start, stop in ((100, 101), (101, 420), (420, 437)):
@@ -136,6 +164,8 @@ def test_a_forward_on_the_decoders_cache_is_a_forward_on_transformers_cache(tiny
             logits.append(loaded.forward(ids[405:700], cache))
         rows.append(torch.cat(logits))
     assert torch.equal(rows[0], rows[1])
+    assert made.layers[0].keys is not None and made.layers[0].keys.dtype == torch.float16
+    assert torch.equal(rows[2], rows[3]) and not torch.equal(rows[2], rows[0])  # (what it costs: docs/kernels.md)
 
 
 def test_the_peer_baseline_of_a_decoder_model_runs_transformers_class_and_gives_it_back(tiny_model_dir: Path) -> None:

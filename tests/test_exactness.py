@@ -58,6 +58,7 @@ def test_the_self_check_finds_kernels_that_keep_the_answer() -> None:
     assert verdict.threads == torch.get_num_threads() and verdict.dtype == str(dtype).removeprefix("torch.")
     assert exactness.probe_holds(loaded)
     assert "bit for bit" in verdict.describe() and verdict.cpu_class in verdict.describe()
+    assert f"{verdict.dtype} cache" in verdict.describe()  # transformers' model: its `DynamicCache`, its dtype
 
 
 def test_a_kernel_that_differs_for_one_row_runs_one_token_as_two_rows() -> None:

@@ -20,7 +20,7 @@ from test_invariant import wide_model
 
 from specedit.engine.errors import ModelLoadError
 from specedit.engine.loop.generate import Engine
-from specedit.engine.model import exactness, invariant, kernels, loading, quantized, store
+from specedit.engine.model import exactness, invariant, kernels, kv_cache, loading, quantized, store
 from specedit.engine.options import EngineOptions
 
 unavailable = kernels.available()
@@ -405,6 +405,24 @@ def test_the_attention_on_own_kernels_is_torchs_and_row_invariant(heads: int, kv
 
 
 @needs_kernel
+def test_the_attention_reads_float16_keys_and_values_as_their_float32_widening() -> None:
+    """A cache in float16 (`KVCache`'s on specedit's kernels): the same bits as the float32 kernel on those
+    keys and values widened, each query row its own whatever the forward's size, past a key chunk."""
+    generator = torch.Generator().manual_seed(9)
+    query = torch.randn(6, 300, 64, generator=generator)
+    key, value = (torch.randn(2, 300, 64, generator=generator).half() for _ in range(2))
+    whole = kernels.attention(query, key, value, 0, 0.125)
+    assert torch.equal(whole, kernels.attention(query, key.float(), value.float(), 0, 0.125))
+    for first in (1, 64, 255, 299):
+        assert torch.equal(kernels.attention(query[:, first:], key, value, first, 0.125), whole[first:]), first
+    buffer = torch.zeros(2, 2, 384, 64, dtype=torch.float16)  # a cache's buffers, longer than what it holds
+    buffer[0, :, :300], buffer[1, :, :300] = key, value
+    assert torch.equal(kernels.attention(query, buffer[0, :, :300], buffer[1, :, :300], 0, 0.125), whole)
+    with pytest.raises(RuntimeError, match="both float32 or both float16"):
+        kernels.attention(query, key, value.float(), 0, 0.125)
+
+
+@needs_kernel
 @pytest.mark.parametrize("bits", [8, 4])
 def test_layers_in_one_call_are_each_layers_own_call(bits: int) -> None:
     """q, k and v (or gate and up) in one call: the activations quantized once, each layer's outputs its own
@@ -475,7 +493,7 @@ def test_a_decoder_on_the_kernels_glue_computes_what_its_torch_glue_does(
     calls: list[str] = []
     for name in ("rms_norm", "rotary", "silu_mul"):
         monkeypatch.setattr(kernels, name, _counting(getattr(kernels, name), name, calls))
-    own = model(ids).logits
+    own = model(ids, cache=kv_cache.KVCache()).logits  # a float32 cache, as torch's glue takes
     layers = config.num_hidden_layers
     expected = {"rms_norm": 2 * layers + 1, "rotary": 2 * layers, "silu_mul": layers}
     assert {name: calls.count(name) for name in set(calls)} == expected
@@ -509,7 +527,8 @@ VARIANT_CHECK = textwrap.dedent(
     linear = torch.cat([weights(rows) for weights in (layer, four) for rows in (x, x[:4], x[:3], x[:2], x[:1])])
     attention = torch.cat([kernels.attention(query[:, 20:], key[:2], value[:2], 20, 0.3),  # 3 heads a kv head
                            kernels.attention(query[:, 250:], key[:2], value[:2], 250, 0.3),  # 2 key chunks
-                           kernels.attention(query[:, 299:], key[:2], value[:2], 299, 0.3)])
+                           kernels.attention(query[:, 299:], key[:2], value[:2], 299, 0.3),
+                           kernels.attention(query[:, 240:], key[:2].half(), value[:2].half(), 240, 0.3)])
     extreme, at = _at_the_extremes()
     glue = torch.cat([kernels.rms_norm(x, x[0], 1e-6), kernels.silu_mul(x * 9, x.flip(0)),
                       kernels.silu_mul(x[0, :13] * 9, x[1, :13]).expand(70, 13),
@@ -552,3 +571,18 @@ def test_the_weights_option_is_checked() -> None:
     assert EngineOptions(weights="int4").weights == "int4"
     with pytest.raises(ValueError, match="weights must be one of auto, int8, int4, float"):
         EngineOptions(weights="int3")
+
+
+def test_the_kv_cache_option_is_checked_and_reaches_the_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--kv-cache` (`specedit.kvCache`): float32 by default, float16 asked for, nothing else; the engine's
+    load gets it."""
+    from specedit.engine.serving import local
+
+    assert EngineOptions().kv_cache == "float32"
+    with pytest.raises(ValueError, match="kv_cache must be one of float32, float16"):
+        EngineOptions(kv_cache="int8")
+    given: dict[str, Any] = {}
+    monkeypatch.setattr(loading, "load_model", lambda source, **options: given.update(options))
+    monkeypatch.setattr("specedit.engine.model.fetch.resolve_model", lambda name, progress=None: "folder")
+    local.load_target(EngineOptions(kv_cache="float16"))
+    assert given["kv_cache"] == "float16"

@@ -222,6 +222,7 @@ class Decoder(nn.Module):
     """A causal LM of the Llama family: `model(input_ids=(1, T), cache=..., logits_to_keep=k).logits`."""
 
     invariant_attention = True  # its attention is `invariant.attention`, always
+    cache_dtype: torch.dtype | None = None  # what `new_cache` keeps on specedit's kernels (`--kv-cache`)
 
     def __init__(self, config: DecoderConfig) -> None:
         super().__init__()
@@ -240,7 +241,15 @@ class Decoder(nn.Module):
         return self.model
 
     def new_cache(self) -> KVCache:
-        return KVCache()
+        """An empty cache: keys and values in `cache_dtype` where the forward runs on specedit's kernels
+        (`own` below; float16, as llama.cpp keeps its cache, halves the bytes a step reads besides the
+        weights: 57 KB a position for the 1.5B model in float32), else in the activations' dtype."""
+        return KVCache(self.cache_dtype if self._on_own_kernels(self.model.norm.weight.dtype) else None)
+
+    def _on_own_kernels(self, dtype: torch.dtype) -> bool:
+        """Whether a forward on `dtype` activations runs on specedit's kernels: float32 on the CPU, where
+        they built."""
+        return dtype == self.model.norm.weight.dtype == torch.float32 and self.device.type == "cpu" and kernels.loaded()
 
     def transformers_twin(self) -> Any:
         return transformers_twin(self)
@@ -255,14 +264,14 @@ class Decoder(nn.Module):
     def forward(self, input_ids: torch.Tensor, cache: Any = None, logits_to_keep: int = 0, **_: Any) -> Output:
         """`cache` (a `KVCache`, or anything with its `update` and `get_seq_length`) grows by the forward's
         positions; without one, a new one is made and dropped."""
-        cache = KVCache() if cache is None else cache
+        cache = self.new_cache() if cache is None else cache
         start = int(cache.get_seq_length())
         positions = slice(start, start + input_ids.shape[1])
         x = self.model.embed_tokens(input_ids)
         # float32 on the CPU with specedit's kernels: the layers' glue on them too (`kernels.rms_norm`, ...):
         # 0.83-0.92x the time of a forward of 1-64 rows of the 0.5B model on int8 weights (docs/kernels.md)
         dtype = self.model.norm.weight.dtype
-        own = x.dtype == dtype == torch.float32 and x.device.type == "cpu" and kernels.loaded()
+        own = self._on_own_kernels(x.dtype)
         if own:
             cos, sin = self.cos[positions], self.sin[positions]  # (T, D)
         else:

@@ -27,7 +27,8 @@ the thread counts), so the command line and the daemon remember a verdict in the
 keyed by everything that chooses the kernels (`fingerprint`): the model's shapes, dtype, weights, device,
 thread count, the CPU's model and flags, the steering variables, the versions of torch and transformers,
 and the source of this module, of specedit's kernels and of the forward that calls them (`model.invariant`,
-`model.kernels`, `model.quantized`, `model.decoder`). Anything changed, and the probe runs again;
+`model.kernels`, `model.quantized`, `model.decoder`, and `model.kv_cache`, which rounds the keys and values
+it keeps). Anything changed, and the probe runs again;
 `specedit doctor` always runs it.
 """
 
@@ -80,6 +81,7 @@ class Exactness:
     step_rows: int  # the rows a one-token step runs as: 1, or 2 where a 1-row product takes another kernel
     attention: Literal["row-invariant", "transformers"]
     dtype: str
+    cache: str  # the dtype the KV cache keeps (`Decoder.new_cache`): float16 on specedit's kernels
     device: str
     cpu_class: str  # from the CPU's flags: AMX, AVX512-BF16, AVX512, AVX2 or baseline
     kernels: str  # what torch dispatches to (its CPU capability), and any steering in the environment
@@ -99,7 +101,8 @@ class Exactness:
         rows = "1-row" if self.step_rows == 1 else "2-row"
         return (
             f"identical to plain decoding {how} ({self.cpu_class}, kernels {self.kernels}, {self.dtype}, "
-            f"{self.threads} threads, {self.linear} linear, {self.attention} attention, {rows} steps)"
+            f"{self.cache} cache, {self.threads} threads, {self.linear} linear, {self.attention} attention, "
+            f"{rows} steps)"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -159,6 +162,7 @@ def settle(loaded: Any, verdicts: Path | None = None) -> Exactness:
         step_rows=rows,
         attention="row-invariant" if attention else "transformers",
         dtype=str(loaded.dtype).removeprefix("torch."),
+        cache=str(getattr(loaded.new_cache(), "dtype", None) or loaded.dtype).removeprefix("torch."),
         device=str(loaded.device),
         cpu_class=cpu_class() if on_cpu else torch.cuda.get_device_name(loaded.device),
         kernels=kernel_description() if on_cpu else f"torch {torch.__version__}",
@@ -180,7 +184,15 @@ def remember(loaded: Any, verdicts: Path) -> None:
 
 def fingerprint(loaded: Any) -> str:
     """A digest of everything that chooses the kernels a forward of `loaded` runs (module docstring)."""
-    modules = (invariant.__file__, kernels.__file__, kernels.SOURCE, quantized.__file__, decoder.__file__, __file__)
+    modules = (
+        invariant.__file__,
+        kernels.__file__,
+        kernels.SOURCE,
+        quantized.__file__,
+        decoder.__file__,
+        kv_cache.__file__,
+        __file__,
+    )
     sources = [Path(path).read_bytes() for path in modules if path]
     config = {key: value for key, value in loaded.model.config.to_dict().items() if key != "_name_or_path"}
     described = {
@@ -191,6 +203,7 @@ def fingerprint(loaded: Any) -> str:
         "threads": torch.get_num_threads(),
         "cpu": cpu_model() + " " + " ".join(sorted(cpu_flags())),
         "kernels": kernel_description(),
+        "cache": str(getattr(loaded.new_cache(), "dtype", None)),  # what a kept prompt's cache holds
         "steering": {name: os.environ.get(name) for name in KERNEL_ENV},
         "versions": versions(),
         "sources": [hashlib.sha256(source).hexdigest() for source in sources],

@@ -14,7 +14,8 @@
 //   activations quantized once, each layer's outputs its own call's;
 // - specedit::attention(query, key, value, first, scale): causal attention of one sequence's queries on
 //   the keys and values of every position up to theirs, grouped-query heads (model/invariant.py): scores,
-//   softmax and weighted values in one pass a block of queries;
+//   softmax and weighted values in one pass a block of queries; the keys and values float32 or float16 (a
+//   cache of half the bytes), widened to float32 exactly as they are read;
 // - specedit::rms_norm, specedit::rotary, specedit::silu_mul: a decoder layer's elementwise glue
 //   (model/decoder.py), each output from its own row alone.
 // Activations and results are float32.
@@ -49,6 +50,7 @@
 #include <cstring>
 #include <limits>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -480,10 +482,12 @@ inline Vec exp_nonpositive(Vec x) {
 
 constexpr int64_t kQueryBlock = 64;  // queries a task scores together: each key is read once for all of them
 
+// Element: the keys' and values' type, float or at::Half (widened to float32 as read: exactly).
+template <typename Element>
 struct AttentionArgs {
-  const float* q;  // (H, T, D), strides q_head, q_row; d contiguous
-  const float* k;  // (H_kv, >= first + T, D), strides k_head, k_row
-  const float* v;  // as k
+  const float* q;    // (H, T, D), strides q_head, q_row; d contiguous
+  const Element* k;  // (H_kv, >= first + T, D), strides k_head, k_row
+  const Element* v;  // as k
   int64_t q_head, q_row, k_head, k_row, v_head, v_row;
   float* out;  // (T, H, D)
   int64_t heads, kv_heads, rows, D, first;
@@ -503,10 +507,10 @@ constexpr int64_t kValueKeys = 256;                  // a chunk: its values and 
 // end) up to each one's last: its sums read from out (zero at key 0), one chain of multiply-adds over those
 // keys in order, of its e of the key (e[key * stride + q]) times the key's values, and stored back there.
 // Chunk by chunk, a query's chain runs over its keys in their order, whatever the queries beside it.
-template <int C, int Q>
-void weighted_values(const AttentionArgs& a, int64_t g, const int64_t* last, const float* e, int64_t stride,
+template <int C, int Q, typename Element>
+void weighted_values(const AttentionArgs<Element>& a, int64_t g, const int64_t* last, const float* e, int64_t stride,
                      int64_t d, float* const* out, int64_t begin, int64_t end) {
-  const float* values = a.v + g * a.v_head + d;
+  const Element* values = a.v + g * a.v_head + d;
   Vec acc[Q][C];
   UNROLL for (int q = 0; q < Q; ++q)
     UNROLL for (int c = 0; c < C; ++c) acc[q][c] = begin == 0 ? zero() : load(out[q] + c * kLanes);
@@ -532,7 +536,8 @@ void weighted_values(const AttentionArgs& a, int64_t g, const int64_t* last, con
 
 // The block's outputs (count queries, lanes 0 .. count - 1, query l's at out[l], keys up to last[l]): the
 // weighted values tile by tile and chunk by chunk, then each divided by its sum.
-void block_outputs(const AttentionArgs& a, int64_t g, int64_t count, int64_t keys, const int64_t* last,
+template <typename Element>
+void block_outputs(const AttentionArgs<Element>& a, int64_t g, int64_t count, int64_t keys, const int64_t* last,
                    const float* e, int64_t stride, const float* sums, float* const* out) {
   for (int64_t begin = 0; begin < keys; begin += kValueKeys) {
     const int64_t end = std::min(keys, begin + kValueKeys);
@@ -554,8 +559,8 @@ void block_outputs(const AttentionArgs& a, int64_t g, int64_t count, int64_t key
     for (int64_t d = 0; d < a.D; d += kLanes) store(out[l] + d, divide(load(out[l] + d), splat(sums[l])));
 }
 
-// Keys j .. j + U - 1 (their rows at k, `stride` apart, D wide) scored against W vectors of queries (qt: (D,
-// lanes) transposed, rows L apart): per key and query one chain of multiply-adds over d in order, times the
+// Keys j .. j + U - 1 (their rows from k on, `stride` apart, D wide) scored against W vectors of queries (qt:
+// (D, lanes) transposed, rows L apart): per key and query one chain of multiply-adds over d in order, times the
 // scale; a key past a query's position (`until`) scores -infinity there. Each query's largest score kept, the
 // scores stored at scores[key * L + lane]. Each key's width is read once for W vectors, each query vector's
 // once for U keys.
@@ -569,7 +574,7 @@ void score_keys(const float* k, int64_t j, int64_t stride, int64_t D, const floa
     Vec q[W];
     UNROLL for (int w = 0; w < W; ++w) q[w] = load(qt + d * L + w * kLanes);
     UNROLL for (int u = 0; u < U; ++u) {
-      const Vec kd = broadcast(k + (j + u) * stride + d);
+      const Vec kd = broadcast(k + u * stride + d);
       UNROLL for (int w = 0; w < W; ++w) acc[u][w] = madd(kd, q[w], acc[u][w]);
     }
   }
@@ -595,9 +600,9 @@ constexpr int kScoreVectors = kLanes == 16 ? 4 : 2;
 // e = exp(score - largest) of those (0 for the others) and their sum in the order of the keys; then its output,
 // one chain of multiply-adds over those keys in order per d, of e times the key's value, divided by that sum.
 // A query's arithmetic never involves another query: which block, lane or thread computes it changes nothing.
-template <int V>
-void attention_block(const AttentionArgs& a, int64_t g, int64_t start, int64_t count, std::vector<float>& qt,
-                     std::vector<float>& scores) {
+template <int V, typename Element>
+void attention_block(const AttentionArgs<Element>& a, int64_t g, int64_t start, int64_t count, std::vector<float>& qt,
+                     std::vector<float>& scores, std::vector<float>& widened) {
   constexpr int64_t L = V * kLanes;
   const int64_t G = a.heads / a.kv_heads, D = a.D;
   int64_t head[L], row[L];
@@ -621,11 +626,21 @@ void attention_block(const AttentionArgs& a, int64_t g, int64_t start, int64_t c
     total[v] = zero();
   }
   constexpr int W = std::min(V, kScoreVectors), U = W == 1 ? 8 : 6;
-  const float* k = a.k + g * a.k_head;
+  const Element* k = a.k + g * a.k_head;
+  widened.resize(U * D);
   const auto score = [&]<int Keys>(int64_t j) {  // keys j .. j + Keys - 1, W vectors of queries at a time
+    const float* rows = nullptr;
+    int64_t stride = D;
+    if constexpr (std::is_same_v<Element, float>) {
+      rows = k + j * a.k_row, stride = a.k_row;
+    } else {  // float16 keys widened into a scratch row block first: one conversion a vector, not a scalar
+      UNROLL for (int u = 0; u < Keys; ++u)
+        for (int64_t d = 0; d < D; d += kLanes) store(widened.data() + u * D + d, load(k + (j + u) * a.k_row + d));
+      rows = widened.data();
+    }
     for (int v = 0; v < V; v += W)
       by_count<W>(std::min(W, V - v), [&]<int Vectors>() {
-        score_keys<Vectors, Keys>(k, j, a.k_row, D, qt.data() + v * kLanes, L, until + v, largest + v,
+        score_keys<Vectors, Keys>(rows, j, stride, D, qt.data() + v * kLanes, L, until + v, largest + v,
                                   scores.data() + v * kLanes, a.scale);
       });
   };
@@ -652,14 +667,34 @@ void attention_block(const AttentionArgs& a, int64_t g, int64_t start, int64_t c
   block_outputs(a, g, count, keys, last, scores.data(), L, sums, out);
 }
 
+// Every kv head's queries in blocks of up to kQueryBlock, a task each, spread over the threads.
+template <typename Element>
+void attention_blocks(const AttentionArgs<Element>& a, int64_t group) {
+  const int64_t blocks = (group + kQueryBlock - 1) / kQueryBlock;
+  at::parallel_for(0, a.kv_heads * blocks, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> qt, scores, widened;  // kept between calls: no new pages to touch
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t g = task / blocks, start = (task % blocks) * kQueryBlock;
+      const int64_t count = std::min(kQueryBlock, group - start);
+      by_count<kQueryBlock / kLanes>(static_cast<int>((count + kLanes - 1) / kLanes), [&]<int V>() {
+        attention_block<V>(a, g, start, count, qt, scores, widened);
+      });
+    }
+  });
+}
+
 // Causal attention of one sequence's queries at positions first .. first + T - 1 (query (H, T, D), keys and
 // values (H_kv, >= first + T, D), any strides but d's, H a multiple of H_kv: grouped-query heads, head h
 // on kv head h / (H / H_kv)) -> (T, H, D). D a multiple of 16. Blocks of up to kQueryBlock queries a task.
+// The queries float32; the keys and values float32, or float16 (a cache of half the bytes to read), both alike.
 at::Tensor attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t first,
                      double scale) {
+  TORCH_CHECK(key.scalar_type() == value.scalar_type() &&
+                  (key.scalar_type() == at::kFloat || key.scalar_type() == at::kHalf),
+              "attention: keys and values both float32 or both float16");
   for (const at::Tensor* t : {&query, &key, &value})
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->dim() == 3 && t->stride(2) == 1,
-                "attention: float32 (heads, positions, D) with D contiguous");
+    TORCH_CHECK(t->dim() == 3 && t->stride(2) == 1, "attention: (heads, positions, D) with D contiguous");
+  TORCH_CHECK(query.scalar_type() == at::kFloat, "attention: float32 queries");
   const int64_t H = query.size(0), T = query.size(1), D = query.size(2), H_kv = key.size(0);
   TORCH_CHECK(D % 16 == 0 && key.size(2) == D && value.size(2) == D, "attention: D a multiple of 16, alike");
   TORCH_CHECK(H_kv > 0 && H % H_kv == 0 && value.size(0) == H_kv, "attention: heads a multiple of kv heads");
@@ -667,19 +702,16 @@ at::Tensor attention(const at::Tensor& query, const at::Tensor& key, const at::T
               "attention: keys and values for every position up to the last query's");
   at::Tensor out = at::empty({T, H, D}, query.options());
   if (T == 0) return out;
-  const AttentionArgs a{query.data_ptr<float>(), key.data_ptr<float>(), value.data_ptr<float>(),
-                        query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0),
-                        value.stride(1), out.data_ptr<float>(), H, H_kv, T, D, first, static_cast<float>(scale)};
-  const int64_t group = (H / H_kv) * T, blocks = (group + kQueryBlock - 1) / kQueryBlock;
-  at::parallel_for(0, H_kv * blocks, 1, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> qt, scores;  // kept between calls: no new pages to touch
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t g = task / blocks, start = (task % blocks) * kQueryBlock;
-      const int64_t count = std::min(kQueryBlock, group - start);
-      by_count<kQueryBlock / kLanes>(static_cast<int>((count + kLanes - 1) / kLanes),
-                                     [&]<int V>() { attention_block<V>(a, g, start, count, qt, scores); });
-    }
-  });
+  const auto run = [&]<typename Element>(const Element* k, const Element* v) {
+    const AttentionArgs<Element> a{query.data_ptr<float>(), k, v, query.stride(0), query.stride(1), key.stride(0),
+                                   key.stride(1), value.stride(0), value.stride(1), out.data_ptr<float>(), H, H_kv,
+                                   T, D, first, static_cast<float>(scale)};
+    attention_blocks(a, (H / H_kv) * T);
+  };
+  if (key.scalar_type() == at::kHalf)
+    run(key.data_ptr<at::Half>(), value.data_ptr<at::Half>());
+  else
+    run(key.data_ptr<float>(), value.data_ptr<float>());
   return out;
 }
 

@@ -70,7 +70,8 @@ def loaded() -> bool:
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, first: int, scale: float) -> torch.Tensor:
     """Causal attention of one sequence's queries at positions first .. first + T - 1: query (H, T, D), keys
     and values (H_kv, first + T or more, D) (grouped-query heads: head h on kv head h // (H / H_kv)) -> (T, H,
-    D), row-invariantly. D: a multiple of 16; any strides but D's."""
+    D), row-invariantly. D: a multiple of 16; any strides but D's. The query float32, the keys and values
+    float32 or float16 (widened as read, exactly)."""
     output: torch.Tensor = torch.ops.specedit.attention(query, key, value, first, scale)
     return output
 

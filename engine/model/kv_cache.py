@@ -39,9 +39,11 @@ def new_cache(model: Any) -> Cache:
 class KVLayer:
     """One layer's keys and values in a buffer of (1, H_kv, capacity, D) each, grown in whole buckets of the
     attention's key lengths (`invariant.KV_BUCKET`) and zeros past the positions it holds: the attention
-    reads the keys of a bucket as a view, where it would otherwise copy them padded with zeros."""
+    reads the keys of a bucket as a view, where it would otherwise copy them padded with zeros. `dtype`: the
+    buffers' (the keys and values rounded to it as they are added), else the first keys'."""
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: torch.dtype | None = None) -> None:
+        self.dtype = dtype
         self._keys: torch.Tensor | None = None
         self._values: torch.Tensor | None = None
         self._length = 0
@@ -89,7 +91,7 @@ class KVLayer:
 
     def _resize(self, capacity: int, like: torch.Tensor) -> None:
         shape = (*like.shape[:-2], capacity, like.shape[-1])
-        keys, values = (like.new_zeros(shape) for _ in range(2))
+        keys, values = (like.new_zeros(shape, dtype=self.dtype or like.dtype) for _ in range(2))
         if self._keys is not None and self._values is not None:
             keys[..., : self._length, :] = self._keys[..., : self._length, :]
             values[..., : self._length, :] = self._values[..., : self._length, :]
@@ -107,9 +109,11 @@ def _buckets(positions: int) -> int:
 class KVCache:
     """The keys and values of every layer (`KVLayer`), for `model.decoder`'s models: what `DynamicCache`
     does for the calls the decoder and this module make (`update`, `get_seq_length`, `layers`), without
-    transformers, and with no copy of the cache at every forward."""
+    transformers, and with no copy of the cache at every forward. `dtype`: what its layers keep (`KVLayer`);
+    the decoder keeps float16 on specedit's kernels (`decoder.Decoder.new_cache`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: torch.dtype | None = None) -> None:
+        self.dtype = dtype
         self.layers: list[KVLayer] = []
 
     def get_seq_length(self, index: int = 0) -> int:
@@ -118,7 +122,7 @@ class KVCache:
     def update(self, keys: torch.Tensor, values: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Append a forward's keys and values to layer `index` (`KVLayer.append`)."""
         while len(self.layers) <= index:
-            self.layers.append(KVLayer())
+            self.layers.append(KVLayer(self.dtype))
         return self.layers[index].append(keys, values)
 
 
@@ -146,7 +150,7 @@ def copy_prefix(cache: Cache, keep: int) -> Cache:
     """A new cache holding copies of the first `keep` positions of `cache` (left as it is)."""
     if length(cache) < keep:
         raise ValueError(f"cannot copy {keep} positions of a cache holding {length(cache)}")
-    copy = type(cache)()
+    copy = KVCache(cache.dtype) if isinstance(cache, KVCache) else type(cache)()
     for index, layer in enumerate(cache.layers):
         keys, values = cast(Any, layer).keys, cast(Any, layer).values
         copy.update(keys[..., :keep, :].clone(), values[..., :keep, :].clone(), index)

@@ -190,6 +190,7 @@ def load_model(
     *,
     dtype: str = "auto",
     weights: str = "auto",
+    kv_cache: str = "float32",
     device: str | None = None,
     target: bool = True,
     verdicts: Path | None = None,
@@ -203,9 +204,11 @@ def load_model(
     (`model.exactness`), which also says whether speculation keeps plain decoding's answer bit for bit.
     A draft model's logits never decide the output: it simply gets the fastest kernels. `verdicts`: a
     folder where the self-check's verdicts are remembered (see `exactness.settle`). `dtype` and
-    `weights`: see `precision`; `kernel_folder`: where specedit's kernels are compiled (`model.kernels`; default: a
-    temporary folder); `kept_folder`: where what loading derives from a model folder is kept for the next
-    start (`kept_file`: its tokenizer as built, its int8 weights as quantized; default: nothing kept);
+    `weights`: see `precision`; `kv_cache`: float16 keeps the KV cache so on specedit's kernels (a model of
+    `model.decoder`'s; `Decoder.new_cache`); `kernel_folder`: where specedit's kernels are compiled
+    (`model.kernels`; default: a temporary folder); `kept_folder`: where what loading derives from a model
+    folder is kept for the next start (`kept_file`: its tokenizer as built, its int8 weights as quantized;
+    default: nothing kept);
     `tokenizer`: the model's, where it is being read already (`aside.read_aside`).
     """
     torch_device = torch.device(device) if device else default_device()
@@ -242,6 +245,8 @@ def load_model(
     if pack:
         invariant.pack_linears(model, torch_dtype)
     model.to(device=torch_device, dtype=torch_dtype).eval()
+    if own is not None and kv_cache == "float16":
+        model.cache_dtype = torch.float16
     loaded = LoadedModel(model, tokenizer, torch_device, torch_dtype, name_or_path)
     if target:
         loaded.exactness = exactness.settle(loaded, verdicts)

@@ -96,6 +96,7 @@ def load_target(
         source,
         dtype=options.dtype,
         weights=options.weights,
+        kv_cache=options.kv_cache,
         device=options.device,
         verdicts=verdicts_dir() if remembered else None,
         kernel_folder=kernels_dir(),

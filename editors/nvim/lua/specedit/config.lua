@@ -14,8 +14,8 @@ M.defaults = {
   ---   "preview" the new lines show as virtual lines; :SpeceditAccept writes them, :SpeceditReject drops them;
   ---   "final"   one edit at the end.
   delivery = "live",
-  --- Server settings (the `specedit` section: engine, model, dtype, weights, device, draft, draftModel, draftLayers,
-  --- pMin, prefixCacheMb, presets, maxNewTokens, warm, loadOnStart),
+  --- Server settings (the `specedit` section: engine, model, dtype, weights, kvCache, device, draft, draftModel,
+  --- draftLayers, pMin, prefixCacheMb, presets, maxNewTokens, warm, loadOnStart),
   --- sent as `initializationOptions` and answered to `workspace/configuration`. Flags in `cmd` win.
   settings = {},
   --- A short message (vim.notify) when a rewrite ends, with its speed and acceptance rate.
