@@ -81,7 +81,7 @@ class Exactness:
     step_rows: int  # the rows a one-token step runs as: 1, or 2 where a 1-row product takes another kernel
     attention: Literal["row-invariant", "transformers"]
     dtype: str
-    cache: str  # the dtype the KV cache keeps (`Decoder.new_cache`): float16 on specedit's kernels
+    cache: str  # the dtype the KV cache keeps (`Decoder.new_cache`): float16 where `--kv-cache float16` asks
     device: str
     cpu_class: str  # from the CPU's flags: AMX, AVX512-BF16, AVX512, AVX2 or baseline
     kernels: str  # what torch dispatches to (its CPU capability), and any steering in the environment
