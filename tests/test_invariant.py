@@ -189,7 +189,7 @@ def test_the_peer_baseline_runs_on_stock_kernels_and_gives_them_back(tiny_model_
     target = load_model(str(tiny_model_dir), dtype="float32", weights="float", device="cpu")
     packed_before = [m for m in target.model.modules() if isinstance(m, invariant.PackedLinear)]
     ids = list(range(3, 40))
-    ours = target.forward(ids, kv_cache.KVCache())  # a float32 cache, as transformers keeps (the engine's: float16)
+    ours = target.forward(ids, target.new_cache())
     with invariant.stock_kernels(target.model) as stock:  # transformers' own class on the same weights
         assert type(stock).__name__ == "Qwen2ForCausalLM" and stock.config._attn_implementation == "sdpa"
         assert not any(isinstance(m, invariant.PackedLinear) for m in stock.modules())

@@ -20,7 +20,7 @@ from test_invariant import wide_model
 
 from specedit.engine.errors import ModelLoadError
 from specedit.engine.loop.generate import Engine
-from specedit.engine.model import exactness, invariant, kernels, kv_cache, loading, quantized, store
+from specedit.engine.model import exactness, invariant, kernels, loading, quantized, store
 from specedit.engine.options import EngineOptions
 
 unavailable = kernels.available()
@@ -406,7 +406,7 @@ def test_the_attention_on_own_kernels_is_torchs_and_row_invariant(heads: int, kv
 
 @needs_kernel
 def test_the_attention_reads_float16_keys_and_values_as_their_float32_widening() -> None:
-    """A cache in float16 (`KVCache`'s on specedit's kernels): the same bits as the float32 kernel on those
+    """A cache in float16 (`--kv-cache float16`): the same bits as the float32 kernel on those
     keys and values widened, each query row its own whatever the forward's size, past a key chunk."""
     generator = torch.Generator().manual_seed(9)
     query = torch.randn(6, 300, 64, generator=generator)
@@ -493,7 +493,7 @@ def test_a_decoder_on_the_kernels_glue_computes_what_its_torch_glue_does(
     calls: list[str] = []
     for name in ("rms_norm", "rotary", "silu_mul"):
         monkeypatch.setattr(kernels, name, _counting(getattr(kernels, name), name, calls))
-    own = model(ids, cache=kv_cache.KVCache()).logits  # a float32 cache, as torch's glue takes
+    own = model(ids).logits
     layers = config.num_hidden_layers
     expected = {"rms_norm": 2 * layers + 1, "rotary": 2 * layers, "silu_mul": layers}
     assert {name: calls.count(name) for name in set(calls)} == expected

@@ -110,7 +110,7 @@ class KVCache:
     """The keys and values of every layer (`KVLayer`), for `model.decoder`'s models: what `DynamicCache`
     does for the calls the decoder and this module make (`update`, `get_seq_length`, `layers`), without
     transformers, and with no copy of the cache at every forward. `dtype`: what its layers keep (`KVLayer`);
-    the decoder keeps float16 on specedit's kernels (`decoder.Decoder.new_cache`)."""
+    the decoder keeps float16 on specedit's kernels where `--kv-cache float16` asks (`Decoder.new_cache`)."""
 
     def __init__(self, dtype: torch.dtype | None = None) -> None:
         self.dtype = dtype
