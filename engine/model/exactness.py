@@ -162,7 +162,7 @@ def settle(loaded: Any, verdicts: Path | None = None) -> Exactness:
         step_rows=rows,
         attention="row-invariant" if attention else "transformers",
         dtype=str(loaded.dtype).removeprefix("torch."),
-        cache=str(getattr(loaded.new_cache(), "dtype", None) or loaded.dtype).removeprefix("torch."),
+        cache=cache_dtype(loaded),
         device=str(loaded.device),
         cpu_class=cpu_class() if on_cpu else torch.cuda.get_device_name(loaded.device),
         kernels=kernel_description() if on_cpu else f"torch {torch.__version__}",
@@ -180,6 +180,11 @@ def remember(loaded: Any, verdicts: Path) -> None:
     """Save `loaded`'s verdict in the `verdicts` folder, for the next load with the same fingerprint."""
     if loaded.exactness is not None:
         _write_verdict(verdicts / f"{fingerprint(loaded)}.json", loaded.exactness)
+
+
+def cache_dtype(loaded: Any) -> str:
+    """The dtype `loaded`'s KV cache keeps: a `KVCache`'s own (`Decoder.new_cache`), else the model's."""
+    return str(getattr(loaded.new_cache(), "dtype", None) or loaded.dtype).removeprefix("torch.")
 
 
 def fingerprint(loaded: Any) -> str:
@@ -203,7 +208,7 @@ def fingerprint(loaded: Any) -> str:
         "threads": torch.get_num_threads(),
         "cpu": cpu_model() + " " + " ".join(sorted(cpu_flags())),
         "kernels": kernel_description(),
-        "cache": str(getattr(loaded.new_cache(), "dtype", None)),  # what a kept prompt's cache holds
+        "cache": cache_dtype(loaded),  # what a kept prompt's cache holds
         "steering": {name: os.environ.get(name) for name in KERNEL_ENV},
         "versions": versions(),
         "sources": [hashlib.sha256(source).hexdigest() for source in sources],

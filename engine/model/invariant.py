@@ -250,7 +250,6 @@ def attention(
     scale = scaling if scaling is not None else head_dim**-0.5
     if query.dtype == torch.float32 and kernels.loaded():
         return _attention_on_own_kernels(query, key, value, first, scale)
-    key, value = key.to(query.dtype), value.to(query.dtype)  # a float16 cache (`KVCache`) made for the kernel
     if head_dim < MIN_HEAD_DIM:  # zeros change no dot product; the extra output columns are dropped below
         query, key, value = (F.pad(states, (0, MIN_HEAD_DIM - head_dim)) for states in (query, key, value))
     outputs = []

@@ -627,7 +627,7 @@ void attention_block(const AttentionArgs<Element>& a, int64_t g, int64_t start, 
   }
   constexpr int W = std::min(V, kScoreVectors), U = W == 1 ? 8 : 6;
   const Element* k = a.k + g * a.k_head;
-  widened.resize(U * D);
+  if constexpr (!std::is_same_v<Element, float>) widened.resize(U * D);
   const auto score = [&]<int Keys>(int64_t j) {  // keys j .. j + Keys - 1, W vectors of queries at a time
     const float* rows = nullptr;
     int64_t stride = D;
