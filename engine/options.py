@@ -43,8 +43,8 @@ class EngineOptions:
         "auto",
         "the linear layers' weights on the CPU: int8 (a quarter of float32's bytes to read a step; its kernel is "
         "compiled once), int4 (16 levels a group of 32: 0.6 of int8's bytes, for bigger models; the answers "
-        "differ from int8's), float (the dtype's), auto (default): on the CPU (AVX2, AVX-512, AVX512-BF16; not "
-        "with AMX or another dtype asked for) int4 for a model whose own weights are 4-bit (the 1.5B's Q4_K), "
+        "differ from int8's), float (the dtype's), auto (default): on the CPU (AVX2, AVX-512, AVX512-BF16, AMX; "
+        "not with another dtype asked for) int4 for a model whose own weights are 4-bit (the 1.5B's Q4_K), "
         "else int8",
         choices=WEIGHTS_CHOICES,
     )

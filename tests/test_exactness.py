@@ -154,14 +154,14 @@ def test_fewer_threads_are_offered_only_where_the_logits_stay_the_same() -> None
 
 
 def test_auto_precision_follows_the_cpu_and_its_steering(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`--dtype auto`: float32 on int8 weights wherever the int8 kernel runs, AVX512-BF16 included; bf16 where
-    it runs on AMX's tiles, or where it is native and the weights stay float; float32 elsewhere."""
+    """`--dtype auto`: float32 on int8 weights wherever the int8 kernel runs, AVX512-BF16 and AMX included;
+    bf16 where it is native and the weights stay float; float32 elsewhere."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.setattr(kernels, "available", lambda folder=None: None)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     monkeypatch.setattr(exactness, "cpu_class", lambda: "AVX512-BF16")
-    assert exactness.native_bf16() and not exactness.bf16_tiles()
+    assert exactness.native_bf16()
     assert precision("auto", "auto", cpu) == (torch.float32, True)
     assert precision("auto", "float", cpu) == (torch.bfloat16, False)
     assert precision("bfloat16", "auto", cpu) == (torch.bfloat16, False)
@@ -169,11 +169,11 @@ def test_auto_precision_follows_the_cpu_and_its_steering(monkeypatch: pytest.Mon
         monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", steered)
         assert exactness.native_bf16() is native, steered
     monkeypatch.setattr(exactness, "cpu_class", lambda: "AMX")
-    for steered, tiles in (("AVX512_CORE_BF16", False), ("AVX512_CORE_AMX", True), ("DEFAULT", True)):
+    for steered in ("AVX512_CORE_BF16", "AVX512_CORE_AMX", "DEFAULT"):
         monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", steered)
-        assert exactness.native_bf16() and exactness.bf16_tiles() is tiles, steered
-        assert precision("auto", "auto", cpu) == ((torch.bfloat16, False) if tiles else (torch.float32, True))
-        assert precision("auto", "int8", cpu) == (torch.float32, True)  # asked for: int8 computes in float32
+        assert exactness.native_bf16(), steered
+        assert precision("auto", "auto", cpu) == (torch.float32, True), steered  # int8, as on AVX512-BF16
+        assert precision("auto", "float", cpu) == (torch.bfloat16, False), steered
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
     monkeypatch.setattr(kernels, "available", lambda folder=None: "specedit's kernels need a C++ compiler (g++)")
     assert precision("auto", "auto", cpu) == (torch.bfloat16, False)  # no int8 kernel: native bf16 still

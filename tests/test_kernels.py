@@ -533,8 +533,10 @@ VARIANT_CHECK = textwrap.dedent(
     glue = torch.cat([kernels.rms_norm(x, x[0], 1e-6), kernels.silu_mul(x * 9, x.flip(0)),
                       kernels.silu_mul(x[0, :13] * 9, x[1, :13]).expand(70, 13),
                       kernels.rotary(x[:, :64], x[:, 64:80].repeat(1, 2), x[:, 80:96].repeat(1, 2), 2)[1]], dim=1)
-    together = torch.cat(quantized.linears(x[:3], [layer, _layer(16, 96, seed=1)]), dim=1)
-    torch.save({"variant": kernels.variant(), "linear": linear, "attention": attention, "extremes": extreme(at),
+    pairs = ([layer, _layer(16, 96, seed=1)], [four, _layer(16, 96, seed=1, bits=4)])
+    together = torch.cat([torch.cat(quantized.linears(rows, pair), dim=1) for pair in pairs for rows in (x, x[:3])])
+    extremes = torch.cat([extreme(at), extreme(at.repeat(8, 1))])  # 4 rows, and 32 (AMX's tiles)
+    torch.save({"variant": kernels.variant(), "linear": linear, "attention": attention, "extremes": extremes,
                 "glue": glue, "together": together}, sys.argv[2])
     """
 )
@@ -543,8 +545,8 @@ VARIANT_CHECK = textwrap.dedent(
 @needs_kernel
 def test_every_variant_of_the_kernels_gives_the_same_bits(tmp_path: Path) -> None:
     """Each output is one lane, computed the same way on 8-lane and 16-lane vectors, with VNNI's 4-product
-    sums or AVX2's 2-product ones: every variant this CPU runs (`SPECEDIT_KERNELS`) gives the same bits,
-    every row count, both ops, int8 and int4 weights, and the levels at their extremes."""
+    sums, AVX2's 2-product ones or AMX's tiles: every variant this CPU runs (`SPECEDIT_KERNELS`) gives the
+    same bits, every row count, both ops, int8 and int4 weights, and the levels at their extremes."""
     variants = kernels.runnable_variants()
     if len(variants) == 1:
         pytest.skip(f"torch runs {torch.backends.cpu.get_cpu_capability()} here: the AVX2 kernels only")

@@ -338,11 +338,6 @@ def native_bf16() -> bool:
     return cpu_class() in ("AMX", "AVX512-BF16") and _onednn_reaches("BF16", "AMX")
 
 
-def bf16_tiles() -> bool:
-    """True where bf16 products run on AMX's tiles and oneDNN is not steered below them."""
-    return cpu_class() == "AMX" and _onednn_reaches("AMX")
-
-
 def _onednn_reaches(*isas: str) -> bool:
     """Whether `ONEDNN_MAX_CPU_ISA` (unset, `ALL`, `DEFAULT` or an ISA's name) lets oneDNN run the
     instructions of an ISA whose name holds one of `isas` ("AVX512_CORE_BF16", "AVX512_CORE_AMX")."""

@@ -142,15 +142,17 @@ def precision(
     """The dtype a model computes in, and whether its linear layers take int8 weights (`int8_weights`).
 
     `dtype="auto"` is float32 where the linear layers then take int8 weights (asked for, or `auto` on a CPU
-    whose kernels run them), except that `auto` weights leave bf16 to a CPU with AMX's tiles; else bf16 on
-    CUDA and on CPUs with native bf16 (AVX512-BF16, AMX), float32 elsewhere (on AVX2, bf16 without native
-    arithmetic costs 4-7x float32 for a forward of 16 or more tokens). On AVX512-BF16 without AMX the int8
-    kernel is the faster (every such CPU has AVX-512 VNNI): it reads half of bf16's bytes at each step and
-    sums four products a lane per instruction to vdpbf16ps's two. Measured on two machines of the same kind
-    (2 cores, the 0.5B model, 500 tokens of context): a forward of 1 / 16 / 64 / 128 tokens took 86 / 148 /
-    281 / 500 ms in bf16 on AVX512-BF16, 43 / 75 / 200 / 338 ms on int8 weights on AVX-512 VNNI, and a
-    500-token prefill 1.5 s against 1.16 s. With AMX, bf16's products run on tiles: not measured, so bf16
-    stays there.
+    whose kernels run them); else bf16 on CUDA and on CPUs with native bf16 (AVX512-BF16, AMX), float32
+    elsewhere (on AVX2, bf16 without native arithmetic costs 4-7x float32 for a forward of 16 or more
+    tokens). On AVX512-BF16 the int8 kernel is the faster (every such CPU has AVX-512 VNNI): it reads half
+    of bf16's bytes at each step and sums four products a lane per instruction to vdpbf16ps's two. Measured
+    on two machines of the same kind (2 cores, the 0.5B model, 500 tokens of context): a forward of 1 / 16
+    / 64 / 128 tokens took 86 / 148 / 281 / 500 ms in bf16 on AVX512-BF16, 43 / 75 / 200 / 338 ms on int8
+    weights on AVX-512 VNNI, and a 500-token prefill 1.5 s against 1.16 s. With AMX too (Intel Xeon,
+    Sapphire Rapids, 2 cores, 2026-12-05): bf16 on oneDNN's tiles took 52 / 62 / 88 / 251 ms for 1 / 16 /
+    64 / 256 tokens against int8's 25 / 44 / 130 / 412 ms, but its kernels are not row-invariant there (the
+    self-check's verdict: up to near-ties), and plain decoding is its one-token steps: int8 there too
+    (docs/kernels.md: AMX's int8 tiles for the int8 kernel's many-row forwards were tried, and not kept).
     """
     if dtype != "auto":
         try:
@@ -158,8 +160,7 @@ def precision(
         except KeyError:
             raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_CHOICES)}") from None
         return chosen, int8_weights(weights, device, chosen, kernel_folder)
-    tiles = device.type == "cpu" and exactness.bf16_tiles()
-    if (weights in INTEGER_WEIGHTS or not tiles) and int8_weights(weights, device, torch.float32, kernel_folder):
+    if int8_weights(weights, device, torch.float32, kernel_folder):
         return torch.float32, True
     native = device.type == "cuda" or (device.type == "cpu" and exactness.native_bf16())
     return (torch.bfloat16 if native else torch.float32), False
