@@ -6,7 +6,10 @@
 # by git): bin/llama-server is where the bench looks. SPECEDIT_LLAMA_ISA=avx2 builds for AVX2 and FMA
 # only, as most laptops run it (default build/llama-server-avx2; `specedit bench --llama-server PATH`),
 # to compare with specedit steered to AVX2 on a machine that has more. About 17 minutes on 2 cores;
-# needs cmake and a C++ compiler (build-essential). Idempotent: a second run only checks.
+# needs cmake and a C++ compiler (build-essential; CC and CXX name another). Idempotent: a second run only
+# checks. On a CPU with AMX, GCC 12 (Debian 12's) builds llama.cpp's AMX kernels into a crash at the first
+# prompt (SIGILL: its _tile_loadconfig lets the compiler drop the tile configuration's stores): build
+# with clang there, `CC=clang CXX=clang++ SPECEDIT_LLAMA_SERVER_DIR=build/llama-server-clang`.
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 ISA="${SPECEDIT_LLAMA_ISA:-native}"
@@ -30,6 +33,9 @@ fi
 for tool in cmake c++; do
     command -v "$tool" >/dev/null || { log "needs $tool (apt install cmake build-essential)"; exit 1; }
 done
+if [ "$ISA" = native ] && grep -qw amx_tile /proc/cpuinfo && "${CXX:-c++}" --version 2>/dev/null | grep -qE '^(c|g)\+\+ .* 12\.'; then
+    log "warning: GCC 12 on a CPU with AMX: llama-server will crash at its first prompt; build with CC=clang CXX=clang++"
+fi
 PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
 [ -x "$PYTHON" ] || PYTHON=python3
 mkdir -p "$OUT"
