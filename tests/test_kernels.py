@@ -568,6 +568,22 @@ def test_every_variant_of_the_kernels_gives_the_same_bits(tmp_path: Path) -> Non
         assert torch.equal(results[variant]["together"], results["avx2"]["together"]), variant
 
 
+@needs_kernel  # (which a C++ compiler built)
+def test_the_avx_vnni_variant_compiles_where_the_cpu_cannot_run_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AVX-VNNI without AVX-512 (most Intel laptops since 2021) is a variant of its own, with 16 vector
+    registers (its blocks sized for them), that no machine of the project's runs: it must still compile,
+    to AVX-VNNI's own instruction."""
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: ["avx2", "fma", "f16c", "avx_vnni"])
+    flags = kernels.compile_flags("avx2-vnni")
+    assert "-mavxvnni" in flags and not any(flag.startswith("-mavx512") for flag in flags)
+    library = tmp_path / "kernels-avx-vnni.so"
+    assert kernels.compile_library(os.environ.get("CXX") or "g++", flags, library) is None
+    listing = subprocess.run(["objdump", "-d", str(library)], capture_output=True, text=True, check=True).stdout
+    assert "{vex} vpdpbusd" in listing and "zmm" not in listing
+
+
 def test_the_weights_option_is_checked() -> None:
     assert EngineOptions().weights == "auto"
     assert EngineOptions(weights="int4").weights == "int4"

@@ -206,18 +206,47 @@ constexpr int64_t kQuad = 4;                     // inputs a lane sums per instr
 constexpr int64_t kQuadBytes = kPanel * kQuad;   // a panel's weights for 4 inputs (8 at 4 bits): 64 bytes
 template <int Bits>
 constexpr int64_t kBlockInputs = Bits == 8 ? kQuad : 2 * kQuad;  // inputs a lane's 4 bytes hold
-// AVX2 without VNNI: 16 registers, shared by the sums, the weights, the pairs in flight and vpmaddwd's ones.
-constexpr bool kFewRegisters = kVectors == 2 && !kVnni;
-// The int8 register block for forwards of many rows: 6 rows by 16 outputs (8 lanes) or 48 (16 lanes), the
-// fastest of 2-8 rows by 16-64 outputs for the 0.5B model's layers (2026-12, Intel Xeon, 2 threads); 4 rows
-// on AVX2 without VNNI, whose sums take 2 registers a row: 4 rows took 0.89x 6 rows' time and 0.92x 5 rows'
-// at 256 rows, about the same at 64 (AMD EPYC steered to AVX2, 2026-12-04).
-constexpr int kIntRows = kFewRegisters ? 4 : 6;
+// 16 vector registers where AVX-512's encoding is not compiled in (AVX2, and AVX-VNNI: most Intel laptops
+// since 2021), 32 where it is (16 lanes, or 8 with AVX-512 VL: SPECEDIT_256). The sums, the weights and the
+// activations in flight must fit them: a block that spills its sums to the stack takes up to 1.5x the time.
+#if defined(__AVX512F__)
+constexpr bool kFewRegisters = false;
+#else
+constexpr bool kFewRegisters = true;
+#endif
+// The register block for forwards of many rows: 6 rows by 16 outputs (8 lanes) or 48 (16 lanes), the
+// fastest of 2-8 rows by 16-64 outputs for the 0.5B model's layers (2026-12, Intel Xeon, 2 threads); with
+// 16 registers 4 rows, whose sums take 2 registers a row: on AVX2 4 rows took 0.89x 6 rows' time and 0.92x
+// 5 rows' at 256 rows, about the same at 64 (AMD EPYC steered to AVX2, 2026-12-04); with AVX-VNNI 4 rows
+// took 0.65-0.73x 6 rows' at 64-256 rows (int8), and 3 rows 0.67-0.73x at int4, whose 4-bit blocks
+// broadcast two sets of activations a row (AMD EPYC with AVX-512's upper 16 registers kept from the
+// compiler, -ffixed-xmm16..31, as AVX-VNNI has none; 2026-12-06). AMD's cores take 4 rows on 16 lanes
+// (`int_rows`).
+template <int Bits>
+constexpr int kIntRows = !kFewRegisters ? 6 : (kVnni && Bits == 4 ? 3 : 4);
 constexpr int kIntPanels = kVectors == 2 ? 1 : 3;
 
-// Panels a block of R rows of a few-row forward takes at a time: 4, or on AVX2 without VNNI 4 for one row
-// and 1 for more, whose sums then fit 16 registers beside the weights' (2 rows on 1 panel rather than 2:
-// 0.80x the time at int4, 0.90x at int8, the 0.5B model's 24 layers streamed from memory, 2026-12-04).
+// Rows a block of a many-row forward takes on this CPU: kIntRows, but 4 on AMD's cores with 16 lanes and
+// VNNI, where 6 rows' 18 sums and 18 accumulators do not fit 32 registers, and each 64-byte register that
+// goes through memory takes two of the core's 32-byte loads and stores (Zen 4 splits them): 4 rows by 48
+// outputs took 0.87-0.90x the time of 6 at 64-512 rows at int8 and 0.91-0.93x at int4 (AMD EPYC,
+// AVX512-BF16, the 0.5B model's 24 layers streamed, 2 threads, 2026-12-06). On the Intel Xeon 6 rows were
+// the fastest (above). Every block computes each output alike: the same bits.
+template <int Bits>
+int int_rows() {
+  if constexpr (kVectors == 1 && kVnni) {
+    constexpr int kAmdRows = 4;
+    static_assert(kAmdRows <= kIntRows<Bits>, "a block is at most kIntRows (int_panels' by_count)");
+    static const bool amd = (__builtin_cpu_init(), __builtin_cpu_is("amd"));
+    if (amd) return kAmdRows;
+  }
+  return kIntRows<Bits>;
+}
+
+// Panels a block of R rows of a few-row forward takes at a time: 4, or with 16 registers 4 for one row and 1
+// for more, whose sums then fit beside the weights' (2 rows on 1 panel rather than 2: 0.80x the time at
+// int4, 0.90x at int8 on AVX2, the 0.5B model's 24 layers streamed from memory, 2026-12-04; with AVX-VNNI
+// 4 rows 0.71x at int8 and 0.84x at int4, 3 rows 0.90x and 0.79x, 2026-12-06, as above).
 template <int R>
 constexpr int kDirectPanels = kFewRegisters ? (R == 1 ? 4 : 1) : 4;
 
@@ -340,7 +369,7 @@ void int_block(const Levels& x, int64_t row, const IntWeights& w, int64_t panel,
 }
 
 // Panels [first, last) for a forward of M rows: up to 4 rows, 4 panels at a time as the weights stream by
-// (each weight read once); more, kIntPanels at a time (in the cache), the rows in blocks of kIntRows.
+// (each weight read once); more, kIntPanels at a time (in the cache), the rows in blocks of `int_rows`.
 template <int Bits>
 void int_panels(const Levels& x, int64_t M, const IntWeights& w, int64_t first, int64_t last, float* out,
                  int64_t N) {
@@ -352,10 +381,11 @@ void int_panels(const Levels& x, int64_t M, const IntWeights& w, int64_t first, 
       for (; panel < last; ++panel) int_block<R, 1, Bits>(x, 0, w, panel, out, N);
     });
   }
+  const int rows = int_rows<Bits>();
   for (int64_t panel = first; panel < last;) {
     const bool whole = panel + kIntPanels <= last;
-    for (int64_t m = 0; m < M; m += kIntRows) {
-      by_count<kIntRows>(static_cast<int>(std::min<int64_t>(kIntRows, M - m)), [&]<int R>() {
+    for (int64_t m = 0; m < M; m += rows) {
+      by_count<kIntRows<Bits>>(static_cast<int>(std::min<int64_t>(rows, M - m)), [&]<int R>() {
         if (whole)
           int_block<R, kIntPanels, Bits>(x, m, w, panel, out, N);
         else

@@ -32,6 +32,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 
@@ -150,30 +151,40 @@ def library(folder: Path | None) -> Path | str:
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         return "specedit's kernels need a C++ compiler (g++) to build them once"
-    torch_dir = Path(torch.__file__).parent
     name = variant()
-    flags = (*FLAGS, *variant_flags(name))
-    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
-    key = hashlib.sha256(
-        b"\0".join([SOURCE.read_bytes(), torch.__version__.encode(), " ".join((*flags, abi)).encode()])
-    ).hexdigest()[:16]
+    flags = compile_flags(name)
+    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), torch.__version__.encode(), " ".join(flags).encode()]))
     base = folder if folder is not None else Path(tempfile.gettempdir()) / f"specedit-kernels-{os.getuid()}"
-    found = base / f"kernels-{name}-{key}.so"
+    found = base / f"kernels-{name}-{key.hexdigest()[:16]}.so"
     if is_sealed(found):
         return found
     base.mkdir(parents=True, exist_ok=True)
     building = found.with_name(f"{found.name}.tmp-{os.getpid()}")
+    log.info("compiling specedit's kernels into %s (once, about 10 s)", found)
+    failed = compile_library(compiler, flags, building)
+    if failed is not None:
+        return failed
+    replace_sealed(building, found)  # atomic: a process loading it meanwhile sees all of it or nothing
+    return found
+
+
+def compile_flags(name: str) -> tuple[str, ...]:
+    """The compiler's flags for a variant: `FLAGS`, the variant's own, and torch's C++ ABI."""
+    return (*FLAGS, *variant_flags(name), f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}")
+
+
+def compile_library(compiler: str, flags: Sequence[str], out: Path) -> str | None:
+    """Compiles `SOURCE` with `flags` into the library `out`: None, or why it did not compile."""
+    torch_dir = Path(torch.__file__).parent
     command = [
-        compiler, *flags, abi, f"-I{torch_dir / 'include'}", str(SOURCE), "-o", str(building),
+        compiler, *flags, f"-I{torch_dir / 'include'}", str(SOURCE), "-o", str(out),
         f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}",
     ]  # fmt: skip
-    log.info("compiling specedit's kernels into %s (once, about 10 s)", found)
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"specedit's kernels did not compile: {error}"
     if done.returncode != 0:
-        building.unlink(missing_ok=True)
+        out.unlink(missing_ok=True)
         return f"specedit's kernels did not compile ({compiler}): {done.stderr.strip()[-500:]}"
-    replace_sealed(building, found)  # atomic: a process loading it meanwhile sees all of it or nothing
-    return found
+    return None
