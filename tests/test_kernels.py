@@ -38,12 +38,12 @@ def _layer(
     )
 
 
-def _quantized_by_torch(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _quantized_by_torch(weight: torch.Tensor, group: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`quantized.quantize` written in torch's ops (the engine's own until the kernel did it in one pass)."""
     out_features, in_features = weight.shape
     panels = -(-out_features // 16)
     rows = torch.cat([weight.to(torch.float32), torch.zeros(panels * 16 - out_features, in_features)])
-    groups = rows.reshape(-1, in_features // 32, 32)
+    groups = rows.reshape(-1, in_features // group, group)
     low, high = groups.amin(-1), groups.amax(-1)
     scale = ((high - low) / 255).clamp(min=2**-24).half().float()  # kept in float16, the levels chosen for it
     offset = (low + 128 * scale).half().float()
@@ -54,18 +54,23 @@ def _quantized_by_torch(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return q, *(t.half().reshape(panels, 16, -1).transpose(1, 2).contiguous() for t in (scale, offset))
 
 
+def _group(layer: quantized.QuantizedLinear) -> int:
+    """The layer's inputs per scale and offset, as its scales say."""
+    return layer.in_features // layer.scales.shape[1]
+
+
 def _by_the_kernels_rule(layer: quantized.QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
     """What `specedit::q8_linear` computes, in float64 and torch's ops: each row's activations quantized
-    per group of 32 (levels round(x * 63 / max|x|), step max|x| / 63), the levels' products summed
+    per group of the weights' (levels round(x * 63 / max|x|), step max|x| / 63), the levels' products summed
     exactly per group, then scale * step * that + offset * step * (the levels' sum), summed over groups."""
     rows = x.reshape(-1, layer.in_features).to(torch.float32)
-    groups = rows.reshape(rows.shape[0], -1, 32)
+    groups = rows.reshape(rows.shape[0], -1, _group(layer))
     largest = groups.abs().amax(-1, keepdim=True)
     inverse = torch.where(largest > 0, 63 / largest, torch.zeros_like(largest))
     levels = torch.round(groups * inverse)
     step = largest / 63
     weights = quantized.levels(layer.q, layer.bits).to(torch.float64)  # (out padded, in)
-    sums = torch.einsum("mgi,ngi->mgn", levels.double(), weights.reshape(weights.shape[0], -1, 32))
+    sums = torch.einsum("mgi,ngi->mgn", levels.double(), weights.reshape(weights.shape[0], -1, _group(layer)))
     scales, offsets = (t.transpose(1, 2).reshape(weights.shape[0], -1).double() for t in (layer.scales, layer.offsets))
     total = step.double() * levels.double().sum(-1, keepdim=True)  # (m, g, 1)
     output = (sums * step.double() * scales.T + total * offsets.T).sum(1)
@@ -76,11 +81,14 @@ def _by_the_kernels_rule(layer: quantized.QuantizedLinear, x: torch.Tensor) -> t
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_the_kernels_quantization_is_torchs_bit_for_bit(dtype: torch.dtype) -> None:
-    weight = (torch.randn(130, 96, generator=torch.Generator().manual_seed(3)) * 0.1).to(dtype)
-    weight[5, :32] = 0.5  # a constant group
-    weight[7, 32:64] *= 1000  # a wide one
-    for ours, theirs in zip(quantized.quantize(weight), _quantized_by_torch(weight), strict=True):
+@pytest.mark.parametrize(("in_features", "group"), [(96, 32), (256, 128)])
+def test_the_kernels_quantization_is_torchs_bit_for_bit(dtype: torch.dtype, in_features: int, group: int) -> None:
+    """int8 weights take groups of 128 inputs where the input size allows, else 32."""
+    weight = (torch.randn(130, in_features, generator=torch.Generator().manual_seed(3)) * 0.1).to(dtype)
+    weight[5, :group] = 0.5  # a constant group
+    weight[7, group : 2 * group] *= 1000  # a wide one
+    assert quantized.group_size(in_features) == group
+    for ours, theirs in zip(quantized.quantize(weight), _quantized_by_torch(weight, group), strict=True):
         assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
 
 
@@ -130,7 +138,9 @@ def test_4_bit_quantization_keeps_each_weight_within_a_30th_of_its_groups_range(
 
 @needs_kernel
 @pytest.mark.parametrize("bits", [8, 4])
-@pytest.mark.parametrize(("out_features", "in_features"), [(48, 64), (40, 96), (7, 32), (130, 160)])
+@pytest.mark.parametrize(
+    ("out_features", "in_features"), [(48, 64), (40, 96), (7, 32), (130, 160), (24, 256), (7, 384)]
+)
 def test_the_kernel_computes_its_weights_on_activations_quantized_by_group(
     out_features: int, in_features: int, bits: int
 ) -> None:
@@ -144,7 +154,9 @@ def test_the_kernel_computes_its_weights_on_activations_quantized_by_group(
     # the same product as the float32 activations', within what 7-bit activations lose (1/126 of a group's
     # largest, per activation)
     exact = x.double() @ layer.dequantized().double().T + layer.bias[:out_features].double()  # type: ignore[index]
-    groups = x.reshape(2, 9, -1, 32).abs().amax(-1, keepdim=True).expand(-1, -1, -1, 32).reshape(x.shape)
+    group = _group(layer)
+    assert group == (128 if bits == 8 and in_features % 128 == 0 else 32)
+    groups = x.reshape(2, 9, -1, group).abs().amax(-1, keepdim=True).expand(-1, -1, -1, group).reshape(x.shape)
     bound = (groups.double() / 126) @ layer.dequantized().double().abs().T
     assert ((output.double() - exact).abs() <= bound + 1e-3).all()
     assert not torch.equal(output.double(), exact)
@@ -154,18 +166,20 @@ def test_the_kernel_computes_its_weights_on_activations_quantized_by_group(
     assert torch.equal(unbiased(x) + layer.bias[:out_features], output)  # type: ignore[index]
 
 
-def _at_the_extremes() -> tuple[quantized.QuantizedLinear, torch.Tensor]:
+def _at_the_extremes(inputs: int = 64) -> tuple[quantized.QuantizedLinear, torch.Tensor]:
     """Every weight at its group's top level, 255, but the group's first at 0, and activations at +63 or -63
     throughout: each of vpmaddubsw's 16-bit pairs (AVX2 without VNNI) then adds 2 * 255 * 63 = 32,130, the
-    most it ever does. With activation levels of 127 a pair would saturate at 32,767."""
-    weight = torch.ones(16, 64)
-    weight[:, ::32] = -1.0
-    return quantized.QuantizedLinear(weight, None), torch.cat([torch.ones(2, 64), -torch.ones(2, 64)])
+    most it ever does. With activation levels of 127 a pair would saturate at 32,767. `inputs` 64: two
+    groups of 32; 256: two of 128."""
+    weight = torch.ones(16, inputs)
+    weight[:, :: quantized.group_size(inputs)] = -1.0
+    return quantized.QuantizedLinear(weight, None), torch.cat([torch.ones(2, inputs), -torch.ones(2, inputs)])
 
 
 @needs_kernel
-def test_the_largest_levels_never_overflow_a_16_bit_pair() -> None:
-    layer, x = _at_the_extremes()
+@pytest.mark.parametrize("inputs", [64, 256])
+def test_the_largest_levels_never_overflow_a_16_bit_pair(inputs: int) -> None:
+    layer, x = _at_the_extremes(inputs)
     assert int(quantized.levels(layer.q, 8).max()) == 127  # levels less 128: 255 as stored
     expected = _by_the_kernels_rule(layer, x)
     assert torch.allclose(layer(x).double(), expected, rtol=1e-6)
@@ -213,7 +227,9 @@ def test_a_model_on_integer_weights_keeps_plain_decodings_answer(bits: int, with
         stock = loaded.model(torch.tensor([list(range(20, 60))])).logits
     assert quantized.is_quantized(loaded.model)
     error = (stock[0] - logits).abs().max()  # the float32 activations against their 7-bit levels
-    assert 0 < error < 0.04 * stock.abs().max()  # levels of 63 a side: about 3% of the largest logit
+    # levels of 63 a side: about 3% of the largest logit over groups of 32 (int4's), 4% over groups of 128
+    # (int8's here: every input size is a multiple of 128)
+    assert 0 < error < (0.04 if bits == 4 else 0.06) * stock.abs().max()
 
 
 @needs_kernel
@@ -522,9 +538,11 @@ VARIANT_CHECK = textwrap.dedent(
     from specedit.engine.model import kernels, quantized
     assert kernels.available() is None
     x = torch.randn(70, 96, generator=torch.Generator().manual_seed(7))
-    layer, four = _layer(40, 96), _layer(40, 96, bits=4)
+    layer, four, wide = _layer(40, 96), _layer(40, 96, bits=4), _layer(40, 256)  # wide: groups of 128
     query, key, value = torch.randn(3, 6, 300, 48, generator=torch.Generator().manual_seed(8)) * 3
-    linear = torch.cat([weights(rows) for weights in (layer, four) for rows in (x, x[:4], x[:3], x[:2], x[:1])])
+    y = torch.randn(70, 256, generator=torch.Generator().manual_seed(9))
+    linear = torch.cat([weights(rows) for weights in (layer, four) for rows in (x, x[:4], x[:3], x[:2], x[:1])]
+                       + [wide(rows) for rows in (y, y[:4], y[:3], y[:2], y[:1])])
     attention = torch.cat([kernels.attention(query[:, 20:], key[:2], value[:2], 20, 0.3),  # 3 heads a kv head
                            kernels.attention(query[:, 250:], key[:2], value[:2], 250, 0.3),  # 2 key chunks
                            kernels.attention(query[:, 299:], key[:2], value[:2], 299, 0.3),
@@ -533,9 +551,13 @@ VARIANT_CHECK = textwrap.dedent(
     glue = torch.cat([kernels.rms_norm(x, x[0], 1e-6), kernels.silu_mul(x * 9, x.flip(0)),
                       kernels.silu_mul(x[0, :13] * 9, x[1, :13]).expand(70, 13),
                       kernels.rotary(x[:, :64], x[:, 64:80].repeat(1, 2), x[:, 80:96].repeat(1, 2), 2)[1]], dim=1)
-    pairs = ([layer, _layer(16, 96, seed=1)], [four, _layer(16, 96, seed=1, bits=4)])
-    together = torch.cat([torch.cat(quantized.linears(rows, pair), dim=1) for pair in pairs for rows in (x, x[:3])])
-    extremes = torch.cat([extreme(at), extreme(at.repeat(8, 1))])  # 4 rows, and 32 (AMX's tiles)
+    pairs = (([layer, _layer(16, 96, seed=1)], x), ([four, _layer(16, 96, seed=1, bits=4)], x),
+             ([wide, _layer(16, 256, seed=1)], y))
+    together = torch.cat([torch.cat(quantized.linears(rows, pair), dim=1)
+                          for pair, inputs in pairs for rows in (inputs, inputs[:3])])
+    wide_extreme, wide_at = _at_the_extremes(256)  # groups of 128
+    extremes = torch.cat([extreme(at), extreme(at.repeat(8, 1)),  # 4 rows, and 32 (AMX's tiles)
+                          wide_extreme(wide_at), wide_extreme(wide_at.repeat(8, 1))])
     torch.save({"variant": kernels.variant(), "linear": linear, "attention": attention, "extremes": extremes,
                 "glue": glue, "together": together}, sys.argv[2])
     """

@@ -1,15 +1,16 @@
 // specedit's CPU kernels (built and loaded by model/kernels.py): results whose rows never depend on the
 // rows beside them.
 // - specedit::q8_linear(x, q, scales, offsets, bias) = x @ W^T + bias on int8 weights with a scale and an
-//   offset per group of 32 inputs, W[n, k] = scales[n, k / 32] * (q[n, k] - 128) + offsets[n, k / 32], q
-//   unsigned levels packed in panels of 16 outputs, 4 inputs a lane (q (N/16, K/4, 16 * 4), scales and
-//   offsets float16 (N/16, K/32, 16), widened to float32 exactly as they are read), on activations
-//   quantized as it goes: per row and group of 32 inputs, levels a = round(x * 63 / max|x|) in -63..63,
-//   each standing for d = max|x| / 63 (kActivationTop);
-// - specedit::q8_quantize(w): those (q, scales, offsets) from (N, K) weights (model/quantized.py);
-// - specedit::q4_linear, specedit::q4_quantize: the same on 4-bit weights, W[n, k] = scales[n, k / 32] *
-//   q[n, k] + offsets[n, k / 32], q in 0..15, two a byte: a lane's 8 inputs in 4 bytes, the first 4 in
-//   the low nibbles (q (N/16, K/8, 16 * 4)); half the bytes of the int8 levels to stream at every step;
+//   offset per group of G inputs (128, or 32 where K is not a multiple of 128), W[n, k] = scales[n, k / G] *
+//   (q[n, k] - 128) + offsets[n, k / G], q unsigned levels packed in panels of 16 outputs, 4 inputs a lane
+//   (q (N/16, K/4, 16 * 4), scales and offsets float16 (N/16, K/G, 16), widened to float32 exactly as they
+//   are read), on activations quantized as it goes: per row and group of G inputs, levels a = round(x * 63
+//   / max|x|) in -63..63, each standing for d = max|x| / 63 (kActivationTop);
+// - specedit::q8_quantize(w, G): those (q, scales, offsets) from (N, K) weights (model/quantized.py);
+// - specedit::q4_linear, specedit::q4_quantize: the same on 4-bit weights in groups of 32, W[n, k] =
+//   scales[n, k / 32] * q[n, k] + offsets[n, k / 32], q in 0..15, two a byte: a lane's 8 inputs in 4 bytes,
+//   the first 4 in the low nibbles (q (N/16, K/8, 16 * 4)); half the bytes of the int8 levels to stream at
+//   every step;
 // - specedit::q8_linears, specedit::q4_linears: several layers on one input (q, k and v; gate and up), the
 //   activations quantized once, each layer's outputs its own call's;
 // - specedit::attention(query, key, value, first, scale): causal attention of one sequence's queries on
@@ -22,7 +23,7 @@
 //
 // Row-invariant by construction, which the engine's exactness rests on (see model/invariant.py): whatever
 // the number of rows of x, the rows or outputs computed beside it, the thread count or the CPU,
-// - q8_linear, q4_linear: each row's activations are quantized alone; per group, the sum of the 32
+// - q8_linear, q4_linear: each row's activations are quantized alone; per group, the sum of the G
 //   products of integer levels is exact (in int32, however the instructions pair them; 4-bit levels without
 //   VNNI sum a group in 16-bit lanes first, 16 products of at most 15 * 63 each); then each output is one
 //   chain of float32 fused multiply-adds over the groups in order, from zero: acc += that sum * (scale * d),
@@ -186,7 +187,12 @@ inline void in_registers(T (&sums)[R][P][V]) {
       UNROLL for (int h = 0; h < V; ++h) asm volatile("" : "+v"(sums[r][p][h]));
 }
 
-constexpr int64_t kGroup = 32;            // weights per scale and offset, along k
+// Inputs per scale and offset (a group), along k: 128 for int8 weights where the input size is a multiple
+// of it, else 32, as 4-bit weights always take. A group's products are summed exactly in integers and
+// scaled once, so wider groups scale less often: 0.78-0.84x the time of groups of 32 at 64-256 rows
+// (docs/kernels.md); 16 levels over 128 inputs lost too much (a mean negative log-likelihood 3% higher).
+constexpr int64_t kGroup = 32;
+constexpr int64_t kWideGroup = 128;
 constexpr int64_t kPanel = 16;            // outputs per panel
 constexpr int kVectors = kPanel / kLanes;  // vectors per panel: 2 (AVX2) or 1 (AVX-512)
 constexpr int kDirectRows = 4;            // forwards of up to this many rows stream the weights once
@@ -253,18 +259,18 @@ constexpr int kDirectPanels = kFewRegisters ? (R == 1 ? 4 : 1) : 4;
 struct IntWeights {
   const uint8_t* q;         // (panels, K/4, 64): panel p's outputs n at inputs 4j..4j+3: bytes 4n..4n+3 of quad j
                             // (4 bits: (panels, K/8, 64), inputs 8j..8j+3 in the low nibbles, 8j+4..8j+7 high)
-  const at::Half* scales;   // (panels, K/32, 16)
-  const at::Half* offsets;  // (panels, K/32, 16)
+  const at::Half* scales;   // (panels, K/G, 16): G inputs a group
+  const at::Half* offsets;  // (panels, K/G, 16)
   const float* bias;        // (N) or null
   int64_t K;
 };
 
-// A forward's activations quantized (`quantize_row`), row r's at r * K and r * K/32.
+// A forward's activations quantized (`quantize_row`) in the weights' groups of G, row r's at r * K and r * K/G.
 struct Levels {
   const int8_t* a;        // (M, K): round(x * 63 / max|x|), in -63..63
-  const float* step;      // (M, K/32): d = max|x| / 63 of the group (0 for a group of zeros)
-  const float* total;     // (M, K/32): d * (sum of the group's levels)
-  const int32_t* sum;     // (M, K/32): the sum of the group's levels
+  const float* step;      // (M, K/G): d = max|x| / 63 of the group (0 for a group of zeros)
+  const float* total;     // (M, K/G): d * (sum of the group's levels)
+  const int32_t* sum;     // (M, K/G): the sum of the group's levels
   int64_t K;
 };
 
@@ -274,19 +280,20 @@ struct Levels {
 // vpsignb) and 4 registers fewer, 0.73-0.81x the time at 16-256 rows (docs/kernels.md).
 constexpr float kActivationTop = 63.0f;
 
-// Row x (K floats) quantized into its levels, per group of 32: d = max|x| / 63, a = round(x * (63 /
+// Row x (K floats) quantized into its levels, per group of G: d = max|x| / 63, a = round(x * (63 /
 // max|x|)), to even; a group of zeros has d = 0 and levels 0. Elementwise, so every vector width agrees.
+template <int64_t G>
 void quantize_row(const float* x, int64_t K, int8_t* a, float* step, float* total, int32_t* sum) {
-  for (int64_t g = 0; g < K / kGroup; ++g) {
-    const float* xs = x + g * kGroup;
+  for (int64_t g = 0; g < K / G; ++g) {
+    const float* xs = x + g * G;
     Vec high = zero();
-    UNROLL for (int i = 0; i < kGroup; i += kLanes) high = greater(high, magnitude(load(xs + i)));
+    UNROLL for (int i = 0; i < G; i += kLanes) high = greater(high, magnitude(load(xs + i)));
     const float largest = greatest(high);
     const float inverse = largest > 0.0f ? kActivationTop / largest : 0.0f;
     const Vec scale = broadcast(&inverse);
-    UNROLL for (int i = 0; i < kGroup; i += kLanes) store_int8(a + g * kGroup + i, rounded(mul(load(xs + i), scale)));
+    UNROLL for (int i = 0; i < G; i += kLanes) store_int8(a + g * G + i, rounded(mul(load(xs + i), scale)));
     int32_t levels = 0;
-    for (int i = 0; i < kGroup; ++i) levels += a[g * kGroup + i];
+    for (int i = 0; i < G; ++i) levels += a[g * G + i];
     step[g] = largest / kActivationTop;
     sum[g] = levels;
     total[g] = step[g] * static_cast<float>(levels);
@@ -300,11 +307,12 @@ inline int32_t four_levels(const int8_t* a) {
   return four;
 }
 
-// R rows (from `row`) by P panels (from `panel`): per group, the exact integer sums of the 32 products,
+// R rows (from `row`) by P panels (from `panel`): per group, the exact integer sums of the G products,
 // then the group's two fused multiply-adds per output (see the top of this file).
-template <int R, int P, int Bits>
+template <int R, int P, int Bits, int64_t G>
 void int_block(const Levels& x, int64_t row, const IntWeights& w, int64_t panel, float* out, int64_t N) {
-  const int64_t K = w.K, groups = K / kGroup, quads = K / kQuad, octets = K / kBlockInputs<4>;
+  static_assert(Bits == 8 || G == kGroup, "4-bit levels without VNNI sum a group in 16-bit lanes: 32 inputs");
+  const int64_t K = w.K, groups = K / G, quads = K / kQuad, octets = K / kBlockInputs<4>;
   Vec acc[R][P][kVectors];
   UNROLL for (int r = 0; r < R; ++r)
     UNROLL for (int p = 0; p < P; ++p)
@@ -315,8 +323,8 @@ void int_block(const Levels& x, int64_t row, const IntWeights& w, int64_t panel,
       UNROLL for (int p = 0; p < P; ++p)
         UNROLL for (int h = 0; h < kVectors; ++h) sums[r][p][h] = izero();
     if constexpr (Bits == 8) {
-      UNROLL for (int j = 0; j < kGroup / kQuad; ++j) {
-        const int64_t quad = g * (kGroup / kQuad) + j;
+      UNROLL for (int j = 0; j < G / kQuad; ++j) {
+        const int64_t quad = g * (G / kQuad) + j;
         IVec a[R];
         UNROLL for (int r = 0; r < R; ++r) a[r] = ibroadcast(four_levels(x.a + (row + r) * K + quad * kQuad));
         UNROLL for (int p = 0; p < P; ++p)
@@ -327,8 +335,8 @@ void int_block(const Levels& x, int64_t row, const IntWeights& w, int64_t panel,
         in_registers(sums);
       }
     } else {  // 4 bits: a 64-byte block holds 8 inputs of each lane, 4 in the low nibbles, 4 in the high
-      UNROLL for (int j = 0; j < kGroup / kBlockInputs<4>; ++j) {
-        const int64_t octet = g * (kGroup / kBlockInputs<4>) + j;
+      UNROLL for (int j = 0; j < G / kBlockInputs<4>; ++j) {
+        const int64_t octet = g * (G / kBlockInputs<4>) + j;
         IVec low[R], high[R];
         UNROLL for (int r = 0; r < R; ++r) {
           low[r] = ibroadcast(four_levels(x.a + (row + r) * K + octet * kBlockInputs<4>));
@@ -370,15 +378,15 @@ void int_block(const Levels& x, int64_t row, const IntWeights& w, int64_t panel,
 
 // Panels [first, last) for a forward of M rows: up to 4 rows, 4 panels at a time as the weights stream by
 // (each weight read once); more, kIntPanels at a time (in the cache), the rows in blocks of `int_rows`.
-template <int Bits>
+template <int Bits, int64_t G>
 void int_panels(const Levels& x, int64_t M, const IntWeights& w, int64_t first, int64_t last, float* out,
                  int64_t N) {
   if (M <= kDirectRows) {
     return by_count<kDirectRows>(static_cast<int>(M), [&]<int R>() {
       int64_t panel = first;
       constexpr int P = kDirectPanels<R>;
-      for (; panel + P <= last; panel += P) int_block<R, P, Bits>(x, 0, w, panel, out, N);
-      for (; panel < last; ++panel) int_block<R, 1, Bits>(x, 0, w, panel, out, N);
+      for (; panel + P <= last; panel += P) int_block<R, P, Bits, G>(x, 0, w, panel, out, N);
+      for (; panel < last; ++panel) int_block<R, 1, Bits, G>(x, 0, w, panel, out, N);
     });
   }
   const int rows = int_rows<Bits>();
@@ -387,9 +395,9 @@ void int_panels(const Levels& x, int64_t M, const IntWeights& w, int64_t first, 
     for (int64_t m = 0; m < M; m += rows) {
       by_count<kIntRows<Bits>>(static_cast<int>(std::min<int64_t>(rows, M - m)), [&]<int R>() {
         if (whole)
-          int_block<R, kIntPanels, Bits>(x, m, w, panel, out, N);
+          int_block<R, kIntPanels, Bits, G>(x, m, w, panel, out, N);
         else
-          int_block<R, 1, Bits>(x, m, w, panel, out, N);
+          int_block<R, 1, Bits, G>(x, m, w, panel, out, N);
       });
     }
     panel += whole ? kIntPanels : 1;
@@ -399,7 +407,8 @@ void int_panels(const Levels& x, int64_t M, const IntWeights& w, int64_t first, 
 // x @ W^T + bias for each of several layers on `Bits`-bit weights that read the same input (q8_linears,
 // q4_linears: a layer's q, k and v projections, its gate and up): the checks, the activations quantized
 // once per row, then the panels of every layer split among the threads in one go. A layer's outputs are
-// what a call of its own computes (q8_linear, q4_linear: a list of one), bit for bit.
+// what a call of its own computes (q8_linear, q4_linear: a list of one), bit for bit. The layers' groups
+// (G inputs a scale and offset) are read off their scales, (N/16, K/G, 16): 32, or 128 at 8 bits, alike.
 template <int Bits>
 std::vector<at::Tensor> int_linears(const char* name, const at::Tensor& input, at::TensorList qs,
                                     at::TensorList scales, at::TensorList offsets,
@@ -408,8 +417,11 @@ std::vector<at::Tensor> int_linears(const char* name, const at::Tensor& input, a
   TORCH_CHECK(layers > 0 && scales.size() == layers && offsets.size() == layers && biases.size() == layers, name,
               ": as many scales, offsets and biases as weights");
   TORCH_CHECK(input.scalar_type() == at::kFloat, name, ": float32 activations");
-  const int64_t K = input.size(-1), groups = K / kGroup;
+  const int64_t K = input.size(-1);
   TORCH_CHECK(K % kGroup == 0, name, ": the input size must be a multiple of 32");
+  const int64_t groups = scales[0].dim() == 3 ? scales[0].size(1) : 0, G = groups > 0 ? K / groups : 0;
+  TORCH_CHECK(G * groups == K && (G == kGroup || (Bits == 8 && G == kWideGroup)), name,
+              ": scales and offsets packed as (N/16, K/32, 16)", Bits == 8 ? " or (N/16, K/128, 16)" : "");
   std::vector<IntWeights> weights;
   std::vector<at::Tensor> kept_biases;        // contiguous copies, alive while the kernels read them
   std::vector<int64_t> first_panel{0};         // layer i's panels are [first_panel[i], first_panel[i + 1])
@@ -421,8 +433,9 @@ std::vector<at::Tensor> int_linears(const char* name, const at::Tensor& input, a
                 q.size(1) * kBlockInputs<Bits>);
     const int64_t N = q.size(0) * kPanel;
     for (const at::Tensor* t : {&s, &o})
-      TORCH_CHECK(t->scalar_type() == at::kHalf && t->is_contiguous() && t->numel() == N * groups, name,
-                  ": float16 scales and offsets packed as (N/16, K/32, 16)");
+      TORCH_CHECK(t->scalar_type() == at::kHalf && t->is_contiguous() && t->dim() == 3 && t->size(1) == groups &&
+                      t->numel() == N * groups,
+                  name, ": float16 scales and offsets packed as (N/16, K/", G, ", 16), every layer alike");
     IntWeights w{q.data_ptr<uint8_t>(), s.data_ptr<at::Half>(), o.data_ptr<at::Half>(), nullptr, K};
     const c10::optional<at::Tensor> bias = biases.get(i);
     if (bias.has_value() && bias->defined()) {
@@ -451,22 +464,31 @@ std::vector<at::Tensor> int_linears(const char* name, const at::Tensor& input, a
   int8_t* ap = levels.data_ptr<int8_t>();
   float* sp = steps.data_ptr<float>();
   int32_t* sums = reinterpret_cast<int32_t*>(sp + 2 * M * groups);
-  at::parallel_for(0, M, 16, [&](int64_t first, int64_t last) {
-    for (int64_t r = first; r < last; ++r)
-      quantize_row(xp + r * K, K, ap + r * K, sp + r * groups, sp + (M + r) * groups, sums + r * groups);
-  });
-  const Levels a{ap, sp, sp + M * groups, sums, K};
-  // A chunk of panels per thread, across the layers; grains of 8 keep the few-row kernel's blocks of
-  // panels whole.
-  at::parallel_for(0, first_panel.back(), 8, [&](int64_t first, int64_t last) {
-    for (size_t i = 0; i < layers; ++i) {
-      const int64_t from = std::max(first, first_panel[i]), to = std::min(last, first_panel[i + 1]);
-      if (from < to) {
-        const int64_t N = (first_panel[i + 1] - first_panel[i]) * kPanel;
-        int_panels<Bits>(a, M, weights[i], from - first_panel[i], to - first_panel[i], out_data[i], N);
+  const auto run = [&]<int64_t Group>() {
+    at::parallel_for(0, M, 16, [&](int64_t first, int64_t last) {
+      for (int64_t r = first; r < last; ++r)
+        quantize_row<Group>(xp + r * K, K, ap + r * K, sp + r * groups, sp + (M + r) * groups, sums + r * groups);
+    });
+    const Levels a{ap, sp, sp + M * groups, sums, K};
+    // A chunk of panels per thread, across the layers; grains of 8 keep the few-row kernel's blocks of
+    // panels whole.
+    at::parallel_for(0, first_panel.back(), 8, [&](int64_t first, int64_t last) {
+      for (size_t i = 0; i < layers; ++i) {
+        const int64_t from = std::max(first, first_panel[i]), to = std::min(last, first_panel[i + 1]);
+        if (from < to) {
+          const int64_t N = (first_panel[i + 1] - first_panel[i]) * kPanel;
+          int_panels<Bits, Group>(a, M, weights[i], from - first_panel[i], to - first_panel[i], out_data[i], N);
+        }
       }
+    });
+  };
+  if constexpr (Bits == 8) {
+    if (G == kWideGroup) {
+      run.template operator()<kWideGroup>();
+      return outs;
     }
-  });
+  }
+  run.template operator()<kGroup>();
   return outs;
 }
 
@@ -848,17 +870,17 @@ inline float as_half(float v) { return static_cast<float>(at::Half(v)); }
 
 // One panel's weights quantized (see q8_quantize, q4_quantize): rows [panel * 16, +16) of w (N, K), rows
 // past N zeros.
-template <int Bits, typename T>
+template <int Bits, int64_t G, typename T>
 void quantize_panel(const T* w, int64_t N, int64_t K, int64_t panel, uint8_t* q, at::Half* scales,
                     at::Half* offsets) {
   constexpr float kTop = (1 << Bits) - 1;  // the highest level: 255 or 15
-  float row[kGroup];
+  float row[G];
   for (int r = 0; r < kPanel; ++r) {
     const int64_t n = panel * kPanel + r;
-    for (int64_t g = 0; g < K / kGroup; ++g) {
+    for (int64_t g = 0; g < K / G; ++g) {
       float low = 0.0f, high = 0.0f;
-      for (int i = 0; i < kGroup; ++i) {
-        row[i] = n < N ? static_cast<float>(w[n * K + g * kGroup + i]) : 0.0f;
+      for (int i = 0; i < G; ++i) {
+        row[i] = n < N ? static_cast<float>(w[n * K + g * G + i]) : 0.0f;
         low = i == 0 ? row[i] : std::min(low, row[i]);
         high = i == 0 ? row[i] : std::max(high, row[i]);
       }
@@ -867,12 +889,12 @@ void quantize_panel(const T* w, int64_t N, int64_t K, int64_t panel, uint8_t* q,
       const float scale = as_half(std::max((high - low) / kTop, kLeastHalf));
       const float offset = as_half(Bits == 8 ? low + 128.0f * scale : low);  // 8 bits: levels centred on 128
       TORCH_CHECK(std::isfinite(scale) && std::isfinite(offset), "quantize: a weight beyond float16's range");
-      const int64_t at = (panel * (K / kGroup) + g) * kPanel + r;
+      const int64_t at = (panel * (K / G) + g) * kPanel + r;
       scales[at] = at::Half(scale);
       offsets[at] = at::Half(offset);
-      for (int i = 0; i < kGroup; ++i) {
+      for (int i = 0; i < G; ++i) {
         const float level = std::nearbyint((row[i] - offset) / scale);  // to even, as torch.round
-        const int64_t k = g * kGroup + i;
+        const int64_t k = g * G + i;
         uint8_t* block = q + (panel * (K / kBlockInputs<Bits>) + k / kBlockInputs<Bits>) * kQuadBytes + r * kQuad + k % kQuad;
         if constexpr (Bits == 8) {
           *block = static_cast<uint8_t>(std::clamp(level, -128.0f, 127.0f) + 128.0f);
@@ -885,40 +907,46 @@ void quantize_panel(const T* w, int64_t N, int64_t K, int64_t panel, uint8_t* q,
   }
 }
 
-// (N, K) weights -> q8_linear's (q, scales, offsets): per group of 32 inputs, 256 levels from the group's
+// (N, K) weights -> q8_linear's (q, scales, offsets): per group of `group` inputs (32 or 128), 256 levels
+// from the group's
 // lowest weight to its highest, scale = half((high - low) / 255), offset = half(low + 128 * scale), q =
 // round((w - offset) / scale) + 128 (half: to the nearest float16, the scale at least 2^-24); N padded with
 // zero rows to a multiple of 16. One pass over the weights, a panel per task (the same arithmetic in torch's
 // ops took 3 s for the 0.5B model's weights, most of its load). q4_quantize: the same with 16 levels, scale =
 // half((high - low) / 15), offset = half(low), q = round((w - offset) / scale), two levels a byte
 // (q4_linear's packing, (N/16, K/8, 64)).
-template <int Bits>
+template <int Bits, int64_t G>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> int_quantize(const at::Tensor& weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.size(1) % kGroup == 0, "quantize: (N, K) weights, K a multiple of 32");
+  TORCH_CHECK(weight.dim() == 2 && weight.size(1) % G == 0, "quantize: (N, K) weights, K a multiple of ", G);
   const at::Tensor w = weight.contiguous();
   const int64_t N = w.size(0), K = w.size(1), panels = (N + kPanel - 1) / kPanel;
   at::Tensor q = at::zeros({panels, K / kBlockInputs<Bits>, kQuadBytes}, w.options().dtype(at::kByte));
-  at::Tensor scales = at::empty({panels, K / kGroup, kPanel}, w.options().dtype(at::kHalf));
+  at::Tensor scales = at::empty({panels, K / G, kPanel}, w.options().dtype(at::kHalf));
   at::Tensor offsets = at::empty_like(scales);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, w.scalar_type(), "quantize", [&] {
     const scalar_t* wp = w.data_ptr<scalar_t>();
     at::parallel_for(0, panels, 1, [&](int64_t first, int64_t last) {
       for (int64_t panel = first; panel < last; ++panel)
-        quantize_panel<Bits>(wp, N, K, panel, q.data_ptr<uint8_t>(), scales.data_ptr<at::Half>(),
-                             offsets.data_ptr<at::Half>());
+        quantize_panel<Bits, G>(wp, N, K, panel, q.data_ptr<uint8_t>(), scales.data_ptr<at::Half>(),
+                                offsets.data_ptr<at::Half>());
     });
   });
   return {q, scales, offsets};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> q8_quantize(const at::Tensor& weight) { return int_quantize<8>(weight); }
-std::tuple<at::Tensor, at::Tensor, at::Tensor> q4_quantize(const at::Tensor& weight) { return int_quantize<4>(weight); }
+std::tuple<at::Tensor, at::Tensor, at::Tensor> q8_quantize(const at::Tensor& weight, int64_t group) {
+  TORCH_CHECK(group == kGroup || group == kWideGroup, "q8_quantize: groups of 32 or 128 inputs, not ", group);
+  return group == kWideGroup ? int_quantize<8, kWideGroup>(weight) : int_quantize<8, kGroup>(weight);
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> q4_quantize(const at::Tensor& weight) {
+  return int_quantize<4, kGroup>(weight);
+}
 
 }  // namespace
 
 TORCH_LIBRARY(specedit, m) {
   m.def("q8_linear(Tensor input, Tensor q, Tensor scales, Tensor offsets, Tensor? bias) -> Tensor");
-  m.def("q8_quantize(Tensor weight) -> (Tensor, Tensor, Tensor)");
+  m.def("q8_quantize(Tensor weight, int group=32) -> (Tensor, Tensor, Tensor)");
   m.def("q4_linear(Tensor input, Tensor q, Tensor scales, Tensor offsets, Tensor? bias) -> Tensor");
   m.def("q4_quantize(Tensor weight) -> (Tensor, Tensor, Tensor)");
   m.def("q8_linears(Tensor input, Tensor[] q, Tensor[] scales, Tensor[] offsets, Tensor?[] bias) -> Tensor[]");

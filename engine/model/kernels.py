@@ -3,7 +3,7 @@
 The engine's exactness rests on a row's logits not depending on the forward that computes it (see
 `model.invariant`). torch's kernels do so on some CPUs and not on others, as measured; these do by
 construction: every output of a product is one chain of float32 fused multiply-adds in the order of its
-inputs (or of its groups of 32 inputs, each summed exactly in integers), and every other output is
+inputs (or of its groups of 32 or 128 inputs, each summed exactly in integers), and every other output is
 computed from its own row alone, whatever the number of rows, the thread count or the CPU. The ops:
 
 - `specedit::q8_linear`: a linear layer on int8 weights (`model.quantized`), its activations quantized as it

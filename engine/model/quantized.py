@@ -1,15 +1,22 @@
-"""int8 (and int4) weights on the CPU: 9 bits a weight to stream at every step, not float32's 32 (int4: 5
-bits, scales and offsets counted), row-invariant arithmetic.
+"""int8 (and int4) weights on the CPU: 8.25 bits a weight to stream at every step, not float32's 32 (int4:
+5 bits, scales and offsets counted), row-invariant arithmetic.
 
 A forward of a few tokens (plain decoding, a short draft) costs what streaming the weights from memory
 costs: float32's 2 GB for the 0.5B model, against llama.cpp's 4-6 bits a weight. `QuantizedLinear` keeps
-each linear layer's weights as 8-bit levels with a float16 scale and offset per group of 32 inputs, and
-computes with `specedit::q8_linear` (`model.kernels`): each row's activations quantized per group of 32 to
-63 levels either side of zero (llama.cpp's CPU kernels take 127: why not here, below), the products of
-levels summed exactly in
-integers per group, 4 a lane per instruction (AVX-512 VNNI) or 2 then 2 (AVX2), and the groups' sums
-scaled and added in float32 in the order of the inputs: a row's result never depends on the rows beside
-it, the forward's size, the thread count or the CPU (what `model.exactness` asks of every kernel).
+each linear layer's weights as 8-bit levels with a float16 scale and offset per group of 128 inputs (32
+where the input size is not a multiple of 128: `group_size`), and computes with `specedit::q8_linear`
+(`model.kernels`): each row's activations quantized per group to 63 levels either side of zero (llama.cpp's
+CPU kernels take 127: why not here, below), the products of levels summed exactly in integers per group, 4
+a lane per instruction (AVX-512 VNNI) or 2 then 2 (AVX2), and the groups' sums scaled and added in float32
+in the order of the inputs: a row's result never depends on the rows beside it, the forward's size, the
+thread count or the CPU (what `model.exactness` asks of every kernel).
+
+Groups of 128 since 2026-12-06 (32 before; the figures below until then are of groups of 32): a group's
+scaling, 4-5 instructions a row and output vector, came after every 8 of VNNI's products (16 of AVX2's);
+with a quarter of them the 0.5B model's prefill and verifications took 0.77-0.79x the time with VNNI and
+0.85-0.89x steered to AVX2, a one-token step 0.91x (fewer scale bytes), the expected answers
+teacher-forced 0.2% less likely (docs/kernels.md). 4-bit weights keep groups of 32: 16 levels over 128
+inputs cost the 1.5B model 3%.
 
 Measured on 2 cores of an Intel Xeon (AVX-512 with VNNI, no bf16; torch 2.13, the 0.5B model's 169 linear
 layers with random weights, two runs alternated, load 1.5; 2026-12-01), forwards of 1 / 4 / 8 / 16 / 32 /
@@ -32,7 +39,7 @@ float32 activations on the same weights, the expected token the argmax at 97.42%
 AVX2 multiplies the weights' stored levels without `vpsignb` (0.73-0.81x the time at 16-256 rows): mean
 negative log-likelihood 0.1195, the expected token the argmax at 97.35% (docs/kernels.md).
 
-The weights are quantized from the model as loaded: per group of 32, 256 levels from the group's lowest to
+The weights are quantized from the model as loaded: per group, 256 levels from the group's lowest to
 its highest weight, the scale and offset rounded to float16 and the levels chosen for them (an error of at
 most 1/510 of the group's range, and 2^-11 of its largest weight where the offset's rounding pushes a
 weight past the top or bottom level). Scales and offsets were float32 until 2026-12-04 (10 bits a weight):
@@ -49,7 +56,7 @@ and offset and the same arithmetic; the 1.5B model's one-token forward 48-52 ms 
 
 The kernel is one of specedit's own (`model.kernels`: compiled once, on first use); where it is not
 available, the model keeps float32. Quantizing the 0.5B model takes 0.8 s; a load keeps the result in a
-file (`loading.load_model`'s `kept_folder`: 555 MB for the 0.5B) that the next load maps into memory in
+file (`loading.load_model`'s `kept_folder`: 509 MB for the 0.5B) that the next load maps into memory in
 milliseconds: the same bits.
 """
 
@@ -63,7 +70,8 @@ import torch
 from specedit.engine.model.kernels import PANEL
 from specedit.engine.model.linears import linear_bias, linear_weight, replace_modules
 
-GROUP = 32  # inputs per scale and offset
+GROUP = 32  # inputs per scale and offset: the least group, and 4-bit weights' always
+WIDE_GROUP = 128  # int8 weights' where the input size is a multiple of it (`group_size`)
 QUAD = 4  # inputs a packed lane holds
 PARTS = ("q", "scales", "offsets")  # a layer's tensors, as `quantize` returns them
 
@@ -123,14 +131,26 @@ def linears(x: torch.Tensor, layers: Sequence[torch.nn.Module]) -> list[torch.Te
     return [layer.trimmed(output) for output, layer in zip(outputs, integer, strict=True)]
 
 
+def group_size(in_features: int, bits: int = 8) -> int:
+    """Inputs per scale and offset: 128 for int8 weights where `in_features` is a multiple of 128, else 32.
+
+    >>> group_size(896), group_size(576), group_size(896, bits=4)
+    (128, 32, 32)
+    """
+    return WIDE_GROUP if bits == 8 and in_features % WIDE_GROUP == 0 else GROUP
+
+
 def quantize(weight: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, in) weights -> the kernel's packing: uint8 levels (P, in/4, 16 * 4) (a panel's 16 outputs, 4
-    inputs each), scales and offsets (P, in/32, 16) float16, P = out / 16 rounded up (the padding rows are
-    zeros): `specedit::q8_quantize`, one pass over the weights in their own dtype (float32, bf16, float16).
-    At 4 bits (`specedit::q4_quantize`), levels 0..15, two a byte: (P, in/8, 16 * 4), a lane's 8 inputs in
-    4 bytes, the first 4 in the low nibbles."""
-    quantizer = torch.ops.specedit.q8_quantize if bits == 8 else torch.ops.specedit.q4_quantize
-    q, scales, offsets = quantizer(weight.detach())
+    inputs each), scales and offsets (P, in/G, 16) float16 (G: `group_size`), P = out / 16 rounded up (the
+    padding rows are zeros): `specedit::q8_quantize`, one pass over the weights in their own dtype (float32,
+    bf16, float16). At 4 bits (`specedit::q4_quantize`), levels 0..15, two a byte: (P, in/8, 16 * 4), a
+    lane's 8 inputs in 4 bytes, the first 4 in the low nibbles."""
+    w = weight.detach()
+    if bits == 4:
+        q, scales, offsets = torch.ops.specedit.q4_quantize(w)
+    else:
+        q, scales, offsets = torch.ops.specedit.q8_quantize(w, group_size(w.shape[1]))
     return q, scales, offsets
 
 
@@ -150,10 +170,9 @@ def dequantize(q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, bit
     integer sums stand for)."""
     rows = levels(q, bits).to(torch.float32)
     outputs, in_features = rows.shape
-    scale, offset = (
-        t.to(torch.float32).transpose(1, 2).reshape(outputs, in_features // GROUP, 1) for t in (scales, offsets)
-    )
-    weights = torch.addcmul(offset, rows.reshape(outputs, -1, GROUP), scale)
+    groups = scales.shape[1]
+    scale, offset = (t.to(torch.float32).transpose(1, 2).reshape(outputs, groups, 1) for t in (scales, offsets))
+    weights = torch.addcmul(offset, rows.reshape(outputs, groups, -1), scale)
     return weights.reshape(outputs, in_features)
 
 
@@ -243,7 +262,7 @@ def _packed_shapes(weight: torch.Tensor, bits: int = 8) -> list[tuple[torch.Size
     """The shapes and dtypes of `quantize(weight, bits)`'s tensors."""
     outputs, inputs = weight.shape
     panels = -(-outputs // PANEL)
-    scales = (torch.Size((panels, inputs // GROUP, PANEL)), torch.float16)
+    scales = (torch.Size((panels, inputs // group_size(inputs, bits), PANEL)), torch.float16)
     return [(torch.Size((panels, inputs // (QUAD * 8 // bits), PANEL * QUAD)), torch.uint8), scales, scales]
 
 
