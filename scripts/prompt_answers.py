@@ -5,6 +5,7 @@
     .venv/bin/python scripts/prompt_answers.py answer --cases ../shared/data/edits/git_history.jsonl \
         --regions --max-chars 8000 --limit 10 --out regions.jsonl   # the edited lines only
     .venv/bin/python scripts/prompt_answers.py compare old.jsonl new.jsonl
+    .venv/bin/python scripts/prompt_answers.py answer ... --weights float --out float.jsonl  # the weights' cost
 
 `--regions` turns each case whose edit is one hunk into a region rewrite: the hunk's lines with
 `REGION_CONTEXT` lines either side; the answer is exact when it is the region as the real edit left it.
@@ -52,7 +53,7 @@ def answer(args: argparse.Namespace) -> int:
     from specedit.engine.requests import RewriteRequest
     from specedit.engine.session import local_session
 
-    session = local_session(EngineOptions(model=args.model, threads=args.threads))
+    session = local_session(EngineOptions(model=args.model, threads=args.threads, weights=args.weights))
     written = 0
     with args.cases.open(encoding="utf-8") as cases, args.out.open("w", encoding="utf-8") as out:
         for line in cases:
@@ -106,7 +107,8 @@ def compare(args: argparse.Namespace) -> int:
         f"{len(common)} cases; exact: {args.old.name} {sum(old[k]['exact'] for k in common)}, "
         f"{args.new.name} {sum(new[k]['exact'] for k in common)}; {len(changed)} answers changed: "
         f"{len(better)} now exact, {len(worse)} no longer exact, {len(changed) - len(better) - len(worse)} "
-        f"inexact either way"
+        f"inexact either way; incomplete (out of budget): {sum(old[k]['status'] != 'complete' for k in common)}, "
+        f"{sum(new[k]['status'] != 'complete' for k in common)}"
     )
     for key in changed:
         ratio = difflib.SequenceMatcher(None, old[key]["output"], new[key]["output"]).ratio()
@@ -141,6 +143,7 @@ def main() -> int:
     run.add_argument("--max-chars", type=int, default=4000)
     run.add_argument("--threads", type=int, default=2)
     run.add_argument("--model", help="a model folder or known name (default: the embedded default)")
+    run.add_argument("--weights", default="auto", help="the linear layers' weights (as `specedit --weights`)")
     run.add_argument("--regions", action="store_true")
     run.add_argument("--max-new-tokens", type=int, help="output budget per case (default: twice the original)")
     run.set_defaults(handler=answer)

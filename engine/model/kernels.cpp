@@ -908,13 +908,12 @@ void quantize_panel(const T* w, int64_t N, int64_t K, int64_t panel, uint8_t* q,
 }
 
 // (N, K) weights -> q8_linear's (q, scales, offsets): per group of `group` inputs (32 or 128), 256 levels
-// from the group's
-// lowest weight to its highest, scale = half((high - low) / 255), offset = half(low + 128 * scale), q =
-// round((w - offset) / scale) + 128 (half: to the nearest float16, the scale at least 2^-24); N padded with
-// zero rows to a multiple of 16. One pass over the weights, a panel per task (the same arithmetic in torch's
-// ops took 3 s for the 0.5B model's weights, most of its load). q4_quantize: the same with 16 levels, scale =
-// half((high - low) / 15), offset = half(low), q = round((w - offset) / scale), two levels a byte
-// (q4_linear's packing, (N/16, K/8, 64)).
+// from the group's lowest weight to its highest, scale = half((high - low) / 255), offset = half(low + 128 *
+// scale), q = round((w - offset) / scale) + 128 (half: to the nearest float16, the scale at least 2^-24); N
+// padded with zero rows to a multiple of 16. One pass over the weights, a panel per task (the same arithmetic
+// in torch's ops took 3 s for the 0.5B model's weights, most of its load). q4_quantize: the same with 16
+// levels, scale = half((high - low) / 15), offset = half(low), q = round((w - offset) / scale), two levels a
+// byte (q4_linear's packing, (N/16, K/8, 64)).
 template <int Bits, int64_t G>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> int_quantize(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.size(1) % G == 0, "quantize: (N, K) weights, K a multiple of ", G);
