@@ -116,9 +116,19 @@ def test_quantization_keeps_each_weight_within_a_510th_of_its_groups_range() -> 
     assert torch.equal(restored[3, 32:64], weight[3, 32:64])
 
 
+def _4_bit_squared_error(groups: torch.Tensor, steps: int) -> torch.Tensor:
+    """Each group's squared error on 4-bit levels from its lowest weight, `steps` levels to its highest."""
+    low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+    scale = torch.clamp((high - low) / steps, min=2**-24).half().float()
+    offset = low.half().float()
+    levels = torch.clamp(torch.round((groups - offset) / scale), 0, 15)
+    return (levels * scale + offset - groups).pow(2).sum(-1)
+
+
 @needs_kernel
-def test_4_bit_quantization_keeps_each_weight_within_a_30th_of_its_groups_range() -> None:
-    """16 levels from a group's lowest weight to its highest, two a byte: (P, in/8, 64)."""
+def test_4_bit_quantization_keeps_each_weight_within_a_16th_of_its_groups_range() -> None:
+    """16 levels from a group's lowest weight, 8 to 15 steps to its highest (the fewest squared errors), two
+    a byte: (P, in/8, 64); never more squared error than 15 steps', and random groups mostly take those."""
     weight = torch.randn(40, 96, generator=torch.Generator().manual_seed(1))
     weight[3, 32:64] = 0.25  # a constant group: its weights exact
     q, scales, offsets = quantized.quantize(weight, 4)
@@ -126,14 +136,39 @@ def test_4_bit_quantization_keeps_each_weight_within_a_30th_of_its_groups_range(
     restored = quantized.dequantize(q, scales, offsets, 4)
     assert torch.equal(restored[40:], torch.zeros(8, 96))  # the padding
     groups = weight.reshape(40, 3, 32)
-    error = (restored[:40].reshape(40, 3, 32) - groups).abs().amax(-1)
-    assert (error <= (groups.amax(-1) - groups.amin(-1)) / 30 * 1.001 + _float16s_rounding(groups) + 1e-6).all()
+    difference = restored[:40].reshape(40, 3, 32) - groups
+    error = difference.abs().amax(-1)
+    range_ = groups.amax(-1) - groups.amin(-1)
+    assert (error <= range_ / 16 * 1.001 + _float16s_rounding(groups) + 1e-6).all()
+    assert (error <= range_ / 30 * 1.001 + _float16s_rounding(groups) + 1e-6).float().mean() > 0.6
+    assert (difference.pow(2).sum(-1) <= _4_bit_squared_error(groups, 15) * (1 + 1e-5)).all()
     assert torch.equal(restored[3, 32:64], weight[3, 32:64])
     levels = quantized.levels(q, 4)
     assert int(levels.min()) == 0 and int(levels.max()) == 15
     # the lowest weight of each group is level 0: the offset, the lowest weight rounded to float16
     lowest = restored[:40].reshape(40, 3, 32).amin(-1)
     assert torch.equal(lowest, groups.amin(-1).half().float())
+
+
+@needs_kernel
+def test_4_bit_quantization_finds_the_grid_a_groups_weights_lie_on() -> None:
+    """Weights that are evenly spaced values s steps apart from a group's lowest to its highest, s <= 15 (a
+    GGUF's Q4_K levels, stored in bf16), come back as they are within their rounding, where 15 steps from
+    lowest to highest would miss every grid whose s does not divide 15."""
+    generator = torch.Generator().manual_seed(5)
+    steps = torch.arange(1, 16).repeat_interleave(4)  # 60 groups, 4 of each span
+    levels = torch.stack([torch.randint(0, int(s) + 1, (32,), generator=generator) for s in steps])
+    levels[:, 0], levels[:, 1] = 0, steps  # both ends present
+    step = 0.001 + 0.02 * torch.rand(60, 1, generator=generator)
+    lowest = -8 * step * torch.rand(60, 1, generator=generator)
+    weight = (step * levels + lowest).to(torch.bfloat16).reshape(20, 96)
+    restored = quantized.dequantize(*quantized.quantize(weight, 4), bits=4)[:20].reshape(60, 32)
+    groups = weight.float().reshape(60, 32)
+    rounding = 2**-7 * groups.abs().amax(-1) + 0.01 * step.squeeze(1)  # bf16's of the extremes, float16's scale
+    assert ((restored - groups).abs().amax(-1) <= rounding).all()
+    missed = 15 % steps != 0
+    fifteen = _4_bit_squared_error(groups, 15)
+    assert (fifteen[missed] > 20 * (restored - groups).pow(2).sum(-1)[missed]).all()
 
 
 @needs_kernel

@@ -868,6 +868,44 @@ constexpr float kLeastHalf = 5.9604644775390625e-8f;
 // v rounded to the nearest float16 (to even), as a float.
 inline float as_half(float v) { return static_cast<float>(at::Half(v)); }
 
+// A group's 4-bit levels' squared error with this scale and offset (the levels as they would be stored),
+// summed in 8 lanes (so that the compiler keeps them in one vector) and then the lanes in order.
+template <int64_t G>
+float squared_error(const float* row, float scale, float offset) {
+  float lanes[8] = {};
+  for (int i = 0; i < G; i += 8) {
+    for (int lane = 0; lane < 8; ++lane) {
+      const float level = std::clamp(std::nearbyint((row[i + lane] - offset) / scale), 0.0f, 15.0f);
+      const float error = level * scale + offset - row[i + lane];
+      lanes[lane] += error * error;
+    }
+  }
+  float sum = 0.0f;
+  for (const float lane : lanes) sum += lane;
+  return sum;
+}
+
+// The scale of a group of 4-bit levels from `offset` (its lowest weight): of (high - low) / n for n = 15
+// down to 8, the one whose levels leave the least squared error (the larger n on a tie). A group whose
+// weights are evenly spaced values s steps apart from lowest to highest, s <= 15 (a GGUF's Q4_K levels: a
+// 6-bit scale and minimum per 32 weights), is found on them within its stored weights' rounding: one of
+// 8..15 is a multiple of every s. n = 15 alone put a fifth of such groups on a grid of their own (the 1.5B
+// model's Q4_K layers: 250 times the squared error).
+template <int64_t G>
+float q4_scale(const float* row, float low, float high, float offset) {
+  float best = as_half(std::max((high - low) / 15.0f, kLeastHalf));
+  float least = squared_error<G>(row, best, offset);
+  for (int n = 14; n >= 8 && least > 0.0f; --n) {
+    const float scale = as_half(std::max((high - low) / static_cast<float>(n), kLeastHalf));
+    const float error = squared_error<G>(row, scale, offset);
+    if (error < least) {
+      least = error;
+      best = scale;
+    }
+  }
+  return best;
+}
+
 // One panel's weights quantized (see q8_quantize, q4_quantize): rows [panel * 16, +16) of w (N, K), rows
 // past N zeros.
 template <int Bits, int64_t G, typename T>
@@ -886,8 +924,14 @@ void quantize_panel(const T* w, int64_t N, int64_t K, int64_t panel, uint8_t* q,
       }
       // Each operation rounded on its own, as torch's would be (-ffp-contract=off: no fused multiply-add);
       // the scale and offset rounded to float16 as they are kept, and the levels chosen for those.
-      const float scale = as_half(std::max((high - low) / kTop, kLeastHalf));
-      const float offset = as_half(Bits == 8 ? low + 128.0f * scale : low);  // 8 bits: levels centred on 128
+      float scale, offset;
+      if constexpr (Bits == 8) {  // levels centred on 128
+        scale = as_half(std::max((high - low) / kTop, kLeastHalf));
+        offset = as_half(low + 128.0f * scale);
+      } else {
+        offset = as_half(low);
+        scale = q4_scale<G>(row, low, high, offset);
+      }
       TORCH_CHECK(std::isfinite(scale) && std::isfinite(offset), "quantize: a weight beyond float16's range");
       const int64_t at = (panel * (K / G) + g) * kPanel + r;
       scales[at] = at::Half(scale);
@@ -912,8 +956,9 @@ void quantize_panel(const T* w, int64_t N, int64_t K, int64_t panel, uint8_t* q,
 // scale), q = round((w - offset) / scale) + 128 (half: to the nearest float16, the scale at least 2^-24); N
 // padded with zero rows to a multiple of 16. One pass over the weights, a panel per task (the same arithmetic
 // in torch's ops took 3 s for the 0.5B model's weights, most of its load). q4_quantize: the same with 16
-// levels, scale = half((high - low) / 15), offset = half(low), q = round((w - offset) / scale), two levels a
-// byte (q4_linear's packing, (N/16, K/8, 64)).
+// levels, offset = half(low), scale = half((high - low) / n) for the n in 15..8 whose levels leave the least
+// squared error (`q4_scale`), q = round((w - offset) / scale), two levels a byte (q4_linear's packing,
+// (N/16, K/8, 64)).
 template <int Bits, int64_t G>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> int_quantize(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.size(1) % G == 0, "quantize: (N, K) weights, K a multiple of ", G);
