@@ -889,7 +889,7 @@ float squared_error(const float* row, float scale, float offset) {
 // down to 8, the one whose levels leave the least squared error (the larger n on a tie). A group whose
 // weights are evenly spaced values s steps apart from lowest to highest, s <= 15 (a GGUF's Q4_K levels: a
 // 6-bit scale and minimum per 32 weights), is found on them within its stored weights' rounding: one of
-// 8..15 is a multiple of every s. n = 15 alone put a fifth of such groups on a grid of their own (the 1.5B
+// 8..15 is a multiple of every s. With n = 15 alone, a fifth of such groups fell between levels (the 1.5B
 // model's Q4_K layers: 250 times the squared error).
 template <int64_t G>
 float q4_scale(const float* row, float low, float high, float offset) {
