@@ -127,8 +127,9 @@ def _4_bit_squared_error(groups: torch.Tensor, steps: int) -> torch.Tensor:
 
 @needs_kernel
 def test_4_bit_quantization_keeps_each_weight_within_a_16th_of_its_groups_range() -> None:
-    """16 levels from a group's lowest weight, 8 to 15 steps to its highest (the fewest squared errors), two
-    a byte: (P, in/8, 64); never more squared error than 15 steps', and random groups mostly take those."""
+    """16 levels from a group's lowest weight, 8 to 15 steps to its highest (whichever leaves the least
+    squared error), two a byte: (P, in/8, 64); never more squared error than 15 steps leave, which random
+    groups mostly take."""
     weight = torch.randn(40, 96, generator=torch.Generator().manual_seed(1))
     weight[3, 32:64] = 0.25  # a constant group: its weights exact
     q, scales, offsets = quantized.quantize(weight, 4)
