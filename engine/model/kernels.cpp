@@ -868,6 +868,12 @@ constexpr float kLeastHalf = 5.9604644775390625e-8f;
 // v rounded to the nearest float16 (to even), as a float.
 inline float as_half(float v) { return static_cast<float>(at::Half(v)); }
 
+// A weight's level for this scale and offset, as it is stored: round((w - offset) / scale) to even (as
+// torch.round), within [lowest, highest].
+inline float level_of(float w, float scale, float offset, float lowest, float highest) {
+  return std::clamp(std::nearbyint((w - offset) / scale), lowest, highest);
+}
+
 // A group's 4-bit levels' squared error with this scale and offset (the levels as they would be stored),
 // summed in 8 lanes (so that the compiler keeps them in one vector) and then the lanes in order.
 template <int64_t G>
@@ -875,7 +881,7 @@ float squared_error(const float* row, float scale, float offset) {
   float lanes[8] = {};
   for (int i = 0; i < G; i += 8) {
     for (int lane = 0; lane < 8; ++lane) {
-      const float level = std::clamp(std::nearbyint((row[i + lane] - offset) / scale), 0.0f, 15.0f);
+      const float level = level_of(row[i + lane], scale, offset, 0.0f, 15.0f);
       const float error = level * scale + offset - row[i + lane];
       lanes[lane] += error * error;
     }
@@ -912,6 +918,8 @@ template <int Bits, int64_t G, typename T>
 void quantize_panel(const T* w, int64_t N, int64_t K, int64_t panel, uint8_t* q, at::Half* scales,
                     at::Half* offsets) {
   constexpr float kTop = (1 << Bits) - 1;  // the highest level: 255 or 15
+  // The stored levels as signed ones: -128..127 at 8 bits (stored + 128), 0..15 at 4.
+  constexpr float kLowest = Bits == 8 ? -128.0f : 0.0f, kHighest = Bits == 8 ? 127.0f : kTop;
   float row[G];
   for (int r = 0; r < kPanel; ++r) {
     const int64_t n = panel * kPanel + r;
@@ -937,13 +945,13 @@ void quantize_panel(const T* w, int64_t N, int64_t K, int64_t panel, uint8_t* q,
       scales[at] = at::Half(scale);
       offsets[at] = at::Half(offset);
       for (int i = 0; i < G; ++i) {
-        const float level = std::nearbyint((row[i] - offset) / scale);  // to even, as torch.round
+        const float level = level_of(row[i], scale, offset, kLowest, kHighest);
         const int64_t k = g * G + i;
         uint8_t* block = q + (panel * (K / kBlockInputs<Bits>) + k / kBlockInputs<Bits>) * kQuadBytes + r * kQuad + k % kQuad;
         if constexpr (Bits == 8) {
-          *block = static_cast<uint8_t>(std::clamp(level, -128.0f, 127.0f) + 128.0f);
+          *block = static_cast<uint8_t>(level + 128.0f);
         } else {  // inputs 0-3 of a block of 8 in the low nibble, 4-7 in the high one
-          const uint8_t u = static_cast<uint8_t>(std::clamp(level, 0.0f, kTop));
+          const uint8_t u = static_cast<uint8_t>(level);
           *block = k % kBlockInputs<Bits> < kQuad ? u : static_cast<uint8_t>(*block | (u << 4));
         }
       }
