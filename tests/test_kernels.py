@@ -61,14 +61,14 @@ def _group(layer: quantized.QuantizedLinear) -> int:
 
 def _by_the_kernels_rule(layer: quantized.QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
     """What `specedit::q8_linear` computes, in float64 and torch's ops: each row's activations quantized
-    per group of the weights' (levels round(x * 63 / max|x|), step max|x| / 63), the levels' products summed
+    per group of the weights' (levels round(x * 127 / max|x|), step max|x| / 127), the levels' products summed
     exactly per group, then scale * step * that + offset * step * (the levels' sum), summed over groups."""
     rows = x.reshape(-1, layer.in_features).to(torch.float32)
     groups = rows.reshape(rows.shape[0], -1, _group(layer))
     largest = groups.abs().amax(-1, keepdim=True)
-    inverse = torch.where(largest > 0, 63 / largest, torch.zeros_like(largest))
+    inverse = torch.where(largest > 0, 127 / largest, torch.zeros_like(largest))
     levels = torch.round(groups * inverse)
-    step = largest / 63
+    step = largest / 127
     weights = quantized.levels(layer.q, layer.bits).to(torch.float64)  # (out padded, in)
     sums = torch.einsum("mgi,ngi->mgn", levels.double(), weights.reshape(weights.shape[0], -1, _group(layer)))
     scales, offsets = (t.transpose(1, 2).reshape(weights.shape[0], -1).double() for t in (layer.scales, layer.offsets))
@@ -187,13 +187,13 @@ def test_the_kernel_computes_its_weights_on_activations_quantized_by_group(
     output = layer(x)
     assert output.shape == (2, 9, out_features)
     assert torch.allclose(output.double(), _by_the_kernels_rule(layer, x), atol=1e-3, rtol=1e-5)
-    # the same product as the float32 activations', within what 7-bit activations lose (1/126 of a group's
+    # the same product as the float32 activations', within what 8-bit activations lose (1/254 of a group's
     # largest, per activation)
     exact = x.double() @ layer.dequantized().double().T + layer.bias[:out_features].double()  # type: ignore[index]
     group = _group(layer)
     assert group == (128 if bits == 8 and in_features % 128 == 0 else 32)
     groups = x.reshape(2, 9, -1, group).abs().amax(-1, keepdim=True).expand(-1, -1, -1, group).reshape(x.shape)
-    bound = (groups.double() / 126) @ layer.dequantized().double().abs().T
+    bound = (groups.double() / 254) @ layer.dequantized().double().abs().T
     assert ((output.double() - exact).abs() <= bound + 1e-3).all()
     assert not torch.equal(output.double(), exact)
     unpacked = layer.unpacked()  # what transformers' kernels get: the float32 activations
@@ -203,10 +203,10 @@ def test_the_kernel_computes_its_weights_on_activations_quantized_by_group(
 
 
 def _at_the_extremes(inputs: int = 64) -> tuple[quantized.QuantizedLinear, torch.Tensor]:
-    """Every weight at its group's top level, 255, but the group's first at 0, and activations at +63 or -63
-    throughout: each of vpmaddubsw's 16-bit pairs (AVX2 without VNNI) then adds 2 * 255 * 63 = 32,130, the
-    most it ever does. With activation levels of 127 a pair would saturate at 32,767. `inputs` 64: two
-    groups of 32; 256: two of 128."""
+    """Every weight at its group's top level, 255 as stored, but the group's first at 0, and activations at
+    +127 or -127 throughout: each pair of products (vpmaddwd's, AVX2 without VNNI) sums 2 * 255 * 127 =
+    64,770, the most it ever does, where vpmaddubsw's 16-bit pairs would saturate at 32,767. `inputs` 64:
+    two groups of 32; 256: two of 128."""
     weight = torch.ones(16, inputs)
     weight[:, :: quantized.group_size(inputs)] = -1.0
     return quantized.QuantizedLinear(weight, None), torch.cat([torch.ones(2, inputs), -torch.ones(2, inputs)])
@@ -262,9 +262,7 @@ def test_a_model_on_integer_weights_keeps_plain_decodings_answer(bits: int, with
         assert not quantized.is_quantized(loaded.model)
         stock = loaded.model(torch.tensor([list(range(20, 60))])).logits
     assert quantized.is_quantized(loaded.model)
-    error = (stock[0] - logits).abs().max()  # the float32 activations against their 7-bit levels
-    # levels of 63 a side: about 3% of the largest logit over groups of 32 (int4's), 4% over groups of 128
-    # (int8's here: every input size is a multiple of 128)
+    error = (stock[0] - logits).abs().max()  # the float32 activations against their 8-bit levels
     assert 0 < error < (0.04 if bits == 4 else 0.06) * stock.abs().max()
 
 

@@ -4,8 +4,8 @@
 //   offset per group of G inputs (128, or 32 where K is not a multiple of 128), W[n, k] = scales[n, k / G] *
 //   (q[n, k] - 128) + offsets[n, k / G], q unsigned levels packed in panels of 16 outputs, 4 inputs a lane
 //   (q (N/16, K/4, 16 * 4), scales and offsets float16 (N/16, K/G, 16), widened to float32 exactly as they
-//   are read), on activations quantized as it goes: per row and group of G inputs, levels a = round(x * 63
-//   / max|x|) in -63..63, each standing for d = max|x| / 63 (kActivationTop);
+//   are read), on activations quantized as it goes: per row and group of G inputs, levels a = round(x *
+//   127 / max|x|) in -127..127, each standing for d = max|x| / 127 (kActivationTop);
 // - specedit::q8_quantize(w, G): those (q, scales, offsets) from (N, K) weights (model/quantized.py);
 // - specedit::q4_linear, specedit::q4_quantize: the same on 4-bit weights in groups of 32, W[n, k] =
 //   scales[n, k / 32] * q[n, k] + offsets[n, k / 32], q in 0..15, two a byte: a lane's 8 inputs in 4 bytes,
@@ -25,7 +25,7 @@
 // the number of rows of x, the rows or outputs computed beside it, the thread count or the CPU,
 // - q8_linear, q4_linear: each row's activations are quantized alone; per group, the sum of the G
 //   products of integer levels is exact (in int32, however the instructions pair them; 4-bit levels without
-//   VNNI sum a group in 16-bit lanes first, 16 products of at most 15 * 63 each); then each output is one
+//   VNNI sum a group in 16-bit lanes first, 16 products of at most 15 * 127 each); then each output is one
 //   chain of float32 fused multiply-adds over the groups in order, from zero: acc += that sum * (scale * d),
 //   acc += offset * (d * the sum of the row's levels), then the bias added;
 // - attention: each query's scores are chains of fused multiply-adds over the head's width in order, its
@@ -35,9 +35,9 @@
 // Only the blocking changes with the number of rows. q8_linear streams its weights once for a forward of a
 // few rows (the weights' bytes are the cost) and keeps a block of panels in the cache for the row blocks
 // of a larger one (the arithmetic is the cost): 4 byte products a lane per instruction (AVX-512 VNNI's
-// vpdpbusd), or 2 then 2 (AVX2's vpmaddubsw then vpmaddwd), of the weights' unsigned levels u and the
-// activations' a, less 128 * (the sum of a) a group. attention reads each key once for a block of
-// up to 64 queries, a query a lane.
+// vpdpbusd), or 2 and 2 as 16-bit words (AVX2's vpmaddwd), of the weights' unsigned levels u and the
+// activations' a, less 128 * (the sum of a) a group (int4: 2 then 2, vpmaddubsw then vpmaddwd).
+// attention reads each key once for a block of up to 64 queries, a query a lane.
 // Compiled for AVX2 (8 lanes a vector) or AVX-512 (16), with VNNI or without: each lane is an output,
 // computed the same way, bit for bit.
 #include <ATen/ATen.h>
@@ -55,6 +55,14 @@
 #include <vector>
 
 namespace {
+
+// Four bytes (four int8 levels, or two int16 ones) as one int32, to broadcast to every lane.
+template <typename T>
+inline int32_t four_bytes(const T* p) {
+  int32_t four;
+  std::memcpy(&four, p, sizeof four);
+  return four;
+}
 
 // The vectors the kernels compute with: AVX-512's 16 lanes where the library is compiled for it (and not
 // told SPECEDIT_256), AVX2's 8 otherwise. A lane is an output: its arithmetic is the same in either.
@@ -91,19 +99,38 @@ inline Vec power_of_two(Vec n) {  // 2^n for integral n in -126..127
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
 }
 #if defined(__AVX512VNNI__)
-// VNNI: vpdpbusd sums 4 products of unsigned weights' levels u and signed activations' a into each lane.
-inline IVec dot4(IVec acc, IVec u, IVec a) { return _mm512_dpbusd_epi32(acc, u, a); }
+// VNNI: vpdpbusd sums 4 products of unsigned weights' levels u (as stored: the level + 128) and signed
+// activations' a into each lane.
+using Weights8 = IVec;
+struct Activations8 {
+  IVec a;
+};
+inline Activations8 activations8(const int8_t* a, const int16_t*) { return {ibroadcast(four_bytes(a))}; }
+inline Weights8 weights8(IVec u) { return u; }
+inline IVec dot8(IVec acc, Weights8 u, const Activations8& x) { return _mm512_dpbusd_epi32(acc, u, x.a); }
 inline IVec dot4_small(IVec acc, IVec u, IVec a) { return _mm512_dpbusd_epi32(acc, u, a); }
 inline IVec small_sums(IVec acc) { return acc; }
 constexpr bool kVnni = true;
 #else
-// Without VNNI: u * a paired into 16-bit sums by vpmaddubsw (u <= 255, |a| <= 63: a pair never saturates),
-// then into 32-bit by vpmaddwd.
-inline IVec dot4(IVec acc, IVec u, IVec a) {
-  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, a), _mm512_set1_epi16(1)));
+// Without VNNI, 8-bit levels multiply as 16-bit words (vpmaddwd), as vpmaddubsw's 16-bit pairs of bytes would
+// saturate (2 * 255 * 127 > 32,767): a lane's 4 bytes u0..u3 are the words u1:u0 and u3:u2; masked, the
+// words u0 and u2, shifted, u1 and u3, each pair times the activations' words a0, a2 or a1, a3
+// (`Levels::wide`) and summed into 32 bits, exact.
+struct Weights8 {
+  IVec even, odd;
+};
+struct Activations8 {
+  IVec even, odd;
+};
+inline Activations8 activations8(const int8_t*, const int16_t* wide) {
+  return {ibroadcast(four_bytes(wide)), ibroadcast(four_bytes(wide + 2))};
+}
+inline Weights8 weights8(IVec u) { return {_mm512_and_si512(u, _mm512_set1_epi16(0x00FF)), _mm512_srli_epi16(u, 8)}; }
+inline IVec dot8(IVec acc, const Weights8& u, const Activations8& x) {
+  return _mm512_add_epi32(acc, _mm512_add_epi32(_mm512_madd_epi16(u.even, x.even), _mm512_madd_epi16(u.odd, x.odd)));
 }
 // 4-bit levels u in 0..15 times a, by vpmaddubsw into 16-bit lanes: a group's 16 products a lane stay within
-// 16 * 15 * 63 = 15,120, exact; widened to 32 bits (vpmaddwd) once a group by `small_sums`.
+// 16 * 15 * 127 = 30,480, exact; widened to 32 bits (vpmaddwd) once a group by `small_sums`.
 inline IVec dot4_small(IVec acc, IVec u, IVec a) { return _mm512_add_epi16(acc, _mm512_maddubs_epi16(u, a)); }
 inline IVec small_sums(IVec acc) { return _mm512_madd_epi16(acc, _mm512_set1_epi16(1)); }
 constexpr bool kVnni = false;
@@ -157,13 +184,30 @@ inline IVec dot4(IVec acc, IVec u, IVec a) { return _mm256_dpbusd_avx_epi32(acc,
 #else
 inline IVec dot4(IVec acc, IVec u, IVec a) { return _mm256_dpbusd_epi32(acc, u, a); }
 #endif
+using Weights8 = IVec;
+struct Activations8 {
+  IVec a;
+};
+inline Activations8 activations8(const int8_t* a, const int16_t*) { return {ibroadcast(four_bytes(a))}; }
+inline Weights8 weights8(IVec u) { return u; }
+inline IVec dot8(IVec acc, Weights8 u, const Activations8& x) { return dot4(acc, u, x.a); }
 inline IVec dot4_small(IVec acc, IVec u, IVec a) { return dot4(acc, u, a); }
 inline IVec small_sums(IVec acc) { return acc; }
 constexpr bool kVnni = true;
 #else
 // AVX2: as AVX-512 without VNNI.
-inline IVec dot4(IVec acc, IVec u, IVec a) {
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16(1)));
+struct Weights8 {
+  IVec even, odd;
+};
+struct Activations8 {
+  IVec even, odd;
+};
+inline Activations8 activations8(const int8_t*, const int16_t* wide) {
+  return {ibroadcast(four_bytes(wide)), ibroadcast(four_bytes(wide + 2))};
+}
+inline Weights8 weights8(IVec u) { return {_mm256_and_si256(u, _mm256_set1_epi16(0x00FF)), _mm256_srli_epi16(u, 8)}; }
+inline IVec dot8(IVec acc, const Weights8& u, const Activations8& x) {
+  return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(u.even, x.even), _mm256_madd_epi16(u.odd, x.odd)));
 }
 inline IVec dot4_small(IVec acc, IVec u, IVec a) { return _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, a)); }
 inline IVec small_sums(IVec acc) { return _mm256_madd_epi16(acc, _mm256_set1_epi16(1)); }
@@ -267,23 +311,25 @@ struct IntWeights {
 
 // A forward's activations quantized (`quantize_row`) in the weights' groups of G, row r's at r * K and r * K/G.
 struct Levels {
-  const int8_t* a;        // (M, K): round(x * 63 / max|x|), in -63..63
-  const float* step;      // (M, K/G): d = max|x| / 63 of the group (0 for a group of zeros)
+  const int8_t* a;        // (M, K): round(x * 127 / max|x|), in -127..127
+  const float* step;      // (M, K/G): d = max|x| / 127 of the group (0 for a group of zeros)
   const float* total;     // (M, K/G): d * (sum of the group's levels)
   const int32_t* sum;     // (M, K/G): the sum of the group's levels
+  // (M, K): the levels as 16-bit words, each 4 inputs' as a0, a2, a1, a3 (8-bit weights without VNNI), or null
+  const int16_t* wide;
   int64_t K;
 };
 
-// The activations' highest level: 63, not int8's 127, so that vpmaddubsw's pairs of an unsigned weight level
-// (at most 255) times an activation level stay within 16 bits (2 * 255 * 63 = 32,130) and AVX2 without VNNI
-// multiplies the weights' levels as they are stored: 3 instructions per 32 products rather than 4 (with
-// vpsignb) and 4 registers fewer, 0.73-0.81x the time at 16-256 rows (docs/kernels.md).
-constexpr float kActivationTop = 63.0f;
+// The activations' highest level: int8's 127. From 2026-12-04 to 12-06 it was 63, so that AVX2 without VNNI
+// could pair the weights' stored bytes by vpmaddubsw (2 * 255 * 63 fits 16 bits); over groups of 128 inputs
+// that doubled the 0.5B model's distance from its float32 weights' outputs. Without VNNI 8-bit levels now
+// multiply as 16-bit words: 1.2-1.35x the time at 16-512 rows, the same at one (docs/kernels.md).
+constexpr float kActivationTop = 127.0f;
 
-// Row x (K floats) quantized into its levels, per group of G: d = max|x| / 63, a = round(x * (63 /
+// Row x (K floats) quantized into its levels, per group of G: d = max|x| / 127, a = round(x * (127 /
 // max|x|)), to even; a group of zeros has d = 0 and levels 0. Elementwise, so every vector width agrees.
 template <int64_t G>
-void quantize_row(const float* x, int64_t K, int8_t* a, float* step, float* total, int32_t* sum) {
+void quantize_row(const float* x, int64_t K, int8_t* a, float* step, float* total, int32_t* sum, int16_t* wide) {
   for (int64_t g = 0; g < K / G; ++g) {
     const float* xs = x + g * G;
     Vec high = zero();
@@ -298,13 +344,14 @@ void quantize_row(const float* x, int64_t K, int8_t* a, float* step, float* tota
     sum[g] = levels;
     total[g] = step[g] * static_cast<float>(levels);
   }
-}
-
-// Four activation levels as one int32, to broadcast to every lane.
-inline int32_t four_levels(const int8_t* a) {
-  int32_t four;
-  std::memcpy(&four, a, sizeof four);
-  return four;
+  if (wide != nullptr) {  // `Levels::wide`
+    for (int64_t k = 0; k < K; k += kQuad) {
+      wide[k] = a[k];
+      wide[k + 1] = a[k + 2];
+      wide[k + 2] = a[k + 1];
+      wide[k + 3] = a[k + 3];
+    }
+  }
 }
 
 // R rows (from `row`) by P panels (from `panel`): per group, the exact integer sums of the G products,
@@ -325,13 +372,32 @@ void int_block(const Levels& x, int64_t row, const IntWeights& w, int64_t panel,
     if constexpr (Bits == 8) {
       UNROLL for (int j = 0; j < G / kQuad; ++j) {
         const int64_t quad = g * (G / kQuad) + j;
-        IVec a[R];
-        UNROLL for (int r = 0; r < R; ++r) a[r] = ibroadcast(four_levels(x.a + (row + r) * K + quad * kQuad));
-        UNROLL for (int p = 0; p < P; ++p)
-          UNROLL for (int h = 0; h < kVectors; ++h) {
-            const IVec weights = iload(w.q + ((panel + p) * quads + quad) * kQuadBytes + h * kLanes * kQuad);
-            UNROLL for (int r = 0; r < R; ++r) sums[r][p][h] = dot4(sums[r][p][h], weights, a[r]);
+        const auto activations = [&](int r) {
+          const int64_t at = (row + r) * K + quad * kQuad;
+          return activations8(x.a + at, x.wide + at);
+        };
+        const auto weights = [&](int p, int h) {
+          return weights8(iload(w.q + ((panel + p) * quads + quad) * kQuadBytes + h * kLanes * kQuad));
+        };
+        if constexpr (kVnni || R == 1) {  // each row's activations held, the weights read one vector at a time
+          Activations8 a[R];
+          UNROLL for (int r = 0; r < R; ++r) a[r] = activations(r);
+          UNROLL for (int p = 0; p < P; ++p)
+            UNROLL for (int h = 0; h < kVectors; ++h) {
+              const Weights8 u = weights(p, h);
+              UNROLL for (int r = 0; r < R; ++r) sums[r][p][h] = dot8(sums[r][p][h], u, a[r]);
+            }
+        } else {  // without VNNI a row's activations and a vector of weights take 2 registers each: the
+                  // weights held, a row at a time
+          Weights8 u[P][kVectors];
+          UNROLL for (int p = 0; p < P; ++p)
+            UNROLL for (int h = 0; h < kVectors; ++h) u[p][h] = weights(p, h);
+          UNROLL for (int r = 0; r < R; ++r) {
+            const Activations8 a = activations(r);
+            UNROLL for (int p = 0; p < P; ++p)
+              UNROLL for (int h = 0; h < kVectors; ++h) sums[r][p][h] = dot8(sums[r][p][h], u[p][h], a);
           }
+        }
         in_registers(sums);
       }
     } else {  // 4 bits: a 64-byte block holds 8 inputs of each lane, 4 in the low nibbles, 4 in the high
@@ -339,8 +405,8 @@ void int_block(const Levels& x, int64_t row, const IntWeights& w, int64_t panel,
         const int64_t octet = g * (G / kBlockInputs<4>) + j;
         IVec low[R], high[R];
         UNROLL for (int r = 0; r < R; ++r) {
-          low[r] = ibroadcast(four_levels(x.a + (row + r) * K + octet * kBlockInputs<4>));
-          high[r] = ibroadcast(four_levels(x.a + (row + r) * K + octet * kBlockInputs<4> + kQuad));
+          low[r] = ibroadcast(four_bytes(x.a + (row + r) * K + octet * kBlockInputs<4>));
+          high[r] = ibroadcast(four_bytes(x.a + (row + r) * K + octet * kBlockInputs<4> + kQuad));
         }
         UNROLL for (int p = 0; p < P; ++p)
           UNROLL for (int h = 0; h < kVectors; ++h) {
@@ -464,12 +530,16 @@ std::vector<at::Tensor> int_linears(const char* name, const at::Tensor& input, a
   int8_t* ap = levels.data_ptr<int8_t>();
   float* sp = steps.data_ptr<float>();
   int32_t* sums = reinterpret_cast<int32_t*>(sp + 2 * M * groups);
+  at::Tensor wide;  // the levels as 16-bit words, for 8-bit weights without VNNI
+  if (Bits == 8 && !kVnni) wide = at::empty({M, K}, input.options().dtype(at::kShort));
+  int16_t* wp = wide.defined() ? wide.data_ptr<int16_t>() : nullptr;
   const auto run = [&]<int64_t Group>() {
     at::parallel_for(0, M, 16, [&](int64_t first, int64_t last) {
       for (int64_t r = first; r < last; ++r)
-        quantize_row<Group>(xp + r * K, K, ap + r * K, sp + r * groups, sp + (M + r) * groups, sums + r * groups);
+        quantize_row<Group>(xp + r * K, K, ap + r * K, sp + r * groups, sp + (M + r) * groups, sums + r * groups,
+                            wp != nullptr ? wp + r * K : nullptr);
     });
-    const Levels a{ap, sp, sp + M * groups, sums, K};
+    const Levels a{ap, sp, sp + M * groups, sums, wp, K};
     // A chunk of panels per thread, across the layers; grains of 8 keep the few-row kernel's blocks of
     // panels whole.
     at::parallel_for(0, first_panel.back(), 8, [&](int64_t first, int64_t last) {

@@ -7,7 +7,7 @@ inputs (or of its groups of 32 or 128 inputs, each summed exactly in integers), 
 computed from its own row alone, whatever the number of rows, the thread count or the CPU. The ops:
 
 - `specedit::q8_linear`: a linear layer on int8 weights (`model.quantized`), its activations quantized as it
-  goes (to 63 levels either side of zero, in int8), the products summed in integers;
+  goes (to 127 levels either side of zero, in int8), the products summed in integers;
 - `specedit::q8_quantize`: those int8 weights, scales and offsets from a layer's weights, in one pass;
 - `specedit::q8_linears`, `specedit::q4_linears`: several layers on one input (a layer's q, k and v
   projections; its gate and up), the activations quantized once, every layer's outputs as its own call's;

@@ -5,8 +5,8 @@ A forward of a few tokens (plain decoding, a short draft) costs what streaming t
 costs: float32's 2 GB for the 0.5B model, against llama.cpp's 4-6 bits a weight. `QuantizedLinear` keeps
 each linear layer's weights as 8-bit levels with a float16 scale and offset per group of 128 inputs (32
 where the input size is not a multiple of 128: `group_size`), and computes with `specedit::q8_linear`
-(`model.kernels`): each row's activations quantized per group to 63 levels either side of zero (llama.cpp's
-CPU kernels take 127: why not here, below), the products of levels summed exactly in integers per group, 4
+(`model.kernels`): each row's activations quantized per group to 127 levels either side of zero (8 bits, as
+llama.cpp's CPU kernels take them), the products of levels summed exactly in integers per group, 4
 a lane per instruction (AVX-512 VNNI) or 2 then 2 (AVX2), and the groups' sums scaled and added in float32
 in the order of the inputs: a row's result never depends on the rows beside it, the forward's size, the
 thread count or the CPU (what `model.exactness` asks of every kernel).
@@ -35,9 +35,10 @@ With VNNI on 8 lanes (`SPECEDIT_KERNELS=avx2-vnni`, as AVX-VNNI laptops run it):
 What 8-bit activations cost in quality, teacher-forced on the 30 whole-file rewrites' expected answers
 (8,532 tokens, `scripts/answer_likelihood.py`): mean negative log-likelihood 0.1198 against 0.1196 with
 float32 activations on the same weights, the expected token the argmax at 97.42% of positions against
-97.46%, the two argmaxes the same at 99.92%. Since 2026-12-04 the levels are 63 a side, not 127, so that
-AVX2 multiplies the weights' stored levels without `vpsignb` (0.73-0.81x the time at 16-256 rows): mean
-negative log-likelihood 0.1195, the expected token the argmax at 97.35% (docs/kernels.md).
+97.46%, the two argmaxes the same at 99.92%. From 2026-12-04 to 12-06 the levels were 63 a side, so that
+AVX2 multiplied the weights' stored levels without `vpsignb` (0.73-0.81x the time at 16-256 rows): over
+groups of 32 that cost nothing measurable, over groups of 128 it tripled the 0.5B model's distance from
+float32 (docs/kernels.md), so they are 127 again.
 
 The weights are quantized from the model as loaded: per group, 256 levels from the group's lowest to
 its highest weight, the scale and offset rounded to float16 and the levels chosen for them (an error of at
