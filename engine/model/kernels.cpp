@@ -328,6 +328,7 @@ constexpr float kActivationTop = 127.0f;
 
 // Row x (K floats) quantized into its levels, per group of G: d = max|x| / 127, a = round(x * (127 /
 // max|x|)), to even; a group of zeros has d = 0 and levels 0. Elementwise, so every vector width agrees.
+// `wide` (8-bit weights without VNNI; else null): the levels again as `Levels::wide` has them.
 template <int64_t G>
 void quantize_row(const float* x, int64_t K, int8_t* a, float* step, float* total, int32_t* sum, int16_t* wide) {
   for (int64_t g = 0; g < K / G; ++g) {

@@ -6,10 +6,10 @@ costs: float32's 2 GB for the 0.5B model, against llama.cpp's 4-6 bits a weight.
 each linear layer's weights as 8-bit levels with a float16 scale and offset per group of 128 inputs (32
 where the input size is not a multiple of 128: `group_size`), and computes with `specedit::q8_linear`
 (`model.kernels`): each row's activations quantized per group to 127 levels either side of zero (8 bits, as
-llama.cpp's CPU kernels take them), the products of levels summed exactly in integers per group, 4
-a lane per instruction (AVX-512 VNNI) or 2 then 2 (AVX2), and the groups' sums scaled and added in float32
-in the order of the inputs: a row's result never depends on the rows beside it, the forward's size, the
-thread count or the CPU (what `model.exactness` asks of every kernel).
+llama.cpp's CPU kernels take them), the products of levels summed exactly in integers per group, 4 a lane
+per instruction (AVX-512 VNNI) or 2 and 2 as 16-bit words (AVX2), and the groups' sums scaled and added in
+float32 in the order of the inputs: a row's result never depends on the rows beside it, the forward's size,
+the thread count or the CPU (what `model.exactness` asks of every kernel).
 
 Groups of 128 since 2026-12-06 (32 before; the figures below until then are of groups of 32): a group's
 scaling, 4-5 instructions a row and output vector, came after every 8 of VNNI's products (16 of AVX2's);
@@ -37,8 +37,8 @@ What 8-bit activations cost in quality, teacher-forced on the 30 whole-file rewr
 float32 activations on the same weights, the expected token the argmax at 97.42% of positions against
 97.46%, the two argmaxes the same at 99.92%. From 2026-12-04 to 12-06 the levels were 63 a side, so that
 AVX2 multiplied the weights' stored levels without `vpsignb` (0.73-0.81x the time at 16-256 rows): over
-groups of 32 that cost nothing measurable, over groups of 128 it tripled the 0.5B model's distance from
-float32 (docs/kernels.md), so they are 127 again.
+groups of 32 that cost nothing measurable, over groups of 128 it more than doubled the 0.5B model's
+distance from float32 (docs/kernels.md), so they are 127 again.
 
 The weights are quantized from the model as loaded: per group, 256 levels from the group's lowest to
 its highest weight, the scale and offset rounded to float16 and the levels chosen for them (an error of at
