@@ -575,8 +575,9 @@ VARIANT_CHECK = textwrap.dedent(
     layer, four, wide = _layer(40, 96), _layer(40, 96, bits=4), _layer(40, 256)  # wide: groups of 128
     query, key, value = torch.randn(3, 6, 300, 48, generator=torch.Generator().manual_seed(8)) * 3
     y = torch.randn(70, 256, generator=torch.Generator().manual_seed(9))
-    linear = torch.cat([weights(rows) for weights in (layer, four) for rows in (x, x[:4], x[:3], x[:2], x[:1])]
-                       + [wide(rows) for rows in (y, y[:4], y[:3], y[:2], y[:1])])
+    tall = (x.repeat(2, 1)[:133], y.repeat(2, 1)[:133])  # from 128 rows AVX2 splits its weights once a panel
+    linear = torch.cat([weights(rows) for weights in (layer, four) for rows in (tall[0], x, x[:4], x[:3], x[:2], x[:1])]
+                       + [wide(rows) for rows in (tall[1], y, y[:4], y[:3], y[:2], y[:1])])
     attention = torch.cat([kernels.attention(query[:, 20:], key[:2], value[:2], 20, 0.3),  # 3 heads a kv head
                            kernels.attention(query[:, 250:], key[:2], value[:2], 250, 0.3),  # 2 key chunks
                            kernels.attention(query[:, 299:], key[:2], value[:2], 299, 0.3),
@@ -590,8 +591,8 @@ VARIANT_CHECK = textwrap.dedent(
     together = torch.cat([torch.cat(quantized.linears(rows, pair), dim=1)
                           for pair, inputs in pairs for rows in (inputs, inputs[:3])])
     wide_extreme, wide_at = _at_the_extremes(256)  # groups of 128
-    extremes = torch.cat([extreme(at), extreme(at.repeat(8, 1)),  # 4 rows, and 32 (AMX's tiles)
-                          wide_extreme(wide_at), wide_extreme(wide_at.repeat(8, 1))])
+    extremes = torch.cat([extreme(at.repeat(rows, 1)) for rows in (1, 8, 33)]  # 4, 32 (AMX's tiles) and 132 rows
+                         + [wide_extreme(wide_at.repeat(rows, 1)) for rows in (1, 8, 33)])
     torch.save({"variant": kernels.variant(), "linear": linear, "attention": attention, "extremes": extremes,
                 "glue": glue, "together": together}, sys.argv[2])
     """

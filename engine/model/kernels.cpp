@@ -213,11 +213,13 @@ inline IVec dot8(IVec acc, const Weights8& u, const Activations8& x) {
   return iadd(acc, iadd(madd_words(u.even, x.even), madd_words(u.odd, x.odd)));
 }
 #endif
-// A forward of many rows reads each panel's weights once per block of rows: on AVX2 their words are made
-// once a panel (`split_panels`) and read back, rather than masked and shifted again for every block: 0.94-0.96x
-// the time at 256-512 rows, the same at 64 (AMD EPYC steered, 2026-12-06). Not with AVX-512's 16 lanes and
-// 3 panels a block, whose words took 1.06x the time at 64 rows.
+// A forward of many rows reads each panel's weights once per block of rows: on AVX2, from kSplitRows rows,
+// their words are made once a panel (`split_panels`) and read back, rather than masked and shifted again for
+// every block: 0.94-0.96x the time at 256-512 rows (AMD EPYC steered, 2026-12-06). Fewer rows do not repay
+// the words' stores: 1.03-1.4x the time at 5-32 rows, the same at 64. Not with AVX-512's 16 lanes and 3
+// panels a block, whose words took 1.06x the time at 64 rows.
 constexpr bool kSplitWeights = !kVnni && kLanes == 8;
+constexpr int64_t kSplitRows = 128;
 
 // The loops over a block's rows, panels and vectors are unrolled whole, so that its accumulators live in
 // registers (GCC left them on the stack otherwise: AVX2 forwards of 8+ rows took twice as long).
@@ -472,19 +474,30 @@ void int_panels(const Levels& x, int64_t M, const IntWeights& w, int64_t first, 
     });
   }
   const int rows = int_rows<Bits>();
-  constexpr bool Split = Bits == 8 && kSplitWeights;
   thread_local std::vector<Weights8> split;  // kept between calls: no new pages to touch
-  for (int64_t panel = first; panel < last;) {
-    const bool whole = panel + kIntPanels <= last;
+  // A block of one row (a forward's last, when M is 1 more than a multiple of 4) makes its words itself:
+  // read back from `split`, 5 rows took 2-3x the time (AMD EPYC steered, 2026-12-06).
+  const auto blocks = [&]<bool Split>(int64_t panel, bool whole) {
     if constexpr (Split) split_panels(w, panel, whole ? kIntPanels : 1, split);
     for (int64_t m = 0; m < M; m += rows) {
       by_count<kIntRows<Bits>>(static_cast<int>(std::min<int64_t>(rows, M - m)), [&]<int R>() {
         if (whole)
-          int_block<R, kIntPanels, Bits, G, Split>(x, m, w, panel, out, N, split.data());
+          int_block<R, kIntPanels, Bits, G, (Split && R > 1)>(x, m, w, panel, out, N, split.data());
         else
-          int_block<R, 1, Bits, G, Split>(x, m, w, panel, out, N, split.data());
+          int_block<R, 1, Bits, G, (Split && R > 1)>(x, m, w, panel, out, N, split.data());
       });
     }
+  };
+  for (int64_t panel = first; panel < last;) {
+    const bool whole = panel + kIntPanels <= last;
+    if constexpr (Bits == 8 && kSplitWeights) {
+      if (M >= kSplitRows) {
+        blocks.template operator()<true>(panel, whole);
+        panel += whole ? kIntPanels : 1;
+        continue;
+      }
+    }
+    blocks.template operator()<false>(panel, whole);
     panel += whole ? kIntPanels : 1;
   }
 }
