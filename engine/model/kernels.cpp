@@ -488,16 +488,13 @@ void int_panels(const Levels& x, int64_t M, const IntWeights& w, int64_t first, 
       });
     }
   };
+  constexpr bool kMaySplit = Bits == 8 && kSplitWeights;  // (else no split variant is compiled)
   for (int64_t panel = first; panel < last;) {
     const bool whole = panel + kIntPanels <= last;
-    if constexpr (Bits == 8 && kSplitWeights) {
-      if (M >= kSplitRows) {
-        blocks.template operator()<true>(panel, whole);
-        panel += whole ? kIntPanels : 1;
-        continue;
-      }
-    }
-    blocks.template operator()<false>(panel, whole);
+    if (kMaySplit && M >= kSplitRows)
+      blocks.template operator()<kMaySplit>(panel, whole);
+    else
+      blocks.template operator()<false>(panel, whole);
     panel += whole ? kIntPanels : 1;
   }
 }
