@@ -102,9 +102,6 @@ inline Vec power_of_two(Vec n) {  // 2^n for integral n in -126..127
 // VNNI: vpdpbusd sums 4 products of unsigned weights' levels u (as stored: the level + 128) and signed
 // activations' a into each lane.
 inline IVec dot4(IVec acc, IVec u, IVec a) { return _mm512_dpbusd_epi32(acc, u, a); }
-inline IVec dot4_small(IVec acc, IVec u, IVec a) { return dot4(acc, u, a); }
-inline IVec small_sums(IVec acc) { return acc; }
-constexpr bool kVnni = true;
 #else
 // Without VNNI, 8-bit levels multiply as 16-bit words (`dot8`): a vector's words masked to their low bytes
 // or shifted to their high ones, pairs of words times words summed into 32-bit lanes.
@@ -116,7 +113,6 @@ inline IVec iadd(IVec a, IVec b) { return _mm512_add_epi32(a, b); }
 // 16 * 15 * 127 = 30,480, exact; widened to 32 bits (vpmaddwd) once a group by `small_sums`.
 inline IVec dot4_small(IVec acc, IVec u, IVec a) { return _mm512_add_epi16(acc, _mm512_maddubs_epi16(u, a)); }
 inline IVec small_sums(IVec acc) { return _mm512_madd_epi16(acc, _mm512_set1_epi16(1)); }
-constexpr bool kVnni = false;
 #endif
 inline IVec centred(IVec sums, int32_t levels) { return _mm512_sub_epi32(sums, _mm512_set1_epi32(128 * levels)); }
 // A 64-byte block of 4-bit levels: the low nibbles (the first 4 inputs of each lane's 8), the high ones.
@@ -167,9 +163,6 @@ inline IVec dot4(IVec acc, IVec u, IVec a) { return _mm256_dpbusd_avx_epi32(acc,
 #else
 inline IVec dot4(IVec acc, IVec u, IVec a) { return _mm256_dpbusd_epi32(acc, u, a); }
 #endif
-inline IVec dot4_small(IVec acc, IVec u, IVec a) { return dot4(acc, u, a); }
-inline IVec small_sums(IVec acc) { return acc; }
-constexpr bool kVnni = true;
 #else
 // AVX2: as AVX-512 without VNNI.
 inline IVec even_words(IVec u) { return _mm256_and_si256(u, _mm256_set1_epi16(0x00FF)); }
@@ -178,19 +171,21 @@ inline IVec madd_words(IVec a, IVec b) { return _mm256_madd_epi16(a, b); }
 inline IVec iadd(IVec a, IVec b) { return _mm256_add_epi32(a, b); }
 inline IVec dot4_small(IVec acc, IVec u, IVec a) { return _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, a)); }
 inline IVec small_sums(IVec acc) { return _mm256_madd_epi16(acc, _mm256_set1_epi16(1)); }
-constexpr bool kVnni = false;
 #endif
 inline IVec centred(IVec sums, int32_t levels) { return _mm256_sub_epi32(sums, _mm256_set1_epi32(128 * levels)); }
 inline IVec low_nibbles(IVec v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
 inline IVec high_nibbles(IVec v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
 #endif
 
-// 8-bit weights' products, on either vector width. With VNNI the stored levels u and the activations' levels
-// a go to vpdpbusd as they are. Without, vpmaddubsw's 16-bit pairs of bytes would saturate (2 * 255 * 127 >
-// 32,767), so they multiply as 16-bit words: a lane's 4 bytes u0..u3 are the words u1:u0 and u3:u2; masked,
-// the words u0 and u2, shifted, u1 and u3, each pair times the activations' words a0, a2 or a1, a3
-// (`Levels::wide`) and summed into 32 bits, exact.
+// 8-bit weights' products (and with VNNI 4-bit ones), on either vector width. With VNNI the stored levels u
+// and the activations' levels a go to vpdpbusd as they are. Without, vpmaddubsw's 16-bit pairs of bytes would
+// saturate (2 * 255 * 127 > 32,767), so they multiply as 16-bit words: a lane's 4 bytes u0..u3 are the words
+// u1:u0 and u3:u2; masked, the words u0 and u2, shifted, u1 and u3, each pair times the activations' words a0,
+// a2 or a1, a3 (`Levels::wide`) and summed into 32 bits, exact.
 #if defined(__AVXVNNI__) || defined(__AVX512VNNI__)
+constexpr bool kVnni = true;
+inline IVec dot4_small(IVec acc, IVec u, IVec a) { return dot4(acc, u, a); }  // 4-bit levels as 8-bit ones
+inline IVec small_sums(IVec acc) { return acc; }
 using Weights8 = IVec;
 struct Activations8 {
   IVec a;
@@ -199,6 +194,7 @@ inline Activations8 activations8(const int8_t* a, const int16_t*) { return {ibro
 inline Weights8 weights8(IVec u) { return u; }
 inline IVec dot8(IVec acc, Weights8 u, const Activations8& x) { return dot4(acc, u, x.a); }
 #else
+constexpr bool kVnni = false;
 struct Weights8 {
   IVec even, odd;
 };
