@@ -250,6 +250,33 @@ def test_summary_pairs_cases_not_totals() -> None:
     assert summary["speedup_vs_plain"]["specedit"] == 4.0
 
 
+def test_summary_holds_llama_server_to_its_own_answer_too() -> None:
+    """Beside llama-server's fastest n-gram type, the fastest of its ways of decoding that answered as its
+    plain decoding did (plain included): a type whose speculation changed the answer wins no case there."""
+
+    def run(wall: float, identical: bool = True) -> dict[str, object]:
+        return {"wall_seconds": wall, "decode_seconds": wall, "cpu_seconds": wall, "generated_tokens": 10,
+                "tokens_per_second": 10 / wall, "identical_to_plain": identical, "extra": {}}  # fmt: skip
+
+    def case(name: str, ours: float, plain: float, mod: tuple[float, bool], simple: tuple[float, bool]) -> dict:
+        runs = {"plain": run(2 * ours), "specedit": run(ours), "llama-server-plain": run(plain)}
+        runs["llama-server-ngram-mod"], runs["llama-server-ngram-simple"] = run(*mod), run(*simple)
+        best = min(("llama-server-ngram-mod", "llama-server-ngram-simple"), key=lambda t: runs[t]["wall_seconds"])
+        runs["llama-server"] = {**runs[best], "extra": {"best_of": best}}
+        return {"id": name, "methods": runs}
+
+    cases = [
+        case("shorter answer", 1.0, 3.0, (0.5, False), (2.0, True)),  # 2.0x held to its answer, 0.5x not
+        case("plain fastest", 1.0, 0.8, (1.5, True), (1.2, True)),  # its plain beat its speculation
+        case("alike", 1.0, 4.0, (2.0, True), (3.0, True)),
+    ]
+    summary = summarise(cases, ["plain", "specedit", "llama-server"], (0.0,), (0.0,))
+    assert summary["speedup_vs_llama_server"] == 1.2 and summary["slower_than_llama_server"] == 1
+    assert summary["slower_than_llama_server_cases"] == {"shorter answer": 0.5}
+    assert summary["speedup_vs_llama_server_exact"] == 2.0
+    assert summary["slower_than_llama_server_exact"] == 1  # "plain fastest": 0.8x
+
+
 def test_first_difference() -> None:
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 4], [1, 2, 3]) == 2
@@ -329,7 +356,10 @@ def test_bench_runs_llama_server_per_speculation_type_and_reports_the_best(
     assert summary["speedup_vs_llama_server"] > 0 and 0 <= summary["slower_than_llama_server"] <= 2
     assert sum(summary["llama_server_best_type"].values()) == 2
     assert summary["llama_server_same_answer"] == 0  # its "x = 1" is not the memorised answer
-    assert "specedit over llama-server's best n-gram type per case" in capsys.readouterr().out
+    assert summary["speedup_vs_llama_server_exact"] > 0  # every type answered alike: the fastest of all three
+    printed = capsys.readouterr().out
+    assert "specedit over llama-server's best n-gram type per case" in printed
+    assert "best type that answered as its own plain decoding" in printed
 
     logged = [json.loads(line) for line in (tmp_path / "llama-server.log").read_text().splitlines()]
     started = [entry["args"] for entry in logged if "body" not in entry]

@@ -181,6 +181,16 @@ def bench_command(args: argparse.Namespace) -> int:
             + "best type "
             + ", ".join(f"{t} {n}" for t, n in summary["llama_server_best_type"].items())
         )
+        slower = summary["slower_than_llama_server_cases"]
+        if slower:
+            print("slower than llama-server on: " + ", ".join(f"{case} {ratio}x" for case, ratio in slower.items()))
+        if summary["speedup_vs_llama_server_exact"] is not None:
+            print(
+                "specedit over llama-server's best type that answered as its own plain decoding (median / "
+                f"geometric mean): {summary['speedup_vs_llama_server_exact']}x / "
+                f"{summary['speedup_vs_llama_server_exact_geomean']}x; slower on "
+                f"{summary['slower_than_llama_server_exact']}"
+            )
     if "http_door" in summary:
         door = summary["http_door"]
         print(

@@ -392,6 +392,22 @@ def summarise(
         summary["llama_server_best_type"] = dict(
             Counter(c["methods"]["llama-server"]["extra"]["best_of"] for c in cases if "llama-server" in c["methods"])
         )
+        # Its speculation may change its answer (an n-gram type's arithmetic tips near-ties, or a shorter answer
+        # ends sooner); held to the rule specedit keeps, only the types that answered as its plain decoding did.
+        versus_exact = [
+            exact_wall / c["methods"]["specedit"]["wall_seconds"]
+            for c in cases
+            if (exact_wall := _llama_server_exact_wall(c["methods"])) is not None
+        ]
+        summary["speedup_vs_llama_server_exact"] = _median(versus_exact)
+        summary["speedup_vs_llama_server_exact_geomean"] = _geomean(versus_exact)
+        summary["slower_than_llama_server_exact"] = sum(r < 1.0 for r in versus_exact)
+        summary["slower_than_llama_server_cases"] = {
+            c["id"]: round(m["llama-server"]["wall_seconds"] / m["specedit"]["wall_seconds"], 3)
+            for c in cases
+            if {"specedit", "llama-server"} <= set(m := c["methods"])
+            and m["llama-server"]["wall_seconds"] < m["specedit"]["wall_seconds"]
+        }
     if "specedit" in methods and "openai-prediction" in methods:
         summary["http_door"] = http_door_overhead(cases)
         if "llama-server" in methods:
@@ -399,6 +415,17 @@ def summarise(
             summary["openai_prediction_vs_llama_server"] = _median(versus)
             summary["openai_prediction_slower_than_llama_server"] = sum(r < 1.0 for r in versus)
     return summary
+
+
+def _llama_server_exact_wall(runs: dict[str, Any]) -> float | None:
+    """The fastest of llama-server's ways of decoding a case that answered as its own plain decoding did,
+    its plain decoding included; None without them or without specedit's run."""
+    walls = [
+        run["wall_seconds"]
+        for name, run in runs.items()
+        if name.startswith("llama-server-") and run.get("identical_to_plain")
+    ]
+    return min(walls) if walls and runs.get("specedit", {}).get("wall_seconds") else None
 
 
 def http_door_overhead(cases: list[dict[str, Any]]) -> dict[str, Any]:
