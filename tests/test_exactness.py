@@ -27,8 +27,6 @@ from specedit.engine.model import exactness, invariant, kernels
 from specedit.engine.model.loading import LoadedModel, precision
 
 TESTS = Path(__file__).resolve().parent
-unavailable = kernels.available()
-needs_kernel = pytest.mark.skipif(unavailable is not None, reason=f"no kernels of our own here: {unavailable}")
 
 # What the kernels of each CPU class are steered with (read once, when the libraries start: a subprocess).
 STEERING = {
@@ -135,34 +133,6 @@ def test_a_verdict_is_remembered_until_the_machine_changes(tmp_path: Path, monke
         with pytest.raises(AssertionError, match="the probe ran"):
             exactness.settle(wide_model(512, torch.float32, settle=False), tmp_path)
     finally:
-        torch.set_num_threads(threads)
-
-
-@needs_kernel
-def test_small_work_on_one_thread_is_chosen_by_the_clock_and_remembered(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The self-check times one-token steps with small work on one thread and spread, keeps the faster (set
-    in the kernels, said in the verdict), and a remembered verdict sets it again without timing."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        for pays in (True, False):
-            with monkeypatch.context() as timed:
-                timed.setattr(exactness, "serial_pays", lambda loaded, pays=pays: pays)
-                verdict = exactness.settle(wide_model(512, torch.float32, settle=False), tmp_path / str(pays))
-            assert verdict.serial_below == (exactness.SERIAL_BELOW if pays else 0)
-            assert kernels.set_serial_below(0) == verdict.serial_below
-            assert ("small work on one thread" in verdict.describe()) is pays
-        monkeypatch.setattr(exactness, "serial_pays", _no_probe)
-        again = exactness.settle(wide_model(512, torch.float32, settle=False), tmp_path / "True")
-        assert again.serial_below == exactness.SERIAL_BELOW
-        assert kernels.set_serial_below(0) == exactness.SERIAL_BELOW
-        monkeypatch.undo()
-        assert exactness.serial_pays(wide_model(512, torch.float32)) in (True, False)  # timed for real
-        assert kernels.set_serial_below(0) == 0  # and left spreading every loop
-    finally:
-        kernels.set_serial_below(0)
         torch.set_num_threads(threads)
 
 

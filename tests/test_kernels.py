@@ -489,37 +489,6 @@ def test_layers_in_one_call_are_each_layers_own_call(bits: int) -> None:
     assert quantized.linears(x, [layers[0], _layer(16, 96, bits=12 - bits)]) is None
 
 
-@needs_kernel
-@pytest.mark.parametrize("bits", [8, 4])
-def test_small_work_on_one_thread_gives_the_same_bits(bits: int) -> None:
-    """`set_serial_below`: a few rows' small layers and attention's small work on the calling thread alone,
-    or spread over the threads, or neither way because the work is large: the same bits, every row count."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    generator = torch.Generator().manual_seed(6)
-    layers = [_layer(256, 128, bits=bits, seed=1), _layer(64, 128, bits=bits, seed=2)]
-    x = torch.randn(8, 128, generator=generator)
-    query = torch.randn(6, 8, 64, generator=generator)
-    key, value = (torch.randn(2, 400, 64, generator=generator) for _ in range(2))
-
-    def results() -> list[torch.Tensor]:
-        outputs = [t for rows in (1, 3, 4, 5, 8) for t in (quantized.linears(x[:rows], layers) or [])]
-        return outputs + [kernels.attention(query[:, :rows], key, value, 392, 0.125) for rows in (1, 4, 8)]
-
-    try:
-        spread = results()
-        assert kernels.set_serial_below(1 << 30) == 0  # the default: every loop spread
-        alone = results()
-        assert kernels.set_serial_below(16 << 10) == 1 << 30  # some of the work alone, some not
-        mixed = results()
-    finally:
-        kernels.set_serial_below(0)
-        torch.set_num_threads(threads)
-    assert len(spread) == 13
-    for a, b, c in zip(spread, alone, mixed, strict=True):
-        assert torch.equal(a, b) and torch.equal(a, c)
-
-
 def _rms_norm_by_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 

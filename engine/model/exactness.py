@@ -22,18 +22,13 @@ The verdict also says on which fewer threads the probe's logits come out the sam
 thread fewer, and one): where they do, a rewrite may run on fewer threads while other programs keep cores
 busy (`loop.threads`), and its answer is the same.
 
-It also times one-token steps with small work on the calling thread alone and spread over the threads
-(`serial_below`: which thread computes an output, never how; `kernels.set_serial_below`), alternately,
-and keeps the faster: where a second thread is slow to join, a layer's small products and attention are
-faster on one.
-
 The probe costs about 2 s for the 0.5B model in float32 on 2 AVX2 cores (12 forwards; 3.4 s more for
-the thread counts, and about 1 s for the timing), so the command line and the daemon remember a verdict
-in the cache (`verdicts`), keyed by everything that chooses the kernels (`fingerprint`): the model's
-shapes, dtype, weights, device, thread count, the CPU's model and flags, the steering variables, the
-versions of torch and transformers, and the source of this module, of specedit's kernels and of the
-forward that calls them (`model.invariant`, `model.kernels`, `model.quantized`, `model.decoder`, and
-`model.kv_cache`, which rounds the keys and values it keeps). Anything changed, and the probe runs again;
+the thread counts), so the command line and the daemon remember a verdict in the cache (`verdicts`),
+keyed by everything that chooses the kernels (`fingerprint`): the model's shapes, dtype, weights, device,
+thread count, the CPU's model and flags, the steering variables, the versions of torch and transformers,
+and the source of this module, of specedit's kernels and of the forward that calls them (`model.invariant`,
+`model.kernels`, `model.quantized`, `model.decoder`, and `model.kv_cache`, which rounds the keys and values
+it keeps). Anything changed, and the probe runs again;
 `specedit doctor` always runs it.
 """
 
@@ -47,7 +42,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import torch
 
@@ -74,13 +69,6 @@ KERNEL_ENV = (
 PROBE_CONTEXT = 61  # the probe's positions 61..66 cross the attention's 64-key bucket
 PROBE_SPLITS = ((1, 1, 1, 1, 1, 1), (6,), (2, 4), (3, 3))  # the first is the reference: plain decoding
 PROBE_PREFILL_SPLIT = (29, 32)  # the context also prefilled in two pieces: a prefix kept, then the rest
-# Small work on the calling thread alone (`kernels.set_serial_below`): below this many bytes, where one-token
-# steps timed alternately, SERIAL_ROUNDS each way, were faster by SERIAL_MARGIN at their fastest. 2 MiB holds
-# the 0.5B model's q, k and v (1.0 MB) and o_proj (0.8 MB) but not its down_proj (4.4 MB), and attention
-# over up to ~2,000 positions.
-SERIAL_BELOW = 2 << 20
-SERIAL_ROUNDS = 12
-SERIAL_MARGIN = 0.97  # a tie keeps the threads: where they are no slower they are the default
 
 
 @dataclass(frozen=True)
@@ -102,9 +90,6 @@ class Exactness:
     # Thread counts below `threads` whose logits the probe found equal to those at `threads`, bitwise: a
     # rewrite may run on them when cores are busy (`loop.threads`) and still give the same answer.
     fewer_threads: tuple[int, ...] = ()
-    # Small work (bytes under it) on the calling thread alone, where the timing at load found that faster; 0:
-    # every loop spread over the threads (`kernels.set_serial_below`).
-    serial_below: int = 0
 
     @property
     def claim(self) -> str:
@@ -114,11 +99,10 @@ class Exactness:
         """One line for people: `identical to plain decoding bit for bit (AVX2, float32, ...)`."""
         how = "bit for bit" if self.bitwise else "up to near-ties (the self-check found a shape-dependent kernel)"
         rows = "1-row" if self.step_rows == 1 else "2-row"
-        serial = ", small work on one thread" if self.serial_below else ""
         return (
             f"identical to plain decoding {how} ({self.cpu_class}, kernels {self.kernels}, {self.dtype}, "
             f"{self.cache} cache, {self.threads} threads, {self.linear} linear, {self.attention} attention, "
-            f"{rows} steps{serial})"
+            f"{rows} steps)"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -155,8 +139,8 @@ def settle(loaded: Any, verdicts: Path | None = None) -> Exactness:
     fastest: tuple[Linear, int] = (integer, 1) if integer else float_fastest
     remembered = verdicts / f"{fingerprint(loaded)}.json" if verdicts is not None else None
     known = _read_verdict(remembered) if remembered is not None else None
-    if known is not None and known.path in (*candidates, fastest):
-        bitwise, (linear, rows), fewer, serial = known
+    if known is not None and known[1] in (*candidates, fastest):
+        bitwise, (linear, rows), fewer = known
     else:
         known = None
         for linear, rows in candidates:
@@ -172,9 +156,6 @@ def settle(loaded: Any, verdicts: Path | None = None) -> Exactness:
     loaded.step_rows = rows
     if known is None:
         fewer = tuple(threads for threads in _fewer_threads() if bitwise and same_on_threads(loaded, threads))
-        serial = SERIAL_BELOW if on_cpu and kernels.loaded() and serial_pays(loaded) else 0
-    if on_cpu and kernels.loaded():
-        kernels.set_serial_below(serial)
     verdict = Exactness(
         bitwise=bitwise,
         linear=linear,
@@ -188,7 +169,6 @@ def settle(loaded: Any, verdicts: Path | None = None) -> Exactness:
         threads=torch.get_num_threads(),
         probe_seconds=time.perf_counter() - start,
         fewer_threads=fewer,
-        serial_below=serial,
     )
     log.info("%s; self-check took %.2f s", verdict.describe(), verdict.probe_seconds)
     if remembered is not None and known is None:
@@ -262,52 +242,21 @@ def same_on_threads(loaded: Any, threads: int) -> bool:
     return all(torch.equal(a, b) for a, b in zip(reference, fewer, strict=True))
 
 
-class _Remembered(NamedTuple):
-    bitwise: bool
-    path: tuple[Linear, int]  # the linear kernel and the rows a one-token step runs as
-    fewer_threads: tuple[int, ...]
-    serial_below: int
-
-
-def serial_pays(loaded: Any) -> bool:
-    """Whether one-token steps after the probe's context run faster with small work on the calling thread
-    alone (`SERIAL_BELOW`) than spread over the threads: timed alternately, the fastest of each by
-    `SERIAL_MARGIN`. One thread leaves nothing to choose. Leaves the kernels spreading every loop."""
-    if torch.get_num_threads() == 1:
-        return False
-    ids = probe_ids(int(loaded.model.config.vocab_size), PROBE_CONTEXT + 1)
-    fastest = {0: float("inf"), SERIAL_BELOW: float("inf")}
-    try:
-        with torch.inference_mode():
-            cache = _prefilled(loaded, ids, (PROBE_CONTEXT,))
-            for _ in range(SERIAL_ROUNDS):
-                for below in fastest:
-                    kernels.set_serial_below(below)
-                    start = time.perf_counter()
-                    loaded.forward(ids[PROBE_CONTEXT:], cache)
-                    fastest[below] = min(fastest[below], time.perf_counter() - start)
-                    kv_cache.rollback(cache, PROBE_CONTEXT)
-    finally:
-        kernels.set_serial_below(0)
-    return fastest[SERIAL_BELOW] < SERIAL_MARGIN * fastest[0]
-
-
-def _read_verdict(path: Path) -> _Remembered | None:
-    """A remembered verdict, or None (none yet, or one without a seal: the probe decides). A
-    `ModelLoadError` where it changed since it was written."""
+def _read_verdict(path: Path) -> tuple[bool, tuple[Linear, int], tuple[int, ...]] | None:
+    """A remembered verdict: (bitwise, (linear, step rows), fewer threads), or None (none yet, or one
+    without a seal: the probe decides). A `ModelLoadError` where it changed since it was written."""
     if not is_sealed(path):
         return None
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
         bitwise, linear, rows = record["bitwise"], record["linear"], record["step_rows"]
-        counts, serial = record.get("fewer_threads"), record.get("serial_below")
+        counts = record.get("fewer_threads")
     except (OSError, ValueError, KeyError, TypeError):
         return None  # none yet, or unreadable: the probe decides
     if not isinstance(bitwise, bool) or linear not in LINEARS or rows not in (1, 2):
         return None
     listed = counts if isinstance(counts, list) else []
-    fewer = tuple(n for n in listed if isinstance(n, int) and n in _fewer_threads())
-    return _Remembered(bitwise, (linear, rows), fewer, serial if serial in (0, SERIAL_BELOW) else 0)
+    return bitwise, (linear, rows), tuple(n for n in listed if isinstance(n, int) and n in _fewer_threads())
 
 
 def _write_verdict(path: Path, verdict: Exactness) -> None:

@@ -40,7 +40,6 @@
 // attention reads each key once for a block of up to 64 queries, a query a lane.
 // Compiled for AVX2 (8 lanes a vector) or AVX-512 (16), with VNNI or without: each lane is an output,
 // computed the same way, bit for bit.
-// Work spread over the threads or not (`serial_below`) changes which thread computes an output, never how.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -48,7 +47,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -249,23 +247,6 @@ void by_count(int n, const Body& body) {
     if (n < N) return by_count<N - 1>(n, body);
   }
   body.template operator()<N>();
-}
-
-// A linear layer of a few rows whose weights, or an attention whose keys and values, come to fewer bytes than
-// this runs on the calling thread alone. Handing half of such work to a second thread can cost more than it
-// saves: in a one-row forward of the 0.5B model on 2 cores of a virtual machine (AMD EPYC steered to AVX2,
-// 2026-12-06) its q, k and v took 150-170 us a layer on 2 threads against 108 on one, o_proj 94-127 against
-// 64-68, attention 120-143 against 78-84, where the same calls back to back took less on 2 threads than on
-// one. The engine times a one-row forward both ways at load and sets this (`set_serial_below`, from
-// model/exactness.py); 0, the default, spreads every loop.
-std::atomic<int64_t> serial_below{0};
-
-int64_t set_serial_below(int64_t bytes) { return serial_below.exchange(bytes); }  // the last setting
-
-// The grain of a parallel loop over `tasks` that come to `bytes` in all: all of them (one thread) under
-// `serial_below`, else `grain`.
-int64_t grain_for(int64_t tasks, int64_t bytes, int64_t grain) {
-  return bytes < serial_below.load(std::memory_order_relaxed) ? std::max<int64_t>(tasks, 1) : grain;
 }
 
 // ---- int8 and int4 weights (q8_linear, q4_linear) ----
@@ -585,9 +566,8 @@ std::vector<at::Tensor> int_linears(const char* name, const at::Tensor& input, a
     });
     const Levels a{ap, sp, sp + M * groups, sums, wp, K};
     // A chunk of panels per thread, across the layers; grains of 8 keep the few-row kernel's blocks of
-    // panels whole. A few rows of small layers on this thread alone (`serial_below`).
-    const int64_t panels = first_panel.back(), bytes = panels * (K / kBlockInputs<Bits>) * kQuadBytes;
-    at::parallel_for(0, panels, M <= kDirectRows ? grain_for(panels, bytes, 8) : 8, [&](int64_t first, int64_t last) {
+    // panels whole.
+    at::parallel_for(0, first_panel.back(), 8, [&](int64_t first, int64_t last) {
       for (size_t i = 0; i < layers; ++i) {
         const int64_t from = std::max(first, first_panel[i]), to = std::min(last, first_panel[i + 1]);
         if (from < to) {
@@ -837,10 +817,8 @@ void attention_block(const AttentionArgs<Element>& a, int64_t g, int64_t start, 
 // Every kv head's queries in blocks of up to kQueryBlock, a task each, spread over the threads.
 template <typename Element>
 void attention_blocks(const AttentionArgs<Element>& a, int64_t group) {
-  const int64_t blocks = (group + kQueryBlock - 1) / kQueryBlock, tasks = a.kv_heads * blocks;
-  // The work (`serial_below`): the keys and values it reads, counted once a row, as its products are.
-  const int64_t bytes = a.kv_heads * (a.first + a.rows) * a.D * static_cast<int64_t>(sizeof(Element)) * 2 * a.rows;
-  at::parallel_for(0, tasks, grain_for(tasks, bytes, 1), [&](int64_t begin, int64_t end) {
+  const int64_t blocks = (group + kQueryBlock - 1) / kQueryBlock;
+  at::parallel_for(0, a.kv_heads * blocks, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> qt, scores, widened;  // kept between calls: no new pages to touch
     for (int64_t task = begin; task < end; ++task) {
       const int64_t g = task / blocks, start = (task % blocks) * kQueryBlock;
@@ -1124,7 +1102,6 @@ TORCH_LIBRARY(specedit, m) {
   m.def("rotary(Tensor states, Tensor cos, Tensor sin, int heads) -> Tensor");
   m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
   m.def("attention(Tensor query, Tensor key, Tensor value, int first, float scale) -> Tensor");
-  m.def("set_serial_below(int bytes) -> int", set_serial_below);
 }
 
 TORCH_LIBRARY_IMPL(specedit, CPU, m) {

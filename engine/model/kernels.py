@@ -16,8 +16,6 @@ computed from its own row alone, whatever the number of rows, the thread count o
   prefill of 61 rows at once and in two pieces differ; 2026-12);
 - `specedit::rms_norm`, `specedit::rotary`, `specedit::silu_mul`: a decoder layer's elementwise glue, one
   call each where torch takes 6-8 operators (`model.decoder`).
-- `specedit::set_serial_below`: work under so many bytes (a few-row linear layer's weights, attention's keys
-  and values) on the calling thread alone (`set_serial_below`; which thread computes an output, never how).
 
 They are compiled on first use with the machine's C++ compiler against the installed torch (about 10 s),
 into a folder keyed by the source, torch's version and the flags, sealed there (`integrity`: a library
@@ -97,15 +95,6 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """SiLU(gate) * up, elementwise, float32."""
     output: torch.Tensor = torch.ops.specedit.silu_mul(gate, up)
     return output
-
-
-def set_serial_below(bytes_: int) -> int:
-    """Run a linear layer of up to 4 rows whose weights, and attention whose keys and values, come to fewer
-    than `bytes_` bytes on the calling thread alone; 0 (the default) spreads every loop over the threads.
-    The same bits either way; `model.exactness` times which is faster at load. For the whole process (the
-    model loaded last sets it); returns the setting it replaces."""
-    previous: int = torch.ops.specedit.set_serial_below(bytes_)
-    return previous
 
 
 def variant() -> str:
