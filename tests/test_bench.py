@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -226,6 +227,52 @@ def test_background_load_spins_beside_the_bench_and_stops() -> None:
             time.sleep(0.05)
         assert len(spinning()) == 2
     assert spinning() == []
+
+
+def test_a_terminated_bench_stops_what_it_started(tmp_path: Path, memorising_model_dir: Path) -> None:
+    """SIGTERM (`kill`, a CI's timeout) mid-run ends the bench through its cleanup: its busy processes (and
+    llama-servers, stopped by the same `finally`s) do not outlive it."""
+    cases = write_cases(tmp_path / "one.jsonl").read_text()
+    (tmp_path / "many.jsonl").write_text(cases * 200)  # far more than the seconds this test waits
+    command = [sys.executable, "-m", "specedit.cli.main", "bench", "--cases", str(tmp_path / "many.jsonl")]
+    command += ["--model", str(memorising_model_dir), "--methods", "plain,specedit", "--background-load", "1"]
+    bench = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def spinners() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                parent = next(
+                    line.split()[1] for line in (entry / "status").read_text().splitlines() if line.startswith("PPid:")
+                )
+                if int(parent) == bench.pid and b"while True: pass" in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except (OSError, StopIteration, ValueError):
+                continue
+        return found
+
+    started: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not (started := spinners()) and bench.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert started, bench.stderr.read().decode() if bench.poll() is not None else "no busy process started"
+        time.sleep(1)  # into the cases
+        bench.terminate()
+        assert bench.wait(60) == 128 + signal.SIGTERM  # exited through Python, not killed by the signal
+        assert [pid for pid in started if _running(pid)] == []
+    finally:
+        bench.kill()
+        for pid in started:  # (a failed test leaves no spinning process behind)
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
 
 
 def test_summary_pairs_cases_not_totals() -> None:

@@ -33,9 +33,11 @@ import json
 import logging
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -473,6 +475,7 @@ def run_bench(
         if llama is None:
             ordered.remove("llama-cpp")
     with ExitStack() as servers:
+        servers.enter_context(terminated_as_exit())  # (first: the processes below stop on `kill` too)
         servers.enter_context(busy_processes(background_load))
         server = _start_llama_server(engine, llama_server) if "llama-server" in ordered else None
         if server is not None:
@@ -505,6 +508,25 @@ def run_bench(
             ),
         },
     }
+
+
+@contextmanager
+def terminated_as_exit() -> Iterator[None]:
+    """While inside, SIGTERM (`kill`, a CI's timeout) ends the bench as Ctrl-C does, through its `finally`s:
+    without it Python exits at once and leaves its llama-servers and busy processes running. Only where
+    signals can be handled (the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_(signum: int, _: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextmanager
