@@ -512,21 +512,31 @@ def run_bench(
 
 @contextmanager
 def terminated_as_exit() -> Iterator[None]:
-    """While inside, SIGTERM (`kill`, a CI's timeout) ends the bench as Ctrl-C does, through its `finally`s:
-    without it Python exits at once and leaves its llama-servers and busy processes running. Only where
-    signals can be handled (the main thread)."""
+    """While inside, SIGTERM (`kill`, a CI's timeout) ends the bench through the `finally`s of what it
+    started after entering this (without it Python exits at once and leaves its llama-servers and busy
+    processes running), then the process at once, exit status 143: the model thread may still be inside a
+    forward, which the interpreter's shutdown would abort (SIGABRT). Only where signals can be handled
+    (the main thread)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def exit_(signum: int, _: Any) -> None:
-        raise SystemExit(128 + signum)
+        raise _Terminated(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, exit_)
     try:
         yield
+    except _Terminated as terminated:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(terminated.code or 1))
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+class _Terminated(SystemExit):
+    """SIGTERM, raised where the main thread is (`terminated_as_exit`)."""
 
 
 @contextmanager

@@ -7,7 +7,8 @@ from, started once for the whole bench: plain, and each n-gram speculation type 
 --spec-draft-n-max 64`), one slot, `-t` the bench's threads. Every case is one streamed `/completion` of
 the prompt our methods get (its token ids), greedy (`temperature` 0, `top_k` 1, no repeat penalty), no
 prompt cache (each prefills, as ours do), stopping at the closing fence. The bench reports each type, and
-`llama-server`: the fastest type on that case (a user who knew the best type in advance).
+`llama-server`: the fastest type on that case (a user who knew the best type in advance), whose answer may
+differ from its plain decoding's; the summary also holds it to its own answer (`bench.summarise`).
 """
 
 from __future__ import annotations
