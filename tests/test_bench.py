@@ -208,25 +208,27 @@ def test_background_load_spins_beside_the_bench_and_stops() -> None:
     """`--background-load N`: N processes of this machine's Python, each busy, while inside; none after."""
     from specedit.engine.ops.bench import busy_processes
 
-    def spinning() -> list[int]:
-        found = []
-        for entry in Path("/proc").iterdir():
-            try:
-                status = (entry / "status").read_text()
-                command = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            parent = next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:"))
-            if int(parent) == os.getpid() and b"while True: pass" in command:
-                found.append(int(entry.name))
-        return found
-
     with busy_processes(2):
         deadline = time.monotonic() + 10  # a loaded machine may show a child's /proc entry late (CI saw 1)
-        while len(spinning()) < 2 and time.monotonic() < deadline:
+        while len(_spinning(os.getpid())) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(spinning()) == 2
-    assert spinning() == []
+        assert len(_spinning(os.getpid())) == 2
+    assert _spinning(os.getpid()) == []
+
+
+def _spinning(parent: int) -> list[int]:
+    """The busy processes (`busy_processes`) whose parent is `parent`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            status = (entry / "status").read_text()
+            command = (entry / "cmdline").read_bytes()
+            ppid = next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:"))
+        except (OSError, StopIteration):
+            continue
+        if int(ppid) == parent and b"while True: pass" in command:
+            found.append(int(entry.name))
+    return found
 
 
 def test_a_terminated_bench_stops_what_it_started(tmp_path: Path, memorising_model_dir: Path) -> None:
@@ -237,29 +239,15 @@ def test_a_terminated_bench_stops_what_it_started(tmp_path: Path, memorising_mod
     command = [sys.executable, "-m", "specedit.cli.main", "bench", "--cases", str(tmp_path / "many.jsonl")]
     command += ["--model", str(memorising_model_dir), "--methods", "plain,specedit", "--background-load", "1"]
     bench = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-    def spinners() -> list[int]:
-        found = []
-        for entry in Path("/proc").iterdir():
-            try:
-                parent = next(
-                    line.split()[1] for line in (entry / "status").read_text().splitlines() if line.startswith("PPid:")
-                )
-                if int(parent) == bench.pid and b"while True: pass" in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except (OSError, StopIteration, ValueError):
-                continue
-        return found
-
     started: list[int] = []
     try:
         deadline = time.monotonic() + 120
-        while not (started := spinners()) and bench.poll() is None and time.monotonic() < deadline:
+        while not (started := _spinning(bench.pid)) and bench.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert started, bench.stderr.read().decode() if bench.poll() is not None else "no busy process started"
         time.sleep(1)  # into the cases
         bench.terminate()
-        assert bench.wait(60) == 128 + signal.SIGTERM  # exited through Python, not killed by the signal
+        assert bench.wait(60) == 128 + signal.SIGTERM  # left after its cleanup, not killed by the signal (-15)
         assert [pid for pid in started if _running(pid)] == []
     finally:
         bench.kill()

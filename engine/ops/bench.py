@@ -394,8 +394,8 @@ def summarise(
         summary["llama_server_best_type"] = dict(
             Counter(c["methods"]["llama-server"]["extra"]["best_of"] for c in cases if "llama-server" in c["methods"])
         )
-        # Its speculation may change its answer (an n-gram type's arithmetic tips near-ties, or a shorter answer
-        # ends sooner); held to the rule specedit keeps, only the types that answered as its plain decoding did.
+        # Its speculation may change its answer (its batched arithmetic tips near-ties), and a shorter answer ends
+        # sooner: held to the rule specedit keeps, only its ways of decoding that answered as its plain one did.
         versus_exact = [
             exact_wall / c["methods"]["specedit"]["wall_seconds"]
             for c in cases
