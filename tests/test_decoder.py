@@ -15,7 +15,7 @@ from test_kernels import needs_kernel
 from specedit.engine.model import decoder
 from specedit.engine.model.loading import load_model
 
-from conftest import build_model
+from conftest import build_model, build_tokenizer
 
 
 def saved(architecture: str, folder: Path, **config: Any) -> Any:
@@ -166,6 +166,42 @@ def test_a_forward_on_the_decoders_cache_is_a_forward_on_transformers_cache(tiny
     assert torch.equal(rows[0], rows[1])
     assert made.layers[0].keys is not None and made.layers[0].keys.dtype == torch.float16
     assert torch.equal(rows[2], rows[3]) and not torch.equal(rows[2], rows[0])  # (what it costs: docs/kernels.md)
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("architecture", "kv_heads", "weights", "kv"), [("qwen2", 1, "int8", "float32"), ("llama", 2, "int4", "float16")]
+)
+def test_a_layer_in_one_call_is_the_layer_op_by_op(
+    architecture: str, kv_heads: int, weights: str, kv: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On integer weights and heads of whole vectors, a layer runs as one call (`specedit::decoder_layer`):
+    the logits and the cache's keys and values are those of the layer's ops called one by one, bit for bit,
+    across the cache's growth and a rollback."""
+    from specedit.engine.model import kv_cache
+
+    saved(architecture, tmp_path, num_attention_heads=2, num_key_value_heads=kv_heads, head_dim=16)
+    build_tokenizer().save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path), dtype="float32", weights=weights, kv_cache=kv, device="cpu", target=False)
+    layers = loaded.model.model.layers
+    ids = torch.randint(0, 300, (700,), generator=torch.Generator().manual_seed(4)).tolist()
+
+    def run() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        cache = loaded.new_cache()
+        with torch.inference_mode():
+            logits = [loaded.forward(ids[:100], cache)]
+            for start, stop in ((100, 101), (101, 420), (420, 437)):
+                logits.append(loaded.forward(ids[start:stop], cache))
+            kv_cache.rollback(cache, 405)
+            logits.append(loaded.forward(ids[405:700], cache))
+        return torch.cat(logits), [states for layer in cache.layers for states in (layer.keys, layer.values)]
+
+    whole, whole_cache = run()
+    assert all(layer._whole[1] is not None for layer in layers)  # it ran as one call a layer
+    assert whole_cache[0].dtype == getattr(torch, kv)
+    monkeypatch.setattr(decoder.Layer, "_whole_layer", lambda self: None)
+    by_op, by_op_cache = run()
+    assert torch.equal(whole, by_op) and all(map(torch.equal, whole_cache, by_op_cache))
 
 
 def test_the_peer_baseline_of_a_decoder_model_runs_transformers_class_and_gives_it_back(tiny_model_dir: Path) -> None:

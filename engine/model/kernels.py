@@ -15,7 +15,10 @@ computed from its own row alone, whatever the number of rows, the thread count o
   where the CPU's flash kernel is not row-invariant everywhere (Intel Xeon steered to AVX2, 1 thread: a
   prefill of 61 rows at once and in two pieces differ; 2026-12);
 - `specedit::rms_norm`, `specedit::rotary`, `specedit::silu_mul`: a decoder layer's elementwise glue, one
-  call each where torch takes 6-8 operators (`model.decoder`).
+  call each where torch takes 6-8 operators (`model.decoder`);
+- `specedit::decoder_layer`: a whole decoder layer on integer weights in one call (those ops in the order
+  `model.decoder`'s layer calls them, the cache's keys and values written on the way), bit for bit the layer
+  called op by op, without the Python between its ops.
 
 They are compiled on first use with the machine's C++ compiler against the installed torch (about 10 s),
 into a folder keyed by the source, torch's version and the flags, sealed there (`integrity`: a library

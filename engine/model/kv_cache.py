@@ -73,12 +73,22 @@ class KVLayer:
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add a forward's keys and values; returns the buffers up to the end of the bucket the last
         position falls in (zeros past the positions held)."""
-        end = self._length + keys.shape[-2]
+        start = self._length
+        held_keys, held_values = self.reserve(keys.shape[-2], keys)
+        held_keys[..., start : self._length, :] = keys
+        held_values[..., start : self._length, :] = values
+        return held_keys, held_values
+
+    def reserve(self, count: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Room for `count` more positions, counted as held from now on: the buffers up to the end of the bucket
+        the last one falls in, for the forward to write its keys and values into at the length before this
+        call (`specedit::decoder_layer` does, in `model.decoder`). `like`: keys of the buffers' shape but
+        their positions, in the activations' dtype (the buffers' where `dtype` is None)."""
+        end = self._length + count
         if self._keys is None or self._values is None or self._keys.shape[-2] < end:
-            self._resize(_buckets(end) + SPARE_POSITIONS, keys)
+            with torch.inference_mode():
+                self._resize(_buckets(end) + SPARE_POSITIONS, like)
         assert self._keys is not None and self._values is not None
-        self._keys[..., self._length : end, :] = keys
-        self._values[..., self._length : end, :] = values
         self._length = end
         bucket = _buckets(end)
         return self._keys[..., :bucket, :], self._values[..., :bucket, :]
@@ -121,9 +131,13 @@ class KVCache:
 
     def update(self, keys: torch.Tensor, values: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Append a forward's keys and values to layer `index` (`KVLayer.append`)."""
+        return self.layer(index).append(keys, values)
+
+    def layer(self, index: int) -> KVLayer:
+        """Layer `index`'s keys and values (made empty, with those before it, where the cache has none yet)."""
         while len(self.layers) <= index:
             self.layers.append(KVLayer(self.dtype))
-        return self.layers[index].append(keys, values)
+        return self.layers[index]
 
 
 def length(cache: Cache) -> int:
