@@ -16,10 +16,10 @@ on a float64 model, where this module computes in torch's operators and transfor
 
 On integer weights (`model.quantized`), a layer whose heads are whole vectors wide runs as one call
 (`specedit::decoder_layer`): the same ops in the same order, this forward's keys and values written into
-the cache on the way, the logits and the cache bit for bit those of the layer called op by op. The Python
-between a layer's dozen calls had cost 2.6-2.8 ms of the 0.5B model's one-token step, and the threads
-waiting on it more: the one call took 0.83-0.88x the time of a forward of 1-8 rows (AMD EPYC, AVX512-BF16
-and steered to AVX2, 2026-12-06, docs/kernels.md).
+the cache on the way, the logits and the cache bit for bit those of the layer called op by op. What it
+saves is the Python between a layer's dozen calls (2.6-2.8 ms of the 0.5B model's one-token step) and how
+the threads meet it, which depends on the hour of a shared machine: plain decoding 0.83-0.88x the time in a
+slow hour, 0.98x in a fast one (AMD EPYC steered to AVX2, 2026-12-06; docs/kernels.md).
 
 The modules are named as transformers names them (`model.layers.3.self_attn.q_proj`, ...), so a model
 folder's safetensors load by name and every tool that walks a model's linear layers (packing,
@@ -226,7 +226,7 @@ class Layer(nn.Module):
 class _WholeLayer:
     """A `Layer` as one call of `specedit::decoder_layer` (model/kernels.cpp): the same ops on the same
     inputs in the same order as the layer's own forward on specedit's kernels, its output bit for bit,
-    without the Python between them (2.6-2.8 ms of the 0.5B model's one-token step, AMD EPYC, 2026-12)."""
+    without the Python between them (module docstring)."""
 
     norms: tuple[RMSNorm, RMSNorm]  # their weights read at each call, as the layer's own forward reads them
     packed: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor | None]]

@@ -82,8 +82,8 @@ class KVLayer:
     def reserve(self, count: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Room for `count` more positions, counted as held from now on: the buffers up to the end of the bucket
         the last one falls in, for the forward to write its keys and values into at the length before this
-        call (`specedit::decoder_layer` does, in `model.decoder`). `like`: keys of the buffers' shape but
-        their positions, in the activations' dtype (the buffers' where `dtype` is None)."""
+        call (`specedit::decoder_layer` does, in `model.decoder`). `like`: keys shaped as the buffers are but
+        for any number of positions, in the activations' dtype (the buffers' where `dtype` is None)."""
         end = self._length + count
         if self._keys is None or self._values is None or self._keys.shape[-2] < end:
             with torch.inference_mode():
