@@ -137,9 +137,13 @@ def tiny_engine(architecture: str, *, seed: int = 0, vocab_size: int | None = No
 
 
 def save_random_model(folder: Path, positions: int = 2048) -> Path:
-    """A tiny random float32 Qwen2 model and its tokenizer, without EOS, saved in `folder`."""
+    """A tiny random float32 Qwen2 model and its tokenizer, without EOS, saved in `folder`. Its heads are 16
+    wide (two of them, one for keys and values: the same weights' shapes), so that on integer weights its
+    layers run as the default model's do, one call each (`specedit::decoder_layer`)."""
     tokenizer = build_tokenizer(eos=False)
-    build_model("qwen2", len(tokenizer), dtype=torch.float32, positions=positions).save_pretrained(folder)
+    model = build_model("qwen2", len(tokenizer), dtype=torch.float32, positions=positions)
+    model.config.num_attention_heads, model.config.num_key_value_heads, model.config.head_dim = 2, 1, 16
+    model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
