@@ -139,6 +139,20 @@ class _RoundedToHalf:
         return self.inner.update(keys.half().float(), values.half().float(), index)
 
 
+def _in_pieces(loaded: Any, ids: list[int], cache: Any) -> torch.Tensor:
+    """The logits of 700 `ids` forwarded in pieces on `cache`: a prompt, one token, many, a few, then a
+    rollback to 405 and the rest (the cache grown past its spare room, and cropped)."""
+    from specedit.engine.model import kv_cache
+
+    with torch.inference_mode():
+        logits = [loaded.forward(ids[:100], cache)]
+        for start, stop in ((100, 101), (101, 420), (420, 437)):
+            logits.append(loaded.forward(ids[start:stop], cache))
+        kv_cache.rollback(cache, 405)
+        logits.append(loaded.forward(ids[405:700], cache))
+    return torch.cat(logits)
+
+
 @needs_kernel
 def test_a_forward_on_the_decoders_cache_is_a_forward_on_transformers_cache(tiny_model_dir: Path) -> None:
     """Bit for bit, in float32 on the engine's kernels, across the cache's growth and a rollback; and the
@@ -156,13 +170,7 @@ def test_a_forward_on_the_decoders_cache_is_a_forward_on_transformers_cache(tiny
     assert made.dtype == torch.float16 and loaded.exactness is not None
     assert "float32, float16 cache" in loaded.exactness.describe()
     for cache in (kv_cache.KVCache(), DynamicCache(), made, _RoundedToHalf()):
-        with torch.inference_mode():
-            logits = [loaded.forward(ids[:100], cache)]
-            for start, stop in ((100, 101), (101, 420), (420, 437)):
-                logits.append(loaded.forward(ids[start:stop], cache))
-            kv_cache.rollback(cache, 405)
-            logits.append(loaded.forward(ids[405:700], cache))
-        rows.append(torch.cat(logits))
+        rows.append(_in_pieces(loaded, ids, cache))
     assert torch.equal(rows[0], rows[1])  # the layers in one call each (`KVCache`), and op by op (transformers')
     assert all(layer._whole[1] is not None for layer in loaded.model.model.layers)
     assert made.layers[0].keys is not None and made.layers[0].keys.dtype == torch.float16
@@ -179,7 +187,6 @@ def test_a_layer_in_one_call_is_the_layer_op_by_op(
     """On integer weights and heads of whole vectors, a layer runs as one call (`specedit::decoder_layer`):
     the logits and the cache's keys and values are those of the layer's ops called one by one, bit for bit,
     across the cache's growth and a rollback."""
-    from specedit.engine.model import kv_cache
 
     saved(architecture, tmp_path, num_attention_heads=2, num_key_value_heads=kv_heads, head_dim=16)
     build_tokenizer().save_pretrained(tmp_path)
@@ -189,13 +196,8 @@ def test_a_layer_in_one_call_is_the_layer_op_by_op(
 
     def run() -> tuple[torch.Tensor, list[torch.Tensor]]:
         cache = loaded.new_cache()
-        with torch.inference_mode():
-            logits = [loaded.forward(ids[:100], cache)]
-            for start, stop in ((100, 101), (101, 420), (420, 437)):
-                logits.append(loaded.forward(ids[start:stop], cache))
-            kv_cache.rollback(cache, 405)
-            logits.append(loaded.forward(ids[405:700], cache))
-        return torch.cat(logits), [states for layer in cache.layers for states in (layer.keys, layer.values)]
+        logits = _in_pieces(loaded, ids, cache)
+        return logits, [states for layer in cache.layers for states in (layer.keys, layer.values)]
 
     whole, whole_cache = run()
     assert all(layer._whole[1] is not None for layer in layers)  # it ran as one call a layer
