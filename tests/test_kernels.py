@@ -533,29 +533,28 @@ def test_a_decoder_on_the_kernels_glue_computes_what_its_torch_glue_does(
 ) -> None:
     """float32 on the CPU with the kernels loaded: the layers' glue is theirs (one call where torch took
     6-8), the logits torch's to rounding, and on integer weights a row's logits the same whatever the
-    forward around it. In inference mode, as the engine runs a forward (the cache's buffers are inference
-    tensors, which autograd may not keep for a backward)."""
+    forward around it. Called outside inference mode, as a user of the class may: the model enters it itself
+    (the cache's buffers are inference tensors, which autograd may not keep for a backward)."""
     from specedit.engine.model import decoder
 
     config = decoder.covered(tiny_model_dir)
     assert config is not None
     model = decoder.load(tiny_model_dir, config, torch.float32)
     ids = torch.tensor([list(range(3, 40))])
-    with torch.inference_mode():
-        calls: list[str] = []
-        for name in ("rms_norm", "rotary", "silu_mul"):
-            monkeypatch.setattr(kernels, name, _counting(getattr(kernels, name), name, calls))
-        own = model(ids).logits
-        layers = config.num_hidden_layers
-        expected = {"rms_norm": 2 * layers + 1, "rotary": 2 * layers, "silu_mul": layers}
-        assert {name: calls.count(name) for name in set(calls)} == expected
-        with monkeypatch.context() as torch_glue:
-            torch_glue.setattr(decoder.kernels, "loaded", lambda: False)
-            assert torch.allclose(model(ids).logits, own, rtol=1e-4, atol=1e-4)
-        quantized.quantize_linears(model)  # (torch's float32 products are not row-invariant: the kernel's are)
-        whole, cache = model(ids).logits, model.new_cache()
-        pieces = [model(ids[:, :20], cache=cache), model(ids[:, 20:21], cache=cache), model(ids[:, 21:], cache=cache)]
-        assert torch.equal(torch.cat([piece.logits for piece in pieces], dim=1), whole)
+    calls: list[str] = []
+    for name in ("rms_norm", "rotary", "silu_mul"):
+        monkeypatch.setattr(kernels, name, _counting(getattr(kernels, name), name, calls))
+    own = model(ids).logits
+    layers = config.num_hidden_layers
+    expected = {"rms_norm": 2 * layers + 1, "rotary": 2 * layers, "silu_mul": layers}
+    assert {name: calls.count(name) for name in set(calls)} == expected
+    with monkeypatch.context() as torch_glue:
+        torch_glue.setattr(decoder.kernels, "loaded", lambda: False)
+        assert torch.allclose(model(ids).logits, own, rtol=1e-4, atol=1e-4)
+    quantized.quantize_linears(model)  # (torch's float32 products are not row-invariant: the kernel's are)
+    whole, cache = model(ids).logits, model.new_cache()
+    pieces = [model(ids[:, :20], cache=cache), model(ids[:, 20:21], cache=cache), model(ids[:, 21:], cache=cache)]
+    assert torch.equal(torch.cat([piece.logits for piece in pieces], dim=1), whole)
 
 
 def _counting(function: Any, name: str, calls: list[str]) -> Any:

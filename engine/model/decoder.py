@@ -332,9 +332,10 @@ class Decoder(nn.Module):
     def set_input_embeddings(self, embedding: nn.Module) -> None:
         self.model.embed_tokens = embedding
 
+    @torch.inference_mode()  # a `KVCache`'s buffers are inference tensors, which autograd refuses as inputs
     def forward(self, input_ids: torch.Tensor, cache: Any = None, logits_to_keep: int = 0, **_: Any) -> Output:
         """`cache` (a `KVCache`, or anything with its `update` and `get_seq_length`) grows by the forward's
-        positions; without one, a new one is made and dropped."""
+        positions; without one, a new one is made and dropped. In inference mode, as every caller ran it."""
         cache = self.new_cache() if cache is None else cache
         start = int(cache.get_seq_length())
         positions = slice(start, start + input_ids.shape[1])
