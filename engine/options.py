@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "float64")
-WEIGHTS_CHOICES = ("auto", "int8", "int4", "float")
+WEIGHTS_CHOICES = ("auto", "int8", "int5", "int4", "float")
 KV_CACHE_CHOICES = ("float32", "float16")
 
 
@@ -43,9 +43,11 @@ class EngineOptions:
         "auto",
         "the linear layers' weights on the CPU: int8 (a quarter of float32's bytes to read a step; its kernel is "
         "compiled once), int4 (16 levels a group of 32: 0.6 of int8's bytes, for bigger models; the answers "
-        "differ from int8's), float (the dtype's), auto (default): on the CPU (AVX2, AVX-512, AVX512-BF16, AMX; "
-        "not with another dtype asked for) int4 for a model whose own weights are 4-bit (the 1.5B's Q4_K), "
-        "else int8",
+        "differ from int8's), int5 (a model's GGUF's Q5_0 layers on their own levels, int8 for its other layers: "
+        "on AVX2 without VNNI a forward of 4-256 tokens 0.87-0.92x int8's time; answers differ from int8's at "
+        "near-ties), float (the dtype's), auto (default): on the CPU (AVX2, AVX-512, AVX512-BF16, AMX; not with "
+        "another dtype asked for) int4 for a model whose own weights are 4-bit (the 1.5B's Q4_K), int5 for one "
+        "mostly Q5_0 (the 0.5B) on AVX2 without VNNI, else int8",
         choices=WEIGHTS_CHOICES,
     )
     # float16 on specedit's kernels (`kv_cache.KVCache`): measured in docs/kernels.md; not the default yet, as

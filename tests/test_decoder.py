@@ -12,7 +12,7 @@ import pytest
 import torch
 from test_kernels import needs_kernel
 
-from specedit.engine.model import decoder
+from specedit.engine.model import decoder, quantized
 from specedit.engine.model.loading import load_model
 
 from conftest import build_model, build_tokenizer
@@ -179,19 +179,27 @@ def test_a_forward_on_the_decoders_cache_is_a_forward_on_transformers_cache(tiny
 
 @needs_kernel
 @pytest.mark.parametrize(
-    ("architecture", "kv_heads", "weights", "kv"), [("qwen2", 1, "int8", "float32"), ("llama", 2, "int4", "float16")]
+    ("architecture", "kv_heads", "weights", "kv"),
+    [("qwen2", 1, "int8", "float32"), ("llama", 2, "int4", "float16"), ("qwen2", 1, "int5", "float16")],
 )
 def test_a_layer_in_one_call_is_the_layer_op_by_op(
     architecture: str, kv_heads: int, weights: str, kv: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On integer weights and heads of whole vectors, a layer runs as one call (`specedit::decoder_layer`):
     the logits and the cache's keys and values are those of the layer's ops called one by one, bit for bit,
-    across the cache's growth and a rollback."""
+    across the cache's growth and a rollback. int5: v and down at 8 bits beside the others' 5, as a GGUF's
+    Q8_0 and Q6_K layers are kept (`quantized.quantize_linears`)."""
 
     saved(architecture, tmp_path, num_attention_heads=2, num_key_value_heads=kv_heads, head_dim=16)
     build_tokenizer().save_pretrained(tmp_path)
     loaded = load_model(str(tmp_path), dtype="float32", weights=weights, kv_cache=kv, device="cpu", target=False)
     layers = loaded.model.model.layers
+    if weights == "int5":
+        for layer in layers:
+            for parent, name in ((layer.self_attn, "v_proj"), (layer.mlp, "down_proj")):
+                five = getattr(parent, name)
+                bias = None if five.bias is None else five.bias[: five.out_features]
+                setattr(parent, name, quantized.QuantizedLinear(five.dequantized(), bias, bits=8))
     ids = torch.randint(0, 300, (700,), generator=torch.Generator().manual_seed(4)).tolist()
 
     def run() -> tuple[torch.Tensor, list[torch.Tensor]]:

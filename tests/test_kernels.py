@@ -173,7 +173,7 @@ def test_4_bit_quantization_finds_the_grid_a_groups_weights_lie_on() -> None:
 
 
 @needs_kernel
-@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("bits", [8, 5, 4])
 @pytest.mark.parametrize(
     ("out_features", "in_features"), [(48, 64), (40, 96), (7, 32), (130, 160), (24, 256), (7, 384)]
 )
@@ -223,7 +223,7 @@ def test_the_largest_levels_never_overflow_a_16_bit_pair(inputs: int) -> None:
 
 
 @needs_kernel
-@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("bits", [8, 5, 4])
 @pytest.mark.parametrize("in_features", [64, 896])
 def test_a_rows_result_does_not_depend_on_the_forward_around_it(in_features: int, bits: int) -> None:
     """Forwards of 1 to 70 rows (the kernel's paths: up to 4 rows streaming the weights, more in blocks of
@@ -244,7 +244,7 @@ def test_a_rows_result_does_not_depend_on_the_forward_around_it(in_features: int
 
 
 @needs_kernel
-@pytest.mark.parametrize(("bits", "within"), [(8, 0.05), (4, 0.5)])
+@pytest.mark.parametrize(("bits", "within"), [(8, 0.05), (5, 0.2), (4, 0.5)])
 def test_a_model_on_integer_weights_keeps_plain_decodings_answer(bits: int, within: float) -> None:
     loaded = wide_model(512, torch.float32, settle=False)
     reference = loaded.model(torch.tensor([list(range(20, 60))])).logits
@@ -281,7 +281,8 @@ def test_auto_weights_are_int4_for_a_known_model_whose_weights_are_4_bit(tiny_mo
     asked = loading.load_model(str(folder), weights="int8", device="cpu")  # asked for: as asked
     assert quantized.weight_bits(asked.model) == 8
     (folder / store.MARKER_NAME).write_text(json.dumps({"name": store.DEFAULT_MODEL.name}))  # Q5_0 and Q8_0
-    assert store.auto_weights(folder) == "int8"
+    assert store.auto_weights(folder) == "int5"
+    assert loading.auto_integer(str(folder)) == "int8"  # not the store's folder: no GGUF to read Q5_0 from
 
 
 @needs_kernel
@@ -473,20 +474,63 @@ def test_the_attention_reads_float16_keys_and_values_as_their_float32_widening()
 
 
 @needs_kernel
-@pytest.mark.parametrize("bits", [8, 4])
-def test_layers_in_one_call_are_each_layers_own_call(bits: int) -> None:
-    """q, k and v (or gate and up) in one call: the activations quantized once, each layer's outputs its own
-    call's bit for bit, whatever the rows (1 to 70: both of the kernel's paths), padded outputs and biases
-    or none; layers of two kinds are left to the caller."""
-    layers = [_layer(64, 96, bits=bits, seed=1), _layer(40, 96, bits=bits, seed=2)]
-    layers.append(_layer(16, 96, bias=False, seed=3, bits=bits))
-    x = torch.randn(70, 96, generator=torch.Generator().manual_seed(4))
+@pytest.mark.parametrize(("bits", "inputs"), [((8, 8, 8), 96), ((4, 4, 4), 96), ((5, 5, 8), 96), ((5, 8, 4), 256)])
+def test_layers_in_one_call_are_each_layers_own_call(bits: tuple[int, int, int], inputs: int) -> None:
+    """q, k and v (or gate and up) in one call: the activations quantized once per group size, each layer's
+    outputs its own call's bit for bit, whatever the rows (1 to 70: both of the kernel's paths), padded
+    outputs, biases or none, and the layers' widths (int5's q and k beside int8's v; at 256 inputs int8's
+    groups of 128 beside 32); a float layer among them is left to the caller."""
+    layers = [_layer(64, inputs, bits=bits[0], seed=1), _layer(40, inputs, bits=bits[1], seed=2)]
+    layers.append(_layer(16, inputs, bias=False, seed=3, bits=bits[2]))
+    x = torch.randn(70, inputs, generator=torch.Generator().manual_seed(4))
     for rows in (1, 2, 3, 4, 5, 70):
         together = quantized.linears(x[:rows], layers)
         assert together is not None and [t.shape for t in together] == [(rows, 64), (rows, 40), (rows, 16)]
         for output, layer in zip(together, layers, strict=True):
             assert torch.equal(output, layer(x[:rows])), rows
-    assert quantized.linears(x, [layers[0], _layer(16, 96, bits=12 - bits)]) is None
+    assert quantized.linears(x, [layers[0], torch.nn.Linear(inputs, 16)]) is None
+
+
+def _same_levels(
+    levels: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor
+) -> tuple[quantized.QuantizedLinear, quantized.QuantizedLinear]:
+    """5-bit levels (out, in) 0..31, scales and offsets (out, in/32) as a 5-bit layer, and as an 8-bit one of
+    the same weights (each level + 128 as stored: scale * (stored - 128) + offset, groups of 32)."""
+    weight = torch.zeros(levels.shape)  # (only its shape is read)
+    five = quantized.QuantizedLinear(weight, None, quantized.pack(levels, scales, offsets), bits=5)
+    eight = quantized.QuantizedLinear(weight, None, quantized.pack(levels + 128, scales, offsets), bits=8)
+    return five, eight
+
+
+@needs_kernel
+@pytest.mark.parametrize("inputs", [96, 896])
+def test_5_bit_levels_compute_what_8_bit_ones_do_on_the_same_levels(inputs: int) -> None:
+    """The 5-bit kernel (AVX2: vpmaddubsw, half a group in 16-bit lanes) sums each group's products as the
+    8-bit one does: on the same levels, scales and offsets in groups of 32, the same bits, every row count;
+    at the extremes (every level 31, activations +-127: 8 products of 3,937 in a 16-bit lane) too."""
+    generator = torch.Generator().manual_seed(11)
+    levels = torch.randint(0, 32, (40, inputs), generator=generator, dtype=torch.uint8)
+    scales = (torch.rand(40, inputs // 32, generator=generator) * 0.01 + 1e-4).half()
+    offsets = (-16 * scales.float()).half()  # Q5_0's: w = d * (level - 16)
+    five, eight = _same_levels(levels, scales, offsets)
+    assert torch.equal(five.dequantized(), eight.dequantized())
+    x = torch.randn(70, inputs, generator=generator)
+    for rows in (1, 2, 3, 4, 5, 7, 13, 64, 70):
+        assert torch.equal(five(x[:rows]), eight(x[:rows])), rows
+    (top, top8), extremes = _5_bit_extremes(inputs)
+    assert torch.equal(top(extremes), top8(extremes))
+    assert torch.allclose(top(extremes).double(), extremes.double() @ top.dequantized().double().T, rtol=1e-5)
+
+
+def _5_bit_extremes(
+    inputs: int = 96,
+) -> tuple[tuple[quantized.QuantizedLinear, quantized.QuantizedLinear], torch.Tensor]:
+    """Every 5-bit level 31 and activations at +-127 throughout: a 16-bit lane sums 8 products of 3,937
+    (31,496) before it is widened (AVX2 without VNNI); as 5-bit and 8-bit layers."""
+    groups = inputs // quantized.GROUP
+    layers = _same_levels(torch.full((16, inputs), 31, dtype=torch.uint8), torch.ones(16, groups).half(),
+                          torch.zeros(16, groups).half())  # fmt: skip
+    return layers, torch.cat([torch.ones(2, inputs), -torch.ones(2, inputs)])
 
 
 def _rms_norm_by_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -569,15 +613,17 @@ VARIANT_CHECK = textwrap.dedent(
     """
     import sys, torch
     sys.path.insert(0, sys.argv[1])
-    from test_kernels import _at_the_extremes, _layer
+    from test_kernels import _5_bit_extremes, _at_the_extremes, _layer
     from specedit.engine.model import kernels, quantized
     assert kernels.available() is None
     x = torch.randn(70, 96, generator=torch.Generator().manual_seed(7))
     layer, four, wide = _layer(40, 96), _layer(40, 96, bits=4), _layer(40, 256)  # wide: groups of 128
+    five = _layer(40, 96, bits=5)
     query, key, value = torch.randn(3, 6, 300, 48, generator=torch.Generator().manual_seed(8)) * 3
     y = torch.randn(70, 256, generator=torch.Generator().manual_seed(9))
     tall = (x.repeat(2, 1)[:133], y.repeat(2, 1)[:133])  # from 128 rows AVX2 splits its weights once a panel
-    linear = torch.cat([weights(rows) for weights in (layer, four) for rows in (tall[0], x, x[:4], x[:3], x[:2], x[:1])]
+    linear = torch.cat([weights(rows) for weights in (layer, four, five)
+                        for rows in (tall[0], x, x[:4], x[:3], x[:2], x[:1])]
                        + [wide(rows) for rows in (tall[1], y, y[:4], y[:3], y[:2], y[:1])])
     attention = torch.cat([kernels.attention(query[:, 20:], key[:2], value[:2], 20, 0.3),  # 3 heads a kv head
                            kernels.attention(query[:, 250:], key[:2], value[:2], 250, 0.3),  # 2 key chunks
@@ -588,12 +634,15 @@ VARIANT_CHECK = textwrap.dedent(
                       kernels.silu_mul(x[0, :13] * 9, x[1, :13]).expand(70, 13),
                       kernels.rotary(x[:, :64], x[:, 64:80].repeat(1, 2), x[:, 80:96].repeat(1, 2), 2)[1]], dim=1)
     pairs = (([layer, _layer(16, 96, seed=1)], x), ([four, _layer(16, 96, seed=1, bits=4)], x),
-             ([wide, _layer(16, 256, seed=1)], y))
+             ([wide, _layer(16, 256, seed=1)], y), ([five, _layer(16, 96, seed=1)], x),
+             ([_layer(8, 256, seed=2, bits=5), wide, _layer(8, 256, seed=3, bits=4)], y))
     together = torch.cat([torch.cat(quantized.linears(rows, pair), dim=1)
                           for pair, inputs in pairs for rows in (inputs, inputs[:3])])
     wide_extreme, wide_at = _at_the_extremes(256)  # groups of 128
+    (top, _), top_at = _5_bit_extremes()
     extremes = torch.cat([extreme(at.repeat(rows, 1)) for rows in (1, 8, 33)]  # 4, 32 (AMX's tiles) and 132 rows
-                         + [wide_extreme(wide_at.repeat(rows, 1)) for rows in (1, 8, 33)])
+                         + [wide_extreme(wide_at.repeat(rows, 1)) for rows in (1, 8, 33)]
+                         + [top(top_at.repeat(rows, 1)) for rows in (1, 8, 33)])
     torch.save({"variant": kernels.variant(), "linear": linear, "attention": attention, "extremes": extremes,
                 "glue": glue, "together": together}, sys.argv[2])
     """
@@ -604,7 +653,7 @@ VARIANT_CHECK = textwrap.dedent(
 def test_every_variant_of_the_kernels_gives_the_same_bits(tmp_path: Path) -> None:
     """Each output is one lane, computed the same way on 8-lane and 16-lane vectors, with VNNI's 4-product
     sums, AVX2's 2-product ones or AMX's tiles: every variant this CPU runs (`SPECEDIT_KERNELS`) gives the
-    same bits, every row count, both ops, int8 and int4 weights, and the levels at their extremes."""
+    same bits, every row count, both ops, int8, int5 and int4 weights, and the levels at their extremes."""
     variants = kernels.runnable_variants()
     if len(variants) == 1:
         pytest.skip(f"torch runs {torch.backends.cpu.get_cpu_capability()} here: the AVX2 kernels only")
@@ -645,7 +694,7 @@ def test_the_avx_vnni_variant_compiles_where_the_cpu_cannot_run_it(
 def test_the_weights_option_is_checked() -> None:
     assert EngineOptions().weights == "auto"
     assert EngineOptions(weights="int4").weights == "int4"
-    with pytest.raises(ValueError, match="weights must be one of auto, int8, int4, float"):
+    with pytest.raises(ValueError, match="weights must be one of auto, int8, int5, int4, float"):
         EngineOptions(weights="int3")
 
 

@@ -20,6 +20,7 @@ import threading
 import time
 import zipfile
 from collections import Counter
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -191,7 +192,7 @@ def test_default_spec_matches_the_real_wheels() -> None:
         ({"name": "../evil"}, "file name"),
         ({"gguf_name": "x/y.gguf"}, "gguf_name"),
         ({"wheel_sha256": ("0" * 64,)}, "one digest per package"),
-        ({"weights": "int2"}, "int8 or int4"),
+        ({"weights": "int2"}, "int8, int5 or int4"),
     ],
 )
 def test_spec_validation(index: FakeIndex, changes: dict[str, object], message: str) -> None:
@@ -613,10 +614,14 @@ CHAT_TEMPLATE = (
 )
 
 
-def write_tiny_qwen2_gguf(path: Path, *, chat_template: str | None = CHAT_TEMPLATE) -> dict[str, object]:
-    """A randomly initialised two-layer qwen2 GGUF (F32) with a byte-level BPE tokenizer; returns tensors."""
+def write_tiny_qwen2_gguf(
+    path: Path, *, chat_template: str | None = CHAT_TEMPLATE, q5_0: Collection[str] = ()
+) -> dict[str, object]:
+    """A randomly initialised two-layer qwen2 GGUF (F32, but the tensors named in `q5_0` as Q5_0 blocks)
+    with a byte-level BPE tokenizer; returns the tensors' values (the Q5_0 ones dequantized)."""
     import numpy as np
-    from gguf import GGUFWriter
+    from gguf import GGMLQuantizationType, GGUFWriter
+    from gguf.quants import dequantize, quantize
 
     # GPT-2's byte -> printable character map, which byte-level BPE vocabularies are written in.
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
@@ -676,7 +681,12 @@ def write_tiny_qwen2_gguf(path: Path, *, chat_template: str | None = CHAT_TEMPLA
         }
         tensors.update({f"blk.{i}.{name}": rng.standard_normal(shape) * 0.1 for name, shape in shapes.items()})
     for name, value in tensors.items():
-        writer.add_tensor(name, np.asarray(value, dtype=np.float32))
+        if name in q5_0:
+            blocks = quantize(np.asarray(value, dtype=np.float32), GGMLQuantizationType.Q5_0)
+            writer.add_tensor(name, blocks, raw_dtype=GGMLQuantizationType.Q5_0)
+            tensors[name] = dequantize(blocks, GGMLQuantizationType.Q5_0)
+        else:
+            writer.add_tensor(name, np.asarray(value, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -230,7 +230,7 @@ class _WholeLayer:
 
     norms: tuple[RMSNorm, RMSNorm]  # their weights read at each call, as the layer's own forward reads them
     packed: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor | None]]
-    bits: int
+    bits: list[int]  # each linear layer's width
     scale: float
     heads: int
     kv_heads: int
@@ -242,15 +242,15 @@ class _WholeLayer:
         integer = [module for module in linears if isinstance(module, quantized.QuantizedLinear)]
         width = layer.self_attn.width
         assert isinstance(first_norm, RMSNorm) and isinstance(second_norm, RMSNorm)
-        if len(integer) != len(linears) or len({module.bits for module in integer}) != 1:
-            return None  # some in float, or of two kinds: layer by layer
+        if len(integer) != len(linears):
+            return None  # some in float: layer by layer
         if width % kernels.HEAD_WIDTHS or first_norm.eps != second_norm.eps:
             return None  # heads the attention kernel would take widened, or the norms' epsilons differ
         packed = tuple([getattr(module, part) for module in integer] for part in ("q", "scales", "offsets", "bias"))
         return cls(
             norms=(first_norm, second_norm),
             packed=packed,  # type: ignore[arg-type]
-            bits=integer[0].bits,
+            bits=[module.bits for module in integer],
             scale=layer.self_attn.scale,
             heads=layer.heads,
             kv_heads=layer.kv_heads,

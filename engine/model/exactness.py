@@ -54,8 +54,9 @@ from specedit.engine.model.kv_cache import Cache
 
 log = logging.getLogger(__name__)
 
-Linear = Literal["int8", "int4", "onednn-packed", "aten"]
-LINEARS = ("int8", "int4", "onednn-packed", "aten")
+Linear = Literal["int8", "int5", "int4", "onednn-packed", "aten"]
+LINEARS = ("int8", "int5", "int4", "onednn-packed", "aten")
+INTEGER_LINEARS: dict[int, Linear] = {8: "int8", 5: "int5", 4: "int4"}  # by the narrowest weights' bits
 
 # Environment variables that steer the CPU kernels (read once, when the libraries start), specedit's own last.
 KERNEL_ENV = (
@@ -127,7 +128,7 @@ def settle(loaded: Any, verdicts: Path | None = None) -> Exactness:
     if attention:
         invariant.install_rotary_table(model)
     packable = on_cpu and invariant.can_pack(loaded.dtype)
-    integer = _integer_linear(model)  # int8 or int4 weights, on specedit's kernel
+    integer = _integer_linear(model)  # int8, int5 or int4 weights, on specedit's kernel
     candidates: list[tuple[Linear, int]] = [
         *(((integer, 1),) if integer else ()),
         *((("onednn-packed", rows) for rows in (1, 2)) if packable else ()),
@@ -304,13 +305,14 @@ def _split_logits(loaded: Any, ids: Sequence[int], split: Sequence[int], cache: 
 
 
 def _integer_linear(model: Any) -> Linear | None:
-    """The linear kernel of the model's integer weights (`quantized`): int8 or int4; None on float ones."""
+    """The linear kernel of the model's integer weights (`quantized`): int8, int5 (5 bits where the GGUF has
+    them, 8 elsewhere) or int4; None on float ones."""
     bits = quantized.weight_bits(model)
-    return "int8" if bits == 8 else "int4" if bits == 4 else None
+    return INTEGER_LINEARS[bits] if bits is not None else None
 
 
 def _use_linear(model: Any, linear: Linear) -> None:
-    if linear in ("int8", "int4"):
+    if linear in INTEGER_LINEARS.values():
         return  # loaded so: integer weights cannot come back from the float ones
     quantized.dequantize_linears(model)
     if linear == "onednn-packed":

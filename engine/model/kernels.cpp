@@ -11,8 +11,11 @@
 //   scales[n, k / 32] * q[n, k] + offsets[n, k / 32], q in 0..15, two a byte: a lane's 8 inputs in 4 bytes,
 //   the first 4 in the low nibbles (q (N/16, K/8, 16 * 4)); half the bytes of the int8 levels to stream at
 //   every step;
-// - specedit::q8_linears, specedit::q4_linears: several layers on one input (q, k and v; gate and up), the
-//   activations quantized once, each layer's outputs its own call's;
+// - specedit::q5_linear: the same on 5-bit weights in groups of 32, W[n, k] = scales[n, k / 32] * q[n, k] +
+//   offsets[n, k / 32], q in 0..31 a byte, packed as the int8 levels (a GGUF's Q5_0 levels as they are:
+//   model/gguf_levels.py); on AVX2 without VNNI one multiply-add where int8 takes two;
+// - specedit::linears: several layers on one input (q, k and v; gate and up), each of its own width, the
+//   activations quantized once per group size, each layer's outputs its own call's;
 // - specedit::attention(query, key, value, first, scale): causal attention of one sequence's queries on
 //   the keys and values of every position up to theirs, grouped-query heads (model/invariant.py): scores,
 //   softmax and weighted values in one pass a block of queries; the keys and values float32 or float16 (a
@@ -25,9 +28,10 @@
 //
 // Row-invariant by construction, which the engine's exactness rests on (see model/invariant.py): whatever
 // the number of rows of x, the rows or outputs computed beside it, the thread count or the CPU,
-// - q8_linear, q4_linear: each row's activations are quantized alone; per group, the sum of the G
-//   products of integer levels is exact (in int32, however the instructions pair them; 4-bit levels without
-//   VNNI sum a group in 16-bit lanes first, 16 products of at most 15 * 127 each); then each output is one
+// - q8_linear, q5_linear, q4_linear: each row's activations are quantized alone; per group, the sum of the
+//   G products of integer levels is exact (in int32, however the instructions pair them; 4-bit levels
+//   without VNNI sum a group in 16-bit lanes first, 16 products of at most 15 * 127 each, 5-bit ones half a
+//   group, 8 products of at most 31 * 127); then each output is one
 //   chain of float32 fused multiply-adds over the groups in order, from zero: acc += that sum * (scale * d),
 //   acc += offset * (d * the sum of the row's levels), then the bias added;
 // - attention: each query's scores are chains of fused multiply-adds over the head's width in order, its
@@ -38,7 +42,7 @@
 // few rows (the weights' bytes are the cost) and keeps a block of panels in the cache for the row blocks
 // of a larger one (the arithmetic is the cost): 4 byte products a lane per instruction (AVX-512 VNNI's
 // vpdpbusd), or 2 and 2 as 16-bit words (AVX2's vpmaddwd), of the weights' unsigned levels u and the
-// activations' a, less 128 * (the sum of a) a group (int4: 2 then 2, vpmaddubsw then vpmaddwd).
+// activations' a, less 128 * (the sum of a) a group (int4 and int5: 2 then 2, vpmaddubsw then vpmaddwd).
 // attention reads each key once for a block of up to 64 queries, a query a lane.
 // Compiled for AVX2 (8 lanes a vector) or AVX-512 (16), with VNNI or without: each lane is an output,
 // computed the same way, bit for bit.
@@ -256,7 +260,14 @@ void by_count(int n, const Body& body) {
 constexpr int64_t kQuad = 4;                     // inputs a lane sums per instruction
 constexpr int64_t kQuadBytes = kPanel * kQuad;   // a panel's weights for 4 inputs (8 at 4 bits): 64 bytes
 template <int Bits>
-constexpr int64_t kBlockInputs = Bits == 8 ? kQuad : 2 * kQuad;  // inputs a lane's 4 bytes hold
+constexpr int64_t kBlockInputs = Bits == 4 ? 2 * kQuad : kQuad;  // inputs a lane's 4 bytes hold
+inline int64_t block_inputs(int64_t bits) { return bits == 4 ? kBlockInputs<4> : kBlockInputs<8>; }
+// 5-bit levels (0..31, a byte each, laid out as 8-bit ones) without VNNI: vpmaddubsw pairs them with the
+// activations' levels into 16-bit lanes, which hold half a group's (4 quads: 8 products of at most 31 * 127,
+// 31,496 at most) exactly before they are widened to 32 bits: the layers 0.71-0.77x int8's time at 8-256 rows
+// on AVX2, a whole forward 0.87-0.92x (the weights' bytes the same, a multiply-add where int8 takes two;
+// docs/kernels.md).
+constexpr int kHalfGroupQuads = 4;
 // 16 vector registers where AVX-512's encoding is not compiled in (AVX2, and AVX-VNNI: most Intel laptops
 // since 2021), 32 where it is (16 lanes, or 8 with AVX-512 VL: SPECEDIT_256). The sums, the weights and the
 // activations in flight must fit them: a block that spills its sums to the stack takes up to 1.5x the time.
@@ -273,8 +284,9 @@ constexpr bool kFewRegisters = true;
 // broadcast two sets of activations a row (AMD EPYC with AVX-512's upper 16 registers kept from the
 // compiler, -ffixed-xmm16..31, as AVX-VNNI has none; 2026-12-06). AMD's cores take 4 rows on 16 lanes
 // (`int_rows`).
+// 5-bit levels without VNNI hold a 16-bit sum beside each 32-bit one: 3 rows (`int_block`).
 template <int Bits>
-constexpr int kIntRows = !kFewRegisters ? 6 : (kVnni && Bits == 4 ? 3 : 4);
+constexpr int kIntRows = !kFewRegisters ? 6 : ((kVnni && Bits == 4) || (!kVnni && Bits == 5) ? 3 : 4);
 constexpr int kIntPanels = kVectors == 2 ? 1 : 3;
 
 // Rows a block of a many-row forward takes on this CPU: kIntRows, but 4 on AMD's cores with 16 lanes and
@@ -362,7 +374,7 @@ void quantize_row(const float* x, int64_t K, int8_t* a, float* step, float* tota
 template <int R, int P, int Bits, int64_t G, bool Split = false>
 void int_block(const Levels& x, int64_t row, const IntWeights& w, int64_t panel, float* out, int64_t N,
                const Weights8* split = nullptr) {
-  static_assert(Bits == 8 || G == kGroup, "4-bit levels without VNNI sum a group in 16-bit lanes: 32 inputs");
+  static_assert(Bits == 8 || G == kGroup, "4- and 5-bit levels without VNNI sum in 16-bit lanes: groups of 32");
   const int64_t K = w.K, groups = K / G, quads = K / kQuad, octets = K / kBlockInputs<4>;
   Vec acc[R][P][kVectors];
   UNROLL for (int r = 0; r < R; ++r)
@@ -373,12 +385,12 @@ void int_block(const Levels& x, int64_t row, const IntWeights& w, int64_t panel,
     UNROLL for (int r = 0; r < R; ++r)
       UNROLL for (int p = 0; p < P; ++p)
         UNROLL for (int h = 0; h < kVectors; ++h) sums[r][p][h] = izero();
-    if constexpr (Bits == 8) {
+    if constexpr (Bits == 8 || (Bits == 5 && kVnni)) {  // (5-bit levels with VNNI: as 8-bit ones, uncentred)
       UNROLL for (int j = 0; j < G / kQuad; ++j) {
         const int64_t quad = g * (G / kQuad) + j;
         const auto activations = [&](int r) {
           const int64_t at = (row + r) * K + quad * kQuad;
-          return activations8(x.a + at, x.wide + at);
+          return activations8(x.a + at, kVnni ? nullptr : x.wide + at);  // (no words with VNNI: may be null)
         };
         const auto weights = [&](int p, int h) {
           if constexpr (Split)
@@ -405,6 +417,29 @@ void int_block(const Levels& x, int64_t row, const IntWeights& w, int64_t panel,
               UNROLL for (int h = 0; h < kVectors; ++h) sums[r][p][h] = dot8(sums[r][p][h], u[p][h], a);
           }
         }
+        in_registers(sums);
+      }
+    } else if constexpr (Bits == 5) {  // without VNNI: vpmaddubsw, half a group in 16-bit lanes, then widened
+      UNROLL for (int half = 0; half < 2; ++half) {
+        IVec small[R][P][kVectors];
+        UNROLL for (int r = 0; r < R; ++r)
+          UNROLL for (int p = 0; p < P; ++p)
+            UNROLL for (int h = 0; h < kVectors; ++h) small[r][p][h] = izero();
+        UNROLL for (int j = 0; j < kHalfGroupQuads; ++j) {
+          const int64_t quad = g * (G / kQuad) + half * kHalfGroupQuads + j;
+          IVec a[R];
+          UNROLL for (int r = 0; r < R; ++r) a[r] = ibroadcast(four_bytes(x.a + (row + r) * K + quad * kQuad));
+          UNROLL for (int p = 0; p < P; ++p)
+            UNROLL for (int h = 0; h < kVectors; ++h) {
+              const IVec u = iload(w.q + ((panel + p) * quads + quad) * kQuadBytes + h * kLanes * kQuad);
+              UNROLL for (int r = 0; r < R; ++r) small[r][p][h] = dot4_small(small[r][p][h], u, a[r]);
+            }
+          in_registers(small);
+        }
+        UNROLL for (int r = 0; r < R; ++r)
+          UNROLL for (int p = 0; p < P; ++p)
+            UNROLL for (int h = 0; h < kVectors; ++h)
+              sums[r][p][h] = iadd(sums[r][p][h], small_sums(small[r][p][h]));
         in_registers(sums);
       }
     } else {  // 4 bits: a 64-byte block holds 8 inputs of each lane, 4 in the low nibbles, 4 in the high
@@ -435,7 +470,9 @@ void int_block(const Levels& x, int64_t row, const IntWeights& w, int64_t panel,
       UNROLL for (int p = 0; p < P; ++p)
         UNROLL for (int h = 0; h < kVectors; ++h) {
           const int64_t group = ((panel + p) * groups + g) * kPanel + h * kLanes;
-          const IVec exact = Bits == 8 ? centred(sums[r][p][h], x.sum[at]) : small_sums(sums[r][p][h]);
+          const IVec exact = Bits == 8   ? centred(sums[r][p][h], x.sum[at])
+                             : Bits == 5 ? sums[r][p][h]
+                                         : small_sums(sums[r][p][h]);
           acc[r][p][h] = madd(to_float(exact), mul(load(w.scales + group), step), acc[r][p][h]);
           acc[r][p][h] = madd(load(w.offsets + group), total, acc[r][p][h]);
         }
@@ -497,38 +534,66 @@ void int_panels(const Levels& x, int64_t M, const IntWeights& w, int64_t first, 
   }
 }
 
-// x @ W^T + bias for each of several layers on `Bits`-bit weights that read the same input (q8_linears,
-// q4_linears: a layer's q, k and v projections, its gate and up): the checks, the activations quantized
-// once per row, then the panels of every layer split among the threads in one go. A layer's outputs are
-// what a call of its own computes (q8_linear, q4_linear: a list of one), bit for bit. The layers' groups
-// (G inputs a scale and offset) are read off their scales, (N/16, K/G, 16): 32, or 128 at 8 bits, alike.
-template <int Bits>
+// A forward's rows quantized in groups of G (`quantize_row`), the tensors `Levels` points into; `wide` for
+// 8-bit weights without VNNI.
+template <int64_t G>
+Levels quantized_rows(const at::Tensor& x, bool wide, std::vector<at::Tensor>& kept) {
+  const int64_t M = x.size(0), K = x.size(1), groups = K / G;
+  kept.push_back(at::empty({M, K}, x.options().dtype(at::kChar)));
+  int8_t* ap = kept.back().data_ptr<int8_t>();
+  kept.push_back(at::empty({3, M, groups}, x.options()));  // step, total, and the sums as int32 bits
+  float* sp = kept.back().data_ptr<float>();
+  int32_t* sums = reinterpret_cast<int32_t*>(sp + 2 * M * groups);
+  int16_t* wp = nullptr;
+  if (wide && !kVnni) {
+    kept.push_back(at::empty({M, K}, x.options().dtype(at::kShort)));
+    wp = kept.back().data_ptr<int16_t>();
+  }
+  const float* xp = x.data_ptr<float>();
+  at::parallel_for(0, M, 16, [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r)
+      quantize_row<G>(xp + r * K, K, ap + r * K, sp + r * groups, sp + (M + r) * groups, sums + r * groups,
+                      wp != nullptr ? wp + r * K : nullptr);
+  });
+  return Levels{ap, sp, sp + M * groups, sums, wp, K};
+}
+
+// x @ W^T + bias for each of several layers that read the same input (a layer's q, k and v projections, its
+// gate and up), each on integer weights of its own width, `bits` (8, 5 or 4: q8_linear, q5_linear,
+// q4_linear): the checks, the activations quantized once per row for each group size the layers take (32,
+// or 128 at 8 bits, read off their scales, (N/16, K/G, 16)), then the panels of every layer split among the
+// threads in one go. A layer's outputs are what a call of its own computes (a list of one), bit for bit.
 std::vector<at::Tensor> int_linears(const char* name, const at::Tensor& input, at::TensorList qs,
                                     at::TensorList scales, at::TensorList offsets,
-                                    const c10::List<c10::optional<at::Tensor>>& biases) {
+                                    const c10::List<c10::optional<at::Tensor>>& biases, c10::IntArrayRef bits) {
   const size_t layers = qs.size();
-  TORCH_CHECK(layers > 0 && scales.size() == layers && offsets.size() == layers && biases.size() == layers, name,
-              ": as many scales, offsets and biases as weights");
+  TORCH_CHECK(layers > 0 && scales.size() == layers && offsets.size() == layers && biases.size() == layers &&
+                  bits.size() == layers,
+              name, ": as many scales, offsets, biases and widths as weights");
   TORCH_CHECK(input.scalar_type() == at::kFloat, name, ": float32 activations");
   const int64_t K = input.size(-1);
   TORCH_CHECK(K % kGroup == 0, name, ": the input size must be a multiple of 32");
-  const int64_t groups = scales[0].dim() == 3 ? scales[0].size(1) : 0, G = groups > 0 ? K / groups : 0;
-  TORCH_CHECK(G * groups == K && (G == kGroup || (Bits == 8 && G == kWideGroup)), name,
-              ": scales and offsets packed as (N/16, K/32, 16)", Bits == 8 ? " or (N/16, K/128, 16)" : "");
   std::vector<IntWeights> weights;
+  std::vector<int64_t> group;                 // layer i's inputs a scale and offset
   std::vector<at::Tensor> kept_biases;        // contiguous copies, alive while the kernels read them
   std::vector<int64_t> first_panel{0};         // layer i's panels are [first_panel[i], first_panel[i + 1])
+  bool wide = false, narrow = false, wide_words = false;  // groups of 128, of 32; 8-bit levels in 128s
   for (size_t i = 0; i < layers; ++i) {
     const at::Tensor &q = qs[i], &s = scales[i], &o = offsets[i];
+    const int64_t b = bits[i];
+    TORCH_CHECK(b == 8 || b == 5 || b == 4, name, ": 8-, 5- or 4-bit weights, not ", b);
+    const int64_t groups = s.dim() == 3 ? s.size(1) : 0, G = groups > 0 ? K / groups : 0;
+    TORCH_CHECK(G * groups == K && (G == kGroup || (b == 8 && G == kWideGroup)), name,
+                ": scales and offsets packed as (N/16, K/32, 16)", b == 8 ? " or (N/16, K/128, 16)" : "");
     TORCH_CHECK(q.scalar_type() == at::kByte && q.dim() == 3 && q.size(2) == kQuadBytes && q.is_contiguous(), name,
-                ": uint8 weights packed as (N/16, K/", kBlockInputs<Bits>, ", 64)");
-    TORCH_CHECK(q.size(1) * kBlockInputs<Bits> == K, name, ": the input has ", K, " features, the weights ",
-                q.size(1) * kBlockInputs<Bits>);
+                ": uint8 weights packed as (N/16, K/", block_inputs(b), ", 64)");
+    TORCH_CHECK(q.size(1) * block_inputs(b) == K, name, ": the input has ", K, " features, the weights ",
+                q.size(1) * block_inputs(b));
     const int64_t N = q.size(0) * kPanel;
     for (const at::Tensor* t : {&s, &o})
       TORCH_CHECK(t->scalar_type() == at::kHalf && t->is_contiguous() && t->dim() == 3 && t->size(1) == groups &&
                       t->numel() == N * groups,
-                  name, ": float16 scales and offsets packed as (N/16, K/", G, ", 16), every layer alike");
+                  name, ": float16 scales and offsets packed as (N/16, K/", G, ", 16)");
     IntWeights w{q.data_ptr<uint8_t>(), s.data_ptr<at::Half>(), o.data_ptr<at::Half>(), nullptr, K};
     const c10::optional<at::Tensor> bias = biases.get(i);
     if (bias.has_value() && bias->defined()) {
@@ -538,6 +603,9 @@ std::vector<at::Tensor> int_linears(const char* name, const at::Tensor& input, a
       w.bias = kept_biases.back().data_ptr<float>();
     }
     weights.push_back(w);
+    group.push_back(G);
+    (G == kWideGroup ? wide : narrow) = true;
+    wide_words = wide_words || (b == 8 && G == kGroup);
     first_panel.push_back(first_panel.back() + q.size(0));
   }
   const at::Tensor x = input.reshape({-1, K}).contiguous();
@@ -551,62 +619,54 @@ std::vector<at::Tensor> int_linears(const char* name, const at::Tensor& input, a
     out_data.push_back(outs.back().data_ptr<float>());
   }
   if (M == 0) return outs;
-  at::Tensor levels = at::empty({M, K}, input.options().dtype(at::kChar));
-  at::Tensor steps = at::empty({3, M, groups}, input.options());  // step, total, and the sums as int32 bits
-  const float* xp = x.data_ptr<float>();
-  int8_t* ap = levels.data_ptr<int8_t>();
-  float* sp = steps.data_ptr<float>();
-  int32_t* sums = reinterpret_cast<int32_t*>(sp + 2 * M * groups);
-  at::Tensor wide;  // the levels as 16-bit words, for 8-bit weights without VNNI
-  if (Bits == 8 && !kVnni) wide = at::empty({M, K}, input.options().dtype(at::kShort));
-  int16_t* wp = wide.defined() ? wide.data_ptr<int16_t>() : nullptr;
-  const auto run = [&]<int64_t Group>() {
-    at::parallel_for(0, M, 16, [&](int64_t first, int64_t last) {
-      for (int64_t r = first; r < last; ++r)
-        quantize_row<Group>(xp + r * K, K, ap + r * K, sp + r * groups, sp + (M + r) * groups, sums + r * groups,
-                            wp != nullptr ? wp + r * K : nullptr);
-    });
-    const Levels a{ap, sp, sp + M * groups, sums, wp, K};
-    // A chunk of panels per thread, across the layers; grains of 8 keep the few-row kernel's blocks of
-    // panels whole.
-    at::parallel_for(0, first_panel.back(), 8, [&](int64_t first, int64_t last) {
-      for (size_t i = 0; i < layers; ++i) {
-        const int64_t from = std::max(first, first_panel[i]), to = std::min(last, first_panel[i + 1]);
-        if (from < to) {
-          const int64_t N = (first_panel[i + 1] - first_panel[i]) * kPanel;
-          int_panels<Bits, Group>(a, M, weights[i], from - first_panel[i], to - first_panel[i], out_data[i], N);
-        }
-      }
-    });
-  };
-  if constexpr (Bits == 8) {
-    if (G == kWideGroup) {
-      run.template operator()<kWideGroup>();
-      return outs;
+  std::vector<at::Tensor> kept;  // the levels' tensors, alive while the kernels read them
+  const Levels by128 = wide ? quantized_rows<kWideGroup>(x, true, kept) : Levels{};
+  const Levels by32 = narrow ? quantized_rows<kGroup>(x, wide_words, kept) : Levels{};
+  // A chunk of panels per thread, across the layers; grains of 8 keep the few-row kernel's blocks of panels
+  // whole.
+  at::parallel_for(0, first_panel.back(), 8, [&](int64_t first, int64_t last) {
+    for (size_t i = 0; i < layers; ++i) {
+      const int64_t from = std::max(first, first_panel[i]) - first_panel[i];
+      const int64_t to = std::min(last, first_panel[i + 1]) - first_panel[i];
+      if (from >= to) continue;
+      const int64_t N = (first_panel[i + 1] - first_panel[i]) * kPanel;
+      if (group[i] == kWideGroup)
+        int_panels<8, kWideGroup>(by128, M, weights[i], from, to, out_data[i], N);
+      else if (bits[i] == 8)
+        int_panels<8, kGroup>(by32, M, weights[i], from, to, out_data[i], N);
+      else if (bits[i] == 5)
+        int_panels<5, kGroup>(by32, M, weights[i], from, to, out_data[i], N);
+      else
+        int_panels<4, kGroup>(by32, M, weights[i], from, to, out_data[i], N);
     }
-  }
-  run.template operator()<kGroup>();
+  });
   return outs;
+}
+
+at::Tensor int_linear(const char* name, int64_t bits, const at::Tensor& input, const at::Tensor& q,
+                      const at::Tensor& scales, const at::Tensor& offsets, const c10::optional<at::Tensor>& bias) {
+  return int_linears(name, input, {q}, {scales}, {offsets}, c10::List<c10::optional<at::Tensor>>({bias}), {bits})[0];
 }
 
 at::Tensor q8_linear(const at::Tensor& input, const at::Tensor& q, const at::Tensor& scales,
                      const at::Tensor& offsets, const c10::optional<at::Tensor>& bias) {
-  return int_linears<8>("q8_linear", input, {q}, {scales}, {offsets}, c10::List<c10::optional<at::Tensor>>({bias}))[0];
+  return int_linear("q8_linear", 8, input, q, scales, offsets, bias);
+}
+
+at::Tensor q5_linear(const at::Tensor& input, const at::Tensor& q, const at::Tensor& scales,
+                     const at::Tensor& offsets, const c10::optional<at::Tensor>& bias) {
+  return int_linear("q5_linear", 5, input, q, scales, offsets, bias);
 }
 
 at::Tensor q4_linear(const at::Tensor& input, const at::Tensor& q, const at::Tensor& scales,
                      const at::Tensor& offsets, const c10::optional<at::Tensor>& bias) {
-  return int_linears<4>("q4_linear", input, {q}, {scales}, {offsets}, c10::List<c10::optional<at::Tensor>>({bias}))[0];
+  return int_linear("q4_linear", 4, input, q, scales, offsets, bias);
 }
 
-std::vector<at::Tensor> q8_linears(const at::Tensor& input, at::TensorList q, at::TensorList scales,
-                                   at::TensorList offsets, const c10::List<c10::optional<at::Tensor>>& bias) {
-  return int_linears<8>("q8_linears", input, q, scales, offsets, bias);
-}
-
-std::vector<at::Tensor> q4_linears(const at::Tensor& input, at::TensorList q, at::TensorList scales,
-                                   at::TensorList offsets, const c10::List<c10::optional<at::Tensor>>& bias) {
-  return int_linears<4>("q4_linears", input, q, scales, offsets, bias);
+std::vector<at::Tensor> linears(const at::Tensor& input, at::TensorList q, at::TensorList scales,
+                                at::TensorList offsets, const c10::List<c10::optional<at::Tensor>>& bias,
+                                c10::IntArrayRef bits) {
+  return int_linears("linears", input, q, scales, offsets, bias, bits);
 }
 
 // ---- attention ----
@@ -979,12 +1039,11 @@ c10::List<c10::optional<at::Tensor>> some_of(const c10::List<c10::optional<at::T
 
 at::Tensor decoder_layer(const at::Tensor& x, const at::Tensor& input_norm, const at::Tensor& post_norm, double eps,
                          at::TensorList q, at::TensorList scales, at::TensorList offsets,
-                         const c10::List<c10::optional<at::Tensor>>& biases, int64_t bits, const at::Tensor& cos,
+                         const c10::List<c10::optional<at::Tensor>>& biases, c10::IntArrayRef bits, const at::Tensor& cos,
                          const at::Tensor& sin, const at::Tensor& keys, const at::Tensor& values, int64_t first,
                          double scale, int64_t heads, int64_t kv_heads) {
-  TORCH_CHECK(q.size() == 7 && scales.size() == 7 && offsets.size() == 7 && biases.size() == 7,
+  TORCH_CHECK(q.size() == 7 && scales.size() == 7 && offsets.size() == 7 && biases.size() == 7 && bits.size() == 7,
               "decoder_layer: seven linear layers (q, k, v, o, gate, up, down)");
-  TORCH_CHECK(bits == 8 || bits == 4, "decoder_layer: 8- or 4-bit weights");
   TORCH_CHECK(x.dim() == 3 && x.size(0) == 1 && cos.dim() == 2 && x.size(1) == cos.size(0),
               "decoder_layer: x (1, T, hidden), cos and sin (T, D)");
   TORCH_CHECK(keys.dim() == 4 && values.dim() == 4 && keys.size(0) == 1 && values.size(0) == 1,
@@ -994,10 +1053,8 @@ at::Tensor decoder_layer(const at::Tensor& x, const at::Tensor& input_norm, cons
               "decoder_layer: room in the cache for this forward's positions");
   const auto linears = [&](const at::Tensor& input, size_t from, size_t count) {
     const c10::List<c10::optional<at::Tensor>> bias = some_of(biases, from, count);
-    return bits == 8 ? int_linears<8>("decoder_layer", input, q.slice(from, count), scales.slice(from, count),
-                                      offsets.slice(from, count), bias)
-                     : int_linears<4>("decoder_layer", input, q.slice(from, count), scales.slice(from, count),
-                                      offsets.slice(from, count), bias);
+    return int_linears("decoder_layer", input, q.slice(from, count), scales.slice(from, count),
+                       offsets.slice(from, count), bias, bits.slice(from, count));
   };
   const std::vector<at::Tensor> qkv = linears(rms_norm(x, input_norm, eps), 0, 3);
   const at::Tensor query = rotary(qkv[0].narrow(-1, 0, heads * D), cos, sin, heads);  // (H, T, D)
@@ -1012,7 +1069,7 @@ at::Tensor decoder_layer(const at::Tensor& x, const at::Tensor& input_norm, cons
   const at::Tensor attended_rows = attended.reshape({1, T, heads * D});
   const at::Tensor mixed = x + linears(attended_rows, 3, 1)[0].narrow(-1, 0, hidden);
   const std::vector<at::Tensor> gate_up = linears(rms_norm(mixed, post_norm, eps), 4, 2);
-  const int64_t inner = q[6].size(1) * (bits == 8 ? kBlockInputs<8> : kBlockInputs<4>);
+  const int64_t inner = q[6].size(1) * block_inputs(bits[6]);
   const at::Tensor activated = silu_mul(gate_up[0].narrow(-1, 0, inner), gate_up[1].narrow(-1, 0, inner));
   return mixed + linears(activated, 6, 1)[0].narrow(-1, 0, hidden);
 }
@@ -1153,27 +1210,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> q4_quantize(const at::Tensor& wei
 TORCH_LIBRARY(specedit, m) {
   m.def("q8_linear(Tensor input, Tensor q, Tensor scales, Tensor offsets, Tensor? bias) -> Tensor");
   m.def("q8_quantize(Tensor weight, int group=32) -> (Tensor, Tensor, Tensor)");
+  m.def("q5_linear(Tensor input, Tensor q, Tensor scales, Tensor offsets, Tensor? bias) -> Tensor");
   m.def("q4_linear(Tensor input, Tensor q, Tensor scales, Tensor offsets, Tensor? bias) -> Tensor");
   m.def("q4_quantize(Tensor weight) -> (Tensor, Tensor, Tensor)");
-  m.def("q8_linears(Tensor input, Tensor[] q, Tensor[] scales, Tensor[] offsets, Tensor?[] bias) -> Tensor[]");
-  m.def("q4_linears(Tensor input, Tensor[] q, Tensor[] scales, Tensor[] offsets, Tensor?[] bias) -> Tensor[]");
+  m.def("linears(Tensor input, Tensor[] q, Tensor[] scales, Tensor[] offsets, Tensor?[] bias, int[] bits) -> Tensor[]");
   m.def("rms_norm(Tensor input, Tensor weight, float eps) -> Tensor");
   m.def("rotary(Tensor states, Tensor cos, Tensor sin, int heads) -> Tensor");
   m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
   m.def("attention(Tensor query, Tensor key, Tensor value, int first, float scale) -> Tensor");
   m.def(
       "decoder_layer(Tensor x, Tensor input_norm, Tensor post_norm, float eps, Tensor[] q, Tensor[] scales, "
-      "Tensor[] offsets, Tensor?[] bias, int bits, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, "
+      "Tensor[] offsets, Tensor?[] bias, int[] bits, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, "
       "int first, float scale, int heads, int kv_heads) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specedit, CPU, m) {
   m.impl("q8_linear", q8_linear);
   m.impl("q8_quantize", q8_quantize);
+  m.impl("q5_linear", q5_linear);
   m.impl("q4_linear", q4_linear);
   m.impl("q4_quantize", q4_quantize);
-  m.impl("q8_linears", q8_linears);
-  m.impl("q4_linears", q4_linears);
+  m.impl("linears", linears);
   m.impl("rms_norm", rms_norm);
   m.impl("rotary", rotary);
   m.impl("silu_mul", silu_mul);

@@ -7,10 +7,11 @@ inputs (or of its groups of 32 or 128 inputs, each summed exactly in integers), 
 computed from its own row alone, whatever the number of rows, the thread count or the CPU. The ops:
 
 - `specedit::q8_linear`: a linear layer on int8 weights (`model.quantized`), its activations quantized as it
-  goes (to 127 levels either side of zero, in int8), the products summed in integers;
+  goes (to 127 levels either side of zero, in int8), the products summed in integers; `q5_linear` and
+  `q4_linear` the same on 5-bit levels (a GGUF's Q5_0, a byte each) and 4-bit ones (two a byte);
 - `specedit::q8_quantize`: those int8 weights, scales and offsets from a layer's weights, in one pass;
-- `specedit::q8_linears`, `specedit::q4_linears`: several layers on one input (a layer's q, k and v
-  projections; its gate and up), the activations quantized once, every layer's outputs as its own call's;
+- `specedit::linears`: several layers on one input (a layer's q, k and v projections; its gate and up), each
+  of its own width, the activations quantized once per group size, every layer's outputs as its own call's;
 - `specedit::attention`: causal attention (`attention`: scores, softmax and weighted values in one pass),
   where the CPU's flash kernel is not row-invariant everywhere (Intel Xeon steered to AVX2, 1 thread: a
   prefill of 61 rows at once and in two pieces differ; 2026-12);

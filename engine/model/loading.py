@@ -22,7 +22,7 @@ from specedit.engine.model import decoder, exactness, invariant, kernels, kv_cac
 from specedit.engine.model.integrity import is_sealed
 from specedit.engine.model.kept import kept_file, write_atomically
 from specedit.engine.model.kv_cache import Cache
-from specedit.engine.model.store import auto_weights
+from specedit.engine.model.store import auto_weights, source_gguf
 from specedit.engine.model.tokenizer import KeptTokenizer, compact_pipeline, kept_files
 from specedit.engine.options import DTYPE_CHOICES
 
@@ -133,7 +133,7 @@ DECODER_VARIABLE = "SPECEDIT_DECODER"
 # What ATen dispatches to (its CPU capability, which follows ATEN_CPU_CAPABILITY) where `weights="auto"`
 # takes int8 (see `int8_weights`): measured faster end to end on both (docs/benchmarks.md, "int8 weights").
 AUTO_INT8_CAPABILITIES = ("AVX2", "AVX512")
-INTEGER_WEIGHTS = {"int8": 8, "int4": 4}  # `weights` on specedit's kernel, and their bits
+INTEGER_WEIGHTS = {"int8": 8, "int5": 5, "int4": 4}  # `weights` on specedit's kernel, and their bits
 
 
 def precision(
@@ -169,8 +169,8 @@ def precision(
 def int8_weights(weights: str, device: torch.device, dtype: torch.dtype, kernel_folder: Path | None = None) -> bool:
     """Whether the linear layers take integer weights (`model.quantized`) in `dtype`: asked for
     (`weights="int8"` or `"int4"`; a `ModelLoadError` where the kernel cannot run), or `auto` on a CPU
-    running float32 on AVX2 or AVX-512 kernels: int8, or int4 for a known model whose own weights are
-    4-bit levels (`store.auto_weights`: the 1.5B model's Q4_K)."""
+    running float32 on AVX2 or AVX-512 kernels: int8, or the model's own (`auto_integer`: int5 for the 0.5B
+    model's Q5_0 layers on AVX2 without VNNI, int4 for the 1.5B model's Q4_K)."""
     if weights == "float" or (weights == "auto" and not (device.type == "cpu" and dtype == torch.float32)):
         return False
     if weights == "auto" and torch.backends.cpu.get_cpu_capability() not in AUTO_INT8_CAPABILITIES:
@@ -240,8 +240,9 @@ def load_model(
     except Exception as error:  # transformers raises many kinds; all mean "did not load"
         raise ModelLoadError(f"could not load model {name_or_path!r}: {error}") from error
     if int8:
-        integer = weights if weights in INTEGER_WEIGHTS else auto_weights(source)  # `auto`: the model's own
-        _quantize(model, weight_files(name_or_path), kept_folder, INTEGER_WEIGHTS[integer])
+        integer = weights if weights in INTEGER_WEIGHTS else auto_integer(source)
+        gguf = source_gguf(source) if integer == "int5" else None
+        _quantize(model, weight_files(name_or_path), kept_folder, INTEGER_WEIGHTS[integer], gguf)
         quantized.keep_embedding_stored(model)  # the output layer no longer shares it: its own int8 copy
     if pack:
         invariant.pack_linears(model, torch_dtype)
@@ -257,6 +258,19 @@ def load_model(
     release_freed_memory(collect=own is None)
     log.info("loaded %s on %s as %s", name_or_path, torch_device, torch_dtype)
     return loaded
+
+
+def auto_integer(source: str) -> str:
+    """`--weights auto`'s integer weights for the model folder `source`: the model's own
+    (`store.auto_weights`), but int8 for int5 unless the kernels are AVX2's without VNNI and the GGUF the
+    folder was converted from is in place (`store.source_gguf`): int5's gain is vpmaddubsw's one multiply-add
+    where int8 takes two (prefill and verification 0.87-0.92x int8's time, steered to AVX2); with VNNI its
+    groups of 32 cost 1.03-1.12x int8's groups of 128, without AVX2's 16 registers 1.05x at 4 rows
+    (docs/kernels.md)."""
+    integer = auto_weights(source)
+    if integer == "int5" and (kernels.variant() != "avx2" or source_gguf(source) is None):
+        return "int8"
+    return integer
 
 
 def load_tokenizer(source: str, kwargs: dict[str, Any], kept_folder: Path | None = None) -> Any:
@@ -302,23 +316,28 @@ def load_tokenizer(source: str, kwargs: dict[str, Any], kept_folder: Path | None
     return built
 
 
-def _quantize(model: Any, weights_files: list[Path], kept_folder: Path | None, bits: int = 8) -> None:
+def _quantize(
+    model: Any, weights_files: list[Path], kept_folder: Path | None, bits: int = 8, gguf: Path | None = None
+) -> None:
     """The model's linear layers on integer weights of `bits` (`quantized`), quantized once: kept in
     `kept_folder`, mapped into memory at the next load (509 MB for the 0.5B model at 8 bits; 0.8 s of
-    quantizing saved)."""
+    quantizing saved). At 5 bits, `gguf`: the GGUF the model was converted from, whose Q5_0 layers are taken
+    as they are (`quantized.gguf_packed`; 4 s for the 0.5B model's, once)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file, save_file
 
     kept = None
     if kept_folder and weights_files:  # named after `specedit::q8_quantize`'s source too
-        kept = kept_file(kept_folder, f"int{bits}", weights_files, "safetensors", kernels.SOURCE.read_bytes())
+        sources = [*weights_files, *([gguf] if gguf else [])]
+        kept = kept_file(kept_folder, f"int{bits}", sources, "safetensors", kernels.SOURCE.read_bytes())
     stored: dict[str, torch.Tensor] = {}
     if kept is not None and is_sealed(kept):
         try:
             stored = load_file(kept)
         except (OSError, SafetensorError) as error:  # kept whole, and yet it does not read: quantized again
             log.info("int%d weights in %s not read (%s): quantizing", bits, kept, error)
-    if quantized.quantize_linears(model, stored, bits) and kept is not None:
+    given = quantized.gguf_packed(model, gguf) if gguf is not None and not stored else None
+    if quantized.quantize_linears(model, stored, bits, given) and kept is not None:
         try:
             write_atomically(kept, lambda path: save_file(quantized.packed_layers(model), path))
         except (OSError, SafetensorError) as error:  # no room, no right to write: quantized next time too

@@ -1,5 +1,5 @@
-"""int8 (and int4) weights on the CPU: 8.25 bits a weight to stream at every step, not float32's 32 (int4:
-5 bits, scales and offsets counted), row-invariant arithmetic.
+"""int8 (and int5, int4) weights on the CPU: 8.25 bits a weight to stream at every step, not float32's 32
+(int5: 9, int4: 5; scales and offsets counted), row-invariant arithmetic.
 
 A forward of a few tokens (plain decoding, a short draft) costs what streaming the weights from memory
 costs: float32's 2 GB for the 0.5B model, against llama.cpp's 4-6 bits a weight. `QuantizedLinear` keeps
@@ -59,6 +59,14 @@ that a group of a GGUF's Q4_K levels (16 evenly spaced values, not always all of
 own grid: the 1.5B model's int4 copy is its GGUF's Q4_K weights within their bf16 rounding (since
 2026-12-06; with 15 steps always, a fifth of those groups fell between levels).
 
+At 5 bits (`--weights int5`, `specedit::q5_linear`): levels 0..31 a byte in groups of 32, packed as the
+int8 levels, with the same scale and offset and the same arithmetic; for a model converted from a GGUF, the
+layers it holds as Q5_0 are read from it as they are (`gguf_packed`: the default 0.5B's q, k, o, gate and up,
+half its v; 51% of a token's products, its output layer a Q8_0 of its own), the others kept at 8 bits. On
+AVX2 without VNNI, `vpmaddubsw` multiplies 5-bit levels by the activations' in one instruction where int8
+takes two (a forward of 4-256 rows 0.87-0.92x int8's time, steered to AVX2); with VNNI they cost what int8
+in groups of 32 costs (1.03-1.12x int8's time in groups of 128). See docs/kernels.md.
+
 The kernel is one of specedit's own (`model.kernels`: compiled once, on first use); where it is not
 available, the model keeps float32. Quantizing the 0.5B model takes 0.8 s; a load keeps the result in a
 file (`loading.load_model`'s `kept_folder`: 509 MB for the 0.5B) that the next load maps into memory in
@@ -67,11 +75,13 @@ milliseconds: the same bits.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from specedit.engine.model import gguf_levels
 from specedit.engine.model.kernels import PANEL
 from specedit.engine.model.linears import linear_bias, linear_weight, replace_modules
 
@@ -82,7 +92,7 @@ PARTS = ("q", "scales", "offsets")  # a layer's tensors, as `quantize` returns t
 
 
 class QuantizedLinear(torch.nn.Module):
-    """A linear layer on int8 (or int4) weights (see the module docstring); float32 in, float32 out."""
+    """A linear layer on int8 (or int5, int4) weights (see the module docstring); float32 in, float32 out."""
 
     def __init__(
         self,
@@ -96,7 +106,7 @@ class QuantizedLinear(torch.nn.Module):
         self.bits = bits
         self.q, self.scales, self.offsets = packed or quantize(weight, bits)
         self.bias = None if bias is None else _padded(bias.detach().to(torch.float32), self.q.shape[0] * PANEL)
-        self._kernel = torch.ops.specedit.q8_linear if bits == 8 else torch.ops.specedit.q4_linear
+        self._kernel = getattr(torch.ops.specedit, f"q{bits}_linear")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
         return self.trimmed(self._kernel(x, self.q, self.scales, self.offsets, self.bias))
@@ -119,19 +129,19 @@ class QuantizedLinear(torch.nn.Module):
 
 
 def linears(x: torch.Tensor, layers: Sequence[torch.nn.Module]) -> list[torch.Tensor] | None:
-    """Each layer on `x`, in one call of the kernel (`specedit::q8_linears`): the activations quantized
-    once, every layer's outputs its own call's, bit for bit. None where the layers are not all integer
-    layers of one kind (the caller runs them one by one)."""
+    """Each layer on `x`, in one call of the kernel (`specedit::linears`): the activations quantized
+    once per group size, every layer's outputs its own call's, bit for bit, whatever their widths. None
+    where the layers are not all integer layers (the caller runs them one by one)."""
     integer = [layer for layer in layers if isinstance(layer, QuantizedLinear)]
-    if len(integer) != len(layers) or len({layer.bits for layer in integer}) != 1:
+    if len(integer) != len(layers):
         return None
-    kernel = torch.ops.specedit.q8_linears if integer[0].bits == 8 else torch.ops.specedit.q4_linears
-    outputs = kernel(
+    outputs = torch.ops.specedit.linears(
         x,
         [layer.q for layer in integer],
         [layer.scales for layer in integer],
         [layer.offsets for layer in integer],
         [layer.bias for layer in integer],
+        [layer.bits for layer in integer],
     )
     return [layer.trimmed(output) for output, layer in zip(outputs, integer, strict=True)]
 
@@ -139,8 +149,8 @@ def linears(x: torch.Tensor, layers: Sequence[torch.nn.Module]) -> list[torch.Te
 def group_size(in_features: int, bits: int = 8) -> int:
     """Inputs per scale and offset: 128 for int8 weights where `in_features` is a multiple of 128, else 32.
 
-    >>> group_size(896), group_size(576), group_size(896, bits=4)
-    (128, 32, 32)
+    >>> group_size(896), group_size(576), group_size(896, bits=4), group_size(896, bits=5)
+    (128, 32, 32, 32)
     """
     return WIDE_GROUP if bits == 8 and in_features % WIDE_GROUP == 0 else GROUP
 
@@ -150,8 +160,11 @@ def quantize(weight: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.T
     inputs each), scales and offsets (P, in/G, 16) float16 (G: `group_size`), P = out / 16 rounded up (the
     padding rows are zeros): `specedit::q8_quantize`, one pass over the weights in their own dtype (float32,
     bf16, float16). At 4 bits (`specedit::q4_quantize`), levels 0..15, two a byte: (P, in/8, 16 * 4), a
-    lane's 8 inputs in 4 bytes, the first 4 in the low nibbles."""
+    lane's 8 inputs in 4 bytes, the first 4 in the low nibbles. At 5 bits (`quantize5`), levels 0..31, a
+    byte each, packed as 8-bit ones."""
     w = weight.detach()
+    if bits == 5:
+        return pack(*quantize5(w))
     if bits == 4:
         q, scales, offsets = torch.ops.specedit.q4_quantize(w)
     else:
@@ -159,14 +172,42 @@ def quantize(weight: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.T
     return q, scales, offsets
 
 
+def quantize5(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, in) weights -> 5-bit levels (out, in) uint8 in 0..31 and float16 scales and offsets (out, in/32):
+    per group of 32 inputs, offset = half(lowest), scale = half((highest - lowest) / 31) (at least 2^-24),
+    level = round((w - offset) / scale) within 0..31. A GGUF's Q5_0 layers are not quantized so but read as
+    they are (`gguf_packed`)."""
+    outputs, inputs = weight.shape
+    groups = weight.detach().to(torch.float32).reshape(outputs, inputs // GROUP, GROUP)
+    low, high = groups.amin(dim=2), groups.amax(dim=2)
+    offsets = low.to(torch.float16)
+    scales = ((high - low) / 31).clamp(min=2.0**-24).to(torch.float16)
+    if not (torch.isfinite(scales).all() and torch.isfinite(offsets).all()):
+        raise ValueError("quantize: a weight beyond float16's range")
+    levels = ((groups - offsets[..., None].float()) / scales[..., None].float()).round().clamp(0, 31)
+    return levels.to(torch.uint8).reshape(outputs, inputs), scales, offsets
+
+
+def pack(
+    levels: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Byte levels (out, in) with scales and offsets (out, in/G) -> the kernel's packing (`quantize`'s): q
+    (P, in/4, 16 * 4) and (P, in/G, 16), the outputs padded with zeros to P * 16."""
+    outputs, inputs = levels.shape
+    panels = -(-outputs // PANEL)
+    q = _padded(levels, panels * PANEL).reshape(panels, PANEL, inputs // QUAD, QUAD).transpose(1, 2)
+    scales, offsets = (_padded(t, panels * PANEL).reshape(panels, PANEL, -1).transpose(1, 2) for t in (scales, offsets))
+    return q.reshape(panels, inputs // QUAD, PANEL * QUAD).contiguous(), scales.contiguous(), offsets.contiguous()
+
+
 def levels(q: torch.Tensor, bits: int = 8) -> torch.Tensor:
-    """The packed levels as (P*16, in) integers (int16): -128..127 at 8 bits, 0..15 at 4."""
+    """The packed levels as (P*16, in) integers (int16): -128..127 at 8 bits, 0..31 at 5, 0..15 at 4."""
     panels, blocks, _ = q.shape
     if bits == 4:  # a block's low nibbles are its first 4 inputs a lane, the high ones the next 4
         halves = [(half.reshape(panels, blocks, PANEL, QUAD)) for half in (q & 0x0F, q >> 4)]
         eights = torch.cat(halves, dim=3).to(torch.int16)
         return eights.permute(0, 2, 1, 3).reshape(panels * PANEL, blocks * 2 * QUAD)
-    signed = q.to(torch.int16) - 128
+    signed = q.to(torch.int16) - (128 if bits == 8 else 0)
     return signed.reshape(panels, blocks, PANEL, QUAD).permute(0, 2, 1, 3).reshape(panels * PANEL, blocks * QUAD)
 
 
@@ -181,12 +222,21 @@ def dequantize(q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, bit
     return weights.reshape(outputs, in_features)
 
 
-def quantize_linears(model: Any, kept: dict[str, torch.Tensor] | None = None, bits: int = 8) -> int:
+def quantize_linears(
+    model: Any,
+    kept: dict[str, torch.Tensor] | None = None,
+    bits: int = 8,
+    given: Mapping[str, tuple[torch.Tensor, ...]] | None = None,
+) -> int:
     """Replace every linear layer of `model` whose input size is a multiple of 32 (`nn.Linear`, GPT-2's
-    `Conv1D`) by a `QuantizedLinear`, before any is packed for oneDNN; returns how many were quantized
-    here. The kernels must be loaded (`kernels.available`). `kept`: `packed_layers` of an earlier load of
-    the same model (a layer found there in the right shapes is taken as it is, not quantized again)."""
+    `Conv1D`) by a `QuantizedLinear` of `bits`, before any is packed for oneDNN; returns how many were
+    packed here (not taken from `kept`). The kernels must be loaded (`kernels.available`). `kept`:
+    `packed_layers` of an earlier load of the same model (a layer found there in its width's shapes is taken
+    as it is, not quantized again, where that width is `bits`, or 8 at 5 bits). `given` (at 5 bits): layers
+    packed already, by name (`gguf_packed`: the layers a GGUF holds as 5-bit levels), taken at 5 bits as
+    they are; with them, the other layers take 8 (the GGUF holds them finer)."""
     kept = kept or {}
+    given = given or {}
     names = {id(module): name for name, module in model.named_modules()}
     quantized_here = 0
 
@@ -195,25 +245,49 @@ def quantize_linears(model: Any, kept: dict[str, torch.Tensor] | None = None, bi
         weight = linear_weight(module)
         if weight is None or weight.shape[1] % GROUP:
             return None
-        packed = tuple(kept.get(f"{names[id(module)]}.{part}") for part in PARTS)
-        if [None if t is None else (t.shape, t.dtype) for t in packed] != _packed_shapes(weight, bits):
-            quantized_here += 1
-            return QuantizedLinear(weight, linear_bias(module), bits=bits)
-        return QuantizedLinear(weight, linear_bias(module), packed, bits)  # type: ignore[arg-type]
+        name = names[id(module)]
+        if name in given:
+            return QuantizedLinear(weight, linear_bias(module), given[name], 5)
+        packed = tuple(kept.get(f"{name}.{part}") for part in PARTS)
+        width = int(kept.get(f"{name}.bits", bits))
+        found = [None if t is None else (t.shape, t.dtype) for t in packed]
+        if width in (bits, 8 if bits == 5 else bits) and found == _packed_shapes(weight, width):
+            return QuantizedLinear(weight, linear_bias(module), packed, width)  # type: ignore[arg-type]
+        quantized_here += 1
+        return QuantizedLinear(weight, linear_bias(module), bits=8 if given else bits)
 
     replace_modules(model, quantized)
-    return quantized_here
+    return quantized_here + len(given)
 
 
 def packed_layers(model: Any) -> dict[str, torch.Tensor]:
     """The integer layers of `model` as they are kept (`quantize_linears`' `kept`): `NAME.q`, `NAME.scales`,
-    `NAME.offsets` per layer."""
-    return {
-        f"{name}.{part}": getattr(module, part)
-        for name, module in model.named_modules()
-        if isinstance(module, QuantizedLinear)
-        for part in PARTS
-    }
+    `NAME.offsets` and `NAME.bits` (a uint8 scalar: 8, 5 or 4) per layer."""
+    layers = {name: module for name, module in model.named_modules() if isinstance(module, QuantizedLinear)}
+    parts = {f"{name}.{part}": getattr(module, part) for name, module in layers.items() for part in PARTS}
+    return parts | {f"{name}.bits": torch.tensor(module.bits, dtype=torch.uint8) for name, module in layers.items()}
+
+
+def gguf_packed(model: Any, gguf: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The linear layers of `model` that the GGUF it was converted from holds as Q5_0 (`gguf_levels`),
+    packed for the 5-bit kernel: each only where its weights as loaded are the GGUF's, rounded to their
+    dtype (a model tied otherwise, or converted from another file, keeps its own)."""
+    modules = dict(model.named_modules())
+    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+
+    def wanted(gguf_name: str) -> bool:  # (the embedding only where the output layer is tied to it)
+        return gguf_levels.model_name(gguf_name) in modules and (tied or gguf_name != "token_embd.weight")
+
+    packed = {}
+    for gguf_name, levels, scales, offsets in gguf_levels.q5_0_layers(gguf, wanted):
+        name = str(gguf_levels.model_name(gguf_name))
+        weight = linear_weight(modules[name]) if name not in packed else None
+        if weight is None or weight.shape != levels.shape:
+            continue
+        values = levels.reshape(*scales.shape, GROUP) * scales[..., None].float() + offsets[..., None].float()
+        if torch.equal(values.reshape(weight.shape).to(weight.dtype), weight.detach()):
+            packed[name] = pack(levels, scales, offsets)
+    return packed
 
 
 class StoredEmbedding(torch.nn.Module):
@@ -259,8 +333,9 @@ def is_quantized(model: Any) -> bool:
 
 
 def weight_bits(model: Any) -> int | None:
-    """The bits of the model's integer weights (8 or 4), None where its linear layers are not quantized."""
-    return next((module.bits for module in model.modules() if isinstance(module, QuantizedLinear)), None)
+    """The bits of the model's narrowest integer weights (8, 5 or 4: `--weights int5` keeps some layers at
+    8), None where its linear layers are not quantized."""
+    return min((module.bits for module in model.modules() if isinstance(module, QuantizedLinear)), default=None)
 
 
 def _packed_shapes(weight: torch.Tensor, bits: int = 8) -> list[tuple[torch.Size, torch.dtype]]:
@@ -268,7 +343,8 @@ def _packed_shapes(weight: torch.Tensor, bits: int = 8) -> list[tuple[torch.Size
     outputs, inputs = weight.shape
     panels = -(-outputs // PANEL)
     scales = (torch.Size((panels, inputs // group_size(inputs, bits), PANEL)), torch.float16)
-    return [(torch.Size((panels, inputs // (QUAD * 8 // bits), PANEL * QUAD)), torch.uint8), scales, scales]
+    block = 2 * QUAD if bits == 4 else QUAD  # inputs a lane's 4 bytes hold
+    return [(torch.Size((panels, inputs // block, PANEL * QUAD)), torch.uint8), scales, scales]
 
 
 def _padded(tensor: torch.Tensor, rows: int) -> torch.Tensor:

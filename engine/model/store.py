@@ -107,7 +107,8 @@ class ModelSpec:
     identity: tuple[tuple[str, str, str], ...] = ()
     # What `--weights auto` takes for it where specedit's kernels run (`auto_weights`): int4 where the
     # GGUF's own weights are mostly 4-bit levels already (Q4_K: 16 a group of 32), so that 4 bits lose
-    # little more than 8 and a step reads 0.6 of the bytes; int8 where they are finer (Q5_0, Q8_0).
+    # little more than 8 and a step reads 0.6 of the bytes; int5 where many are Q5_0 (its layers on their
+    # own levels, the rest int8; on AVX2 without VNNI only: `loading.auto_integer`); else int8.
     weights: str = "int8"
 
     def __post_init__(self) -> None:
@@ -128,8 +129,8 @@ class ModelSpec:
             raise ValueError("wheel_sha256 must have one digest per package, or none")
         if self.size <= 0:
             raise ValueError("size must be positive")
-        if self.weights not in ("int8", "int4"):
-            raise ValueError(f"weights must be int8 or int4, got {self.weights!r}")
+        if self.weights not in ("int8", "int5", "int4"):
+            raise ValueError(f"weights must be int8, int5 or int4, got {self.weights!r}")
         if "/" in self.gguf_name or not self.gguf_name.endswith(".gguf"):
             raise ValueError(f"gguf_name {self.gguf_name!r} must be a plain file name ending in .gguf")
 
@@ -164,6 +165,7 @@ DEFAULT_MODEL = ModelSpec(
         "46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e",
     ),
     gguf_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    weights="int5",  # q, k, o, gate and up Q5_0, half of v (docs/kernels.md)
     # Measured from its conversion here (2026-12-03: transformers 5.24.0, tokenizers 0.23.3, gguf 0.19.0).
     identity=(
         (
@@ -343,6 +345,16 @@ def auto_weights(folder: str | Path) -> str:
     marker = read_marker(Path(folder))
     spec = KNOWN_MODELS.get(str(marker.get("name"))) if marker else None
     return spec.weights if spec is not None else "int8"
+
+
+def source_gguf(folder: str | Path) -> Path | None:
+    """The GGUF a converted folder was made from (`converted_path`), where its completion marker names a
+    known model and that model's GGUF is in place (`gguf_ready`); else None."""
+    marker = read_marker(Path(folder))
+    spec = KNOWN_MODELS.get(str(marker.get("name"))) if marker else None
+    if spec is None or Path(folder).resolve() != converted_path(spec).resolve() or not gguf_ready(spec):
+        return None
+    return gguf_path(spec)
 
 
 def converted_ready(spec: ModelSpec) -> bool:
