@@ -43,6 +43,9 @@ def test_the_index_and_levels_are_the_gguf_packages(tmp_path: Path) -> None:
         weights = levels.reshape(*scales.shape, 32).float() * scales[..., None].float() + offsets[..., None].float()
         expected = torch.from_numpy(np.asarray(values[name], dtype=np.float32))
         assert torch.equal(weights.reshape(expected.shape), expected), name  # bit for bit
+    first = gguf_levels.q5_0_layers(path, lambda name: name.startswith("blk.1."))
+    assert next(first)[0].startswith("blk.1.")
+    first.close()  # stopped early: the file's map closes, no array pointing into it
     assert gguf_levels.model_name("blk.1.ffn_up.weight") == "model.layers.1.mlp.up_proj"
     assert gguf_levels.model_name("blk.1.attn_q.bias") is None
     assert gguf_levels.model_name("output.weight") == gguf_levels.model_name("token_embd.weight") == "lm_head"

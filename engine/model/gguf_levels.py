@@ -4,8 +4,8 @@ A model converted from a GGUF (the default one) holds in its bf16 folder the GGU
 rounded to bf16; quantizing those again to int8 keeps them only within int8's error. Q5_0 stores a group of
 32 weights as a float16 scale d and 32 levels q in 0..31, w = d * (q - 16): the 5-bit kernel takes exactly
 that, scale d and offset -16 d (exact in float16), so that the layers a GGUF holds as Q5_0 (the 0.5B
-model's q, k, o, gate and up, half its v, and the embedding its output layer is tied to) compute on the
-GGUF's own weights, and on AVX2 without VNNI in one multiply-add a pair where int8 takes two.
+model's q, k, o, gate and up and half its v; a tied model's output layer too) compute on the GGUF's own
+weights, and on AVX2 without VNNI in one multiply-add a pair where int8 takes two.
 
 Only the tensor index is parsed here (the `gguf` package's reader builds every metadata field as numpy
 arrays: 8.6 s for the 0.5B model's vocabulary, here about 0.1 s); the blocks are read from a memory map.
@@ -103,8 +103,9 @@ def q5_0_layers(
             if inputs % weights:
                 raise GGUFError(f"{entry.name}: {inputs} inputs is not a whole number of Q5_0 blocks")
             blocks = np.frombuffer(mapped, np.uint8, rows * inputs // weights * size, entry.start)
-            yield (entry.name, *q5_0_levels(blocks.reshape(rows, inputs // weights, size)))
-            del blocks  # (the map closes only when no array points into it)
+            decoded = q5_0_levels(blocks.reshape(rows, inputs // weights, size))  # copies: none points into the map,
+            del blocks  # which closes only when no array does (also where the caller stops early)
+            yield (entry.name, *decoded)
 
 
 def q5_0_levels(blocks: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -168,7 +168,7 @@ def precision(
 
 def int8_weights(weights: str, device: torch.device, dtype: torch.dtype, kernel_folder: Path | None = None) -> bool:
     """Whether the linear layers take integer weights (`model.quantized`) in `dtype`: asked for
-    (`weights="int8"` or `"int4"`; a `ModelLoadError` where the kernel cannot run), or `auto` on a CPU
+    (`weights="int8"`, `"int5"` or `"int4"`; a `ModelLoadError` where the kernel cannot run), or `auto` on a CPU
     running float32 on AVX2 or AVX-512 kernels: int8, or the model's own (`auto_integer`: int5 for the 0.5B
     model's Q5_0 layers on AVX2 without VNNI, int4 for the 1.5B model's Q4_K)."""
     if weights == "float" or (weights == "auto" and not (device.type == "cpu" and dtype == torch.float32)):
@@ -322,7 +322,7 @@ def _quantize(
     """The model's linear layers on integer weights of `bits` (`quantized`), quantized once: kept in
     `kept_folder`, mapped into memory at the next load (509 MB for the 0.5B model at 8 bits; 0.8 s of
     quantizing saved). At 5 bits, `gguf`: the GGUF the model was converted from, whose Q5_0 layers are taken
-    as they are (`quantized.gguf_packed`; 4 s for the 0.5B model's, once)."""
+    as they are (`quantized.gguf_packed`; 2-3 s for the 0.5B model's, once)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file, save_file
 
