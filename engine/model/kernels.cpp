@@ -534,10 +534,10 @@ void int_panels(const Levels& x, int64_t M, const IntWeights& w, int64_t first, 
   }
 }
 
-// A forward's rows quantized in groups of G (`quantize_row`), the tensors `Levels` points into; `wide` for
-// 8-bit weights without VNNI.
+// A forward's rows quantized in groups of G (`quantize_row`), the tensors `Levels` points into, kept in `kept`;
+// `words`: the levels as 16-bit words too (`Levels::wide`), which 8-bit weights without VNNI read.
 template <int64_t G>
-Levels quantized_rows(const at::Tensor& x, bool wide, std::vector<at::Tensor>& kept) {
+Levels quantized_rows(const at::Tensor& x, bool words, std::vector<at::Tensor>& kept) {
   const int64_t M = x.size(0), K = x.size(1), groups = K / G;
   kept.push_back(at::empty({M, K}, x.options().dtype(at::kChar)));
   int8_t* ap = kept.back().data_ptr<int8_t>();
@@ -545,7 +545,7 @@ Levels quantized_rows(const at::Tensor& x, bool wide, std::vector<at::Tensor>& k
   float* sp = kept.back().data_ptr<float>();
   int32_t* sums = reinterpret_cast<int32_t*>(sp + 2 * M * groups);
   int16_t* wp = nullptr;
-  if (wide && !kVnni) {
+  if (words && !kVnni) {
     kept.push_back(at::empty({M, K}, x.options().dtype(at::kShort)));
     wp = kept.back().data_ptr<int16_t>();
   }
@@ -577,7 +577,8 @@ std::vector<at::Tensor> int_linears(const char* name, const at::Tensor& input, a
   std::vector<int64_t> group;                 // layer i's inputs a scale and offset
   std::vector<at::Tensor> kept_biases;        // contiguous copies, alive while the kernels read them
   std::vector<int64_t> first_panel{0};         // layer i's panels are [first_panel[i], first_panel[i + 1])
-  bool wide = false, narrow = false, wide_words = false;  // groups of 128, of 32; 8-bit levels in 128s
+  // which group sizes the layers take, and whether 8-bit ones in groups of 32 need the levels as words
+  bool by_128 = false, by_32 = false, words_by_32 = false;
   for (size_t i = 0; i < layers; ++i) {
     const at::Tensor &q = qs[i], &s = scales[i], &o = offsets[i];
     const int64_t b = bits[i];
@@ -604,8 +605,8 @@ std::vector<at::Tensor> int_linears(const char* name, const at::Tensor& input, a
     }
     weights.push_back(w);
     group.push_back(G);
-    (G == kWideGroup ? wide : narrow) = true;
-    wide_words = wide_words || (b == 8 && G == kGroup);
+    (G == kWideGroup ? by_128 : by_32) = true;
+    words_by_32 = words_by_32 || (b == 8 && G == kGroup);
     first_panel.push_back(first_panel.back() + q.size(0));
   }
   const at::Tensor x = input.reshape({-1, K}).contiguous();
@@ -620,8 +621,8 @@ std::vector<at::Tensor> int_linears(const char* name, const at::Tensor& input, a
   }
   if (M == 0) return outs;
   std::vector<at::Tensor> kept;  // the levels' tensors, alive while the kernels read them
-  const Levels by128 = wide ? quantized_rows<kWideGroup>(x, true, kept) : Levels{};
-  const Levels by32 = narrow ? quantized_rows<kGroup>(x, wide_words, kept) : Levels{};
+  const Levels in_128s = by_128 ? quantized_rows<kWideGroup>(x, true, kept) : Levels{};  // (all 8-bit)
+  const Levels in_32s = by_32 ? quantized_rows<kGroup>(x, words_by_32, kept) : Levels{};
   // A chunk of panels per thread, across the layers; grains of 8 keep the few-row kernel's blocks of panels
   // whole.
   at::parallel_for(0, first_panel.back(), 8, [&](int64_t first, int64_t last) {
@@ -631,13 +632,13 @@ std::vector<at::Tensor> int_linears(const char* name, const at::Tensor& input, a
       if (from >= to) continue;
       const int64_t N = (first_panel[i + 1] - first_panel[i]) * kPanel;
       if (group[i] == kWideGroup)
-        int_panels<8, kWideGroup>(by128, M, weights[i], from, to, out_data[i], N);
+        int_panels<8, kWideGroup>(in_128s, M, weights[i], from, to, out_data[i], N);
       else if (bits[i] == 8)
-        int_panels<8, kGroup>(by32, M, weights[i], from, to, out_data[i], N);
+        int_panels<8, kGroup>(in_32s, M, weights[i], from, to, out_data[i], N);
       else if (bits[i] == 5)
-        int_panels<5, kGroup>(by32, M, weights[i], from, to, out_data[i], N);
+        int_panels<5, kGroup>(in_32s, M, weights[i], from, to, out_data[i], N);
       else
-        int_panels<4, kGroup>(by32, M, weights[i], from, to, out_data[i], N);
+        int_panels<4, kGroup>(in_32s, M, weights[i], from, to, out_data[i], N);
     }
   });
   return outs;

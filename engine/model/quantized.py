@@ -251,7 +251,7 @@ def quantize_linears(
         packed = tuple(kept.get(f"{name}.{part}") for part in PARTS)
         width = int(kept.get(f"{name}.bits", bits))
         found = [None if t is None else (t.shape, t.dtype) for t in packed]
-        if width in (bits, 8 if bits == 5 else bits) and found == _packed_shapes(weight, width):
+        if (width == bits or (bits == 5 and width == 8)) and found == _packed_shapes(weight, width):
             return QuantizedLinear(weight, linear_bias(module), packed, width)  # type: ignore[arg-type]
         quantized_here += 1
         return QuantizedLinear(weight, linear_bias(module), bits=8 if given else bits)
