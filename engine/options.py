@@ -44,7 +44,7 @@ class EngineOptions:
         "the linear layers' weights on the CPU: int8 (a quarter of float32's bytes to read a step; its kernel is "
         "compiled once), int4 (16 levels a group of 32: 0.6 of int8's bytes, for bigger models; the answers "
         "differ from int8's), int5 (a model's GGUF's Q5_0 layers on their own levels, int8 for its other layers: "
-        "on AVX2 without VNNI a forward of 4-256 tokens 0.87-0.92x int8's time; answers differ from int8's at "
+        "on AVX2 without VNNI a forward of 8-256 tokens 0.87-0.95x int8's time; answers differ from int8's at "
         "near-ties), float (the dtype's), auto (default): on the CPU (AVX2, AVX-512, AVX512-BF16, AMX; not with "
         "another dtype asked for) int4 for a model whose own weights are 4-bit (the 1.5B's Q4_K), int5 for one "
         "mostly Q5_0 (the 0.5B) on AVX2 without VNNI, else int8",
