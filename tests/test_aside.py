@@ -180,9 +180,9 @@ def test_a_one_off_rewrite_starts_it_before_it_imports_torch(tmp_path: Path, mem
         from specedit.engine.model import aside
         started = []
         start = aside.AsideTokenizer.__init__
-        def watched(self, *args):
+        def watched(self, *args, **kwargs):
             started.append("torch" in sys.modules)
-            start(self, *args)
+            start(self, *args, **kwargs)
         aside.AsideTokenizer.__init__ = watched
         from specedit.cli.main import main
         code = main(sys.argv[1:])

@@ -7,6 +7,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -55,7 +56,8 @@ def test_the_count_is_decided_again_between_steps(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(threads, "busy_elsewhere", lambda: next(readings))
     torch.set_num_threads(8)
     try:
-        cores = threads.FreeCores((7, 1))
+        torch_threads = SimpleNamespace(get_threads=torch.get_num_threads, set_threads=torch.set_num_threads)
+        cores = threads.FreeCores((7, 1), torch_threads)
         seen = [cores.current]
         for _ in range(4):
             cores.between_steps()

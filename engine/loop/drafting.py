@@ -17,13 +17,12 @@ from specedit.drafters.base import Drafter, NoDrafter
 from specedit.drafters.chain import ChainDrafter
 from specedit.drafters.context_drafter import ContextDrafter, ContextDrafterConfig
 from specedit.drafters.copy_drafter import CopyDrafter, CopyDrafterConfig
-from specedit.drafters.model_drafter import LayerSkipDrafter, ModelDrafter
 from specedit.engine.errors import SpeceditError
 from specedit.engine.events import Step
 from specedit.engine.loop.generate import Engine, Generation
 from specedit.engine.loop.governor import CostGovernor
-from specedit.engine.model import kv_cache
-from specedit.engine.model.kv_cache import Cache
+from specedit.engine.model import kv_positions
+from specedit.engine.model.kv_positions import Cache
 from specedit.engine.requests import DraftMethod, SamplingConfig
 
 
@@ -57,6 +56,8 @@ def build_drafter(
         context = ContextDrafter(context_config)
         links.append(governor.gate(context, "context", max_draft=context_config.max_draft, cheap=True))
     if method in ("auto", "fallback") and fallback is not None:
+        from specedit.drafters.model_drafter import LayerSkipDrafter, ModelDrafter  # (torch: with a fallback only)
+
         drafter: Drafter
         if fallback.draft_model is not None:
             drafter = ModelDrafter(
@@ -114,6 +115,6 @@ def generate_drafted(
         pause=pause,
     )
     if prefix_cache is not None:  # (not after an exception: a forward cut short may leave the layers uneven)
-        kv_cache.rollback(cache, min(kv_cache.length(cache), len(prompt_ids) - 1))
+        kv_positions.rollback(cache, min(kv_positions.length(cache), len(prompt_ids) - 1))
         prefix_cache.put(prompt_ids, cache)
     return generation

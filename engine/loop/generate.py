@@ -8,23 +8,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from specedit.drafters.base import NO_DRAFT, Draft, Drafter, NoDrafter
-from specedit.drafters.fallback import FallbackConfig
 from specedit.engine.events import Step
 from specedit.engine.loop.detokenizer import IncrementalDetokenizer
 from specedit.engine.loop.governor import CostGovernor, StepCost
 from specedit.engine.loop.stats import Clock, DrafterStats, Stats
 from specedit.engine.loop.verify import verify
-from specedit.engine.model import kv_cache
+from specedit.engine.model import kv_positions
 from specedit.engine.model.energy import EnergyMeter
-from specedit.engine.model.kv_cache import Cache
-from specedit.engine.model.loading import LoadedModel
-from specedit.engine.model.prefix_cache import PrefixCache
+from specedit.engine.model.kv_positions import Cache
 from specedit.engine.requests import FinishReason, SamplingConfig
+
+if TYPE_CHECKING:  # (not imported here: this loop runs a target without torch too, `model.torchless`)
+    from specedit.drafters.fallback import FallbackConfig
+    from specedit.engine.model.loading import LoadedModel
+    from specedit.engine.model.prefix_cache import PrefixCache
 
 
 @dataclass
@@ -112,12 +112,12 @@ class Engine:
         finish: FinishReason = "length"
         if cache is None:
             cache = self.loaded.new_cache()
-        reused = kv_cache.length(cache)
+        reused = kv_positions.length(cache)
         if reused >= len(tokens):
             raise ValueError("the cache must hold less than the prompt: its last token is the first step's input")
         stats.reused_tokens, stats.prefill_tokens = reused, len(tokens) - 1 - reused
 
-        with torch.inference_mode():
+        with self.loaded.inference():
             # Prefill every prompt token but the last (and those the cache already holds). The last is
             # pending: it is the first input of the first step's forward, which predicts the first output.
             chunk = PREFILL_CHUNK if pause is not None and self.loaded.row_invariant else len(tokens)
@@ -156,7 +156,7 @@ class Engine:
                     if output.push(token):
                         finish = "stop"
                         break
-                kv_cache.rollback(cache, keep=len(tokens) - 1)
+                kv_positions.rollback(cache, keep=len(tokens) - 1)
 
                 # 5. Feedback: to the drafter, and what the step cost to the governor.
                 drafter.observe(verdict.n_accepted)
@@ -191,7 +191,7 @@ class Engine:
                         Step(
                             step=step,
                             committed_length=len(tokens),
-                            cache_length=kv_cache.length(cache),
+                            cache_length=kv_positions.length(cache),
                             drafted=len(draft),
                             accepted=verdict.n_accepted,
                             generated_tokens=len(tokens) - output_start,

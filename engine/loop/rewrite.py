@@ -24,10 +24,7 @@ from specedit.engine.loop.drafting import generate_drafted
 from specedit.engine.loop.generate import Engine, Generation
 from specedit.engine.loop.threads import FreeCores
 from specedit.engine.merge import SketchMerge, merge_sketch
-from specedit.engine.model.exactness import fingerprint
 from specedit.engine.model.kept import kept_file
-from specedit.engine.model.loading import weight_files
-from specedit.engine.model.prefix_cache import common_prefix
 from specedit.engine.prompts import AnswerStream, RewritePrompt, build_prompt, file_prefix
 from specedit.engine.requests import DraftMethod, FinishReason, RewriteOutcome, RewriteRequest, WarmRequest, status_of
 
@@ -132,7 +129,7 @@ def run_rewrite(
 
     # Fewer threads while other programs keep cores busy, where the self-check found the same answer there.
     exactness, on_cpu = engine.loaded.exactness, engine.device.type == "cpu"
-    cores = FreeCores(exactness.fewer_threads if exactness is not None and on_cpu else ())
+    cores = FreeCores(exactness.fewer_threads if exactness is not None and on_cpu else (), engine.loaded)
 
     def stepped(info: Step) -> None:
         cores.between_steps()
@@ -206,6 +203,10 @@ def keep_prompt_head(engine: Engine, folder: Path | None) -> int:
     prefilled and kept there (`PrefixCache.keep_head`). Returns its length in tokens; 0 where the engine
     keeps no prefixes, or where its prefill is not row-invariant (the start computed alone would not be,
     bit for bit, the start computed inside a prompt)."""
+    from specedit.engine.model.exactness import fingerprint
+    from specedit.engine.model.loading import weight_files
+    from specedit.engine.model.prefix_cache import common_prefix
+
     prefix_cache, loaded = engine.prefix_cache, engine.loaded
     if prefix_cache is None or not loaded.row_invariant:
         return 0

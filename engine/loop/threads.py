@@ -18,8 +18,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Sequence
-
-import torch
+from typing import Protocol
 
 RECHECK = 1.0  # seconds between two decisions during a rewrite (a decision reads /proc for ~8 ms)
 SAMPLES = 3  # readings of the run queue, SAMPLE_GAP apart: the fewest is taken (another program's thread
@@ -70,13 +69,22 @@ def threads_for(configured: int, allowed: Sequence[int], busy: int) -> int:
     return max((count for count in allowed if count <= free), default=min(allowed))
 
 
+class Threads(Protocol):
+    """A target's thread count (torch's, or its kernels' without torch: this thread's)."""
+
+    def get_threads(self) -> int: ...
+
+    def set_threads(self, count: int) -> None: ...
+
+
 class FreeCores:
     """The threads a rewrite decodes on: chosen by `threads_for` as it starts, and again between its steps
-    every `RECHECK` seconds (a compiler started or ended meanwhile); `restore` gives torch back the
-    configured count (torch's count is this thread's). `mostly`: the count most steps ran on."""
+    every `RECHECK` seconds (a compiler started or ended meanwhile); `restore` gives the target back the
+    configured count. `mostly`: the count most steps ran on."""
 
-    def __init__(self, allowed: Sequence[int]) -> None:
-        self.configured = self.current = torch.get_num_threads()
+    def __init__(self, allowed: Sequence[int], target: Threads) -> None:
+        self.target = target
+        self.configured = self.current = target.get_threads()
         self.allowed = tuple(allowed) if os.environ.get("SPECEDIT_ADAPT_THREADS", "1") != "0" else ()
         self.steps: Counter[int] = Counter()
         self._checked = -math.inf
@@ -91,7 +99,7 @@ class FreeCores:
         self._checked = now
         chosen = threads_for(self.configured, self.allowed, busy_elsewhere())
         if chosen != self.current:
-            torch.set_num_threads(chosen)
+            self.target.set_threads(chosen)
             self.current = chosen
 
     @property
@@ -100,5 +108,5 @@ class FreeCores:
 
     def restore(self) -> None:
         if self.current != self.configured:
-            torch.set_num_threads(self.configured)
+            self.target.set_threads(self.configured)
             self.current = self.configured

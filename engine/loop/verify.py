@@ -22,17 +22,13 @@ Rules (lossless: the committed tokens follow the target's own distribution):
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from specedit.drafters.base import Draft
-from specedit.engine.loop.sampling import (
-    RESIDUAL_STREAM,
-    SamplingConfig,
-    draw_token,
-    draw_uniform,
-    target_probs,
-)
+from specedit.engine.requests import SamplingConfig
+
+if TYPE_CHECKING:  # torch only where sampling draws (a greedy target may run without it: `model.torchless`)
+    import torch
 
 
 @dataclass(frozen=True)
@@ -47,6 +43,7 @@ def verify(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig, 
     `position` is the output index of the first drafted token; random draws are keyed by it, so plain
     and speculative sampling with one seed draw the same numbers at the same place.
 
+    >>> import torch
     >>> logits = torch.tensor([[0., 9., 0.], [0., 0., 9.], [9., 0., 0.]])  # argmax 1, 2, 0
     >>> verify(Draft((1, 2)), logits, SamplingConfig(), position=0)
     Verdict(n_accepted=2, bonus=0)
@@ -60,14 +57,18 @@ def verify(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig, 
         raise ValueError(f"need {k + 1} rows of target logits for a draft of {k}, got {target_logits.shape[0]}")
     if sampling.greedy:
         return _verify_greedy(draft.tokens, target_logits)
-    probs = target_probs(target_logits, sampling)  # (k + 1, V)
+    import torch  # (draws on torch's generators; a target run without torch hands numpy's logits: the same values)
+
+    from specedit.engine.loop.sampling import target_probs
+
+    probs = target_probs(torch.as_tensor(target_logits), sampling)  # (k + 1, V)
     if draft.p_draft is None:
         return _verify_deterministic(draft.tokens, probs, sampling.seed, position)
     return _verify_stochastic(draft.tokens, probs, draft.p_draft, sampling.seed, position)
 
 
 def _verify_greedy(tokens: tuple[int, ...], target_logits: torch.Tensor) -> Verdict:
-    argmax = target_logits.argmax(dim=-1).tolist()  # (k + 1,)
+    argmax = target_logits.argmax(-1).tolist()  # (k + 1,); (numpy's too: `model.torchless`)
     n = 0
     while n < len(tokens) and tokens[n] == argmax[n]:
         n += 1
@@ -75,6 +76,8 @@ def _verify_greedy(tokens: tuple[int, ...], target_logits: torch.Tensor) -> Verd
 
 
 def _verify_deterministic(tokens: tuple[int, ...], probs: torch.Tensor, seed: int, position: int) -> Verdict:
+    from specedit.engine.loop.sampling import draw_token
+
     for i, token in enumerate(tokens):
         sample = draw_token(probs[i], seed, position + i)
         if sample != token:
@@ -85,6 +88,10 @@ def _verify_deterministic(tokens: tuple[int, ...], probs: torch.Tensor, seed: in
 def _verify_stochastic(
     tokens: tuple[int, ...], probs: torch.Tensor, p_draft: torch.Tensor, seed: int, position: int
 ) -> Verdict:
+    import torch
+
+    from specedit.engine.loop.sampling import RESIDUAL_STREAM, draw_token, draw_uniform
+
     p_draft = p_draft.to(probs.dtype)
     if p_draft.shape[-1] != probs.shape[-1]:  # a draft model whose embedding is padded differently
         width = probs.shape[-1]

@@ -38,14 +38,17 @@ _SERVE = "import sys; from specedit.engine.model.aside import serve; serve(*sys.
 READ_SECONDS = 30.0  # the longest the tokenizer's reading is waited for there, before it is read here
 
 
-def read_aside(source: str, kept_folder: Path) -> AsideTokenizer | None:
+def read_aside(source: str, kept_folder: Path, *, byte_table: bool = True) -> AsideTokenizer | None:
     """The tokenizer of the model folder `source`, being read in a second process from `kept_folder`; None
-    where none is kept whole there (the load builds and keeps it, as ever) or no process starts."""
+    where none is kept whole there (the load builds and keeps it, as ever) or no process starts.
+    `byte_table`: whether that process makes the tokens' bytes for decoding here (`ByteTable`: 0.3 s of a
+    core while the first forwards run, which a start without torch's import has no spare core for; without
+    it each committed token's text crosses the socket, 0.1-0.2 ms)."""
     kept = kept_files(source, kept_folder)
     if kept is None or not all(is_sealed(file) for file in kept):
         return None
     try:
-        return AsideTokenizer(*kept)
+        return AsideTokenizer(*kept, byte_table=byte_table)
     except OSError as error:
         log.info("the tokenizer is read here: no second process started (%s)", error)
         return None
@@ -54,7 +57,7 @@ def read_aside(source: str, kept_folder: Path) -> AsideTokenizer | None:
 class AsideTokenizer:
     """A `KeptTokenizer` in a second process: the same calls, the same answers."""
 
-    def __init__(self, pipeline: Path, settings: Path) -> None:
+    def __init__(self, pipeline: Path, settings: Path, *, byte_table: bool = True) -> None:
         self._files = (pipeline, settings)
         self._local: KeptTokenizer | None = None  # read here, once the second process failed
         self._settings: dict[str, Any] | None = None  # what it says when ready
@@ -62,8 +65,9 @@ class AsideTokenizer:
         self._lock = threading.Lock()  # one call at a time on the socket
         ours, theirs = socket.socketpair()
         with theirs:
+            arguments = [str(theirs.fileno()), str(pipeline), str(settings), str(int(byte_table))]
             self._process = subprocess.Popen(
-                [sys.executable, "-c", _SERVE, str(theirs.fileno()), str(pipeline), str(settings)],
+                [sys.executable, "-c", _SERVE, *arguments],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,  # stdout is the rewrite's
@@ -190,9 +194,10 @@ def _stop(connection: Connection, process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
-def serve(fd: str, pipeline: str, settings: str) -> None:
+def serve(fd: str, pipeline: str, settings: str, byte_table: str = "1") -> None:
     """The second process: read the tokenizer, say so (or why not), then answer calls until the socket
-    closes; meanwhile, in a thread, make its `ByteTable`, sent before the first answer after it is made.
+    closes; meanwhile, in a thread (where `byte_table` is "1"), make its `ByteTable`, sent before the first
+    answer after it is made.
     Every message is `(what, value)`: ("ready", its settings), ("failed", why), ("table", the table or
     None), ("ok", a call's result), ("error", why)."""
     connection = Connection(int(fd))
@@ -207,7 +212,8 @@ def serve(fd: str, pipeline: str, settings: str) -> None:
     names = ("special_tokens_map", "chat_template", "model_max_length")
     connection.send(("ready", {name: getattr(tokenizer, name) for name in names}))
     table: list[ByteTable | None] = []  # the thread's, once made
-    threading.Thread(target=lambda: table.append(_table_or_none(tokenizer)), daemon=True).start()
+    if byte_table == "1":
+        threading.Thread(target=lambda: table.append(_table_or_none(tokenizer)), daemon=True).start()
     while True:
         try:
             name, args, kwargs = connection.recv()

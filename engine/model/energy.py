@@ -9,9 +9,10 @@ so CPU work is measured in process CPU seconds instead.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # imported where there is a GPU (a CPU target may run without torch: `model.torchless`)
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +44,16 @@ class EnergyMeter:
         """Joules since the driver loaded, or None."""
         if self._nvml is None:
             return None
+        import torch
+
         torch.cuda.synchronize()  # the work queued so far is part of this reading
         return float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)) / 1000.0
 
 
 def _nvml_handle(pynvml: Any, device: torch.device) -> Any:
     """NVML numbers GPUs by PCI order and CUDA may not (CUDA_VISIBLE_DEVICES): match by PCI bus id."""
+    import torch
+
     index = device.index if device.index is not None else torch.cuda.current_device()
     properties = torch.cuda.get_device_properties(index)
     bus = getattr(properties, "pci_bus_id", None)

@@ -72,6 +72,15 @@ def loaded() -> bool:
     return _registered()
 
 
+def loaded_library() -> Path | None:
+    """The library this process loaded the kernels from (`available`), None before: a process may load
+    one library of them only (their ops' namespace is registered once)."""
+    return _loaded_from[0] if _loaded_from else None
+
+
+_loaded_from: list[Path] = []  # (`_load`'s, once)
+
+
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, first: int, scale: float) -> torch.Tensor:
     """Causal attention of one sequence's queries at positions first .. first + T - 1: query (H, T, D), keys
     and values (H_kv, first + T or more, D) (grouped-query heads: head h on kv head h // (H / H_kv)) -> (T, H,
@@ -142,6 +151,7 @@ def _load(folder: str | None) -> str | None:
         torch.ops.load_library(str(found))  # type: ignore[no-untyped-call]
     except (OSError, RuntimeError) as error:
         return f"specedit's kernels did not load: {error}"
+    _loaded_from.append(found)
     return None
 
 

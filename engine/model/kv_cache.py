@@ -1,5 +1,6 @@
-"""The one place that measures and crops KV caches (the target's and any draft model's), and writes one to
-a file and reads it back (the prompts' shared start, kept across starts: `PrefixCache.keep_head`).
+"""KV caches: `model.decoder`'s own (`KVCache`), measuring and cropping any (the target's and any draft
+model's: `length`, `rollback`, from `kv_positions`, which imports no torch), and writing one to a file and
+reading it back (the prompts' shared start, kept across starts: `PrefixCache.keep_head`).
 
 The speculative loop keeps this invariant after every step: the cache holds the keys and values of every
 committed token except the newest one, the *pending* token, whose keys and values are computed by the next
@@ -22,8 +23,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from specedit.engine.model.invariant import KV_BUCKET
-
-Cache = Any  # a `KVCache` (for `model.decoder`'s models), or transformers' `DynamicCache` (for its own)
+from specedit.engine.model.kv_positions import Cache as Cache
+from specedit.engine.model.kv_positions import layer_lengths as layer_lengths
+from specedit.engine.model.kv_positions import length as length
+from specedit.engine.model.kv_positions import rollback as rollback
 
 
 def new_cache(model: Any) -> Cache:
@@ -138,26 +141,6 @@ class KVCache:
         while len(self.layers) <= index:
             self.layers.append(KVLayer(self.dtype))
         return self.layers[index]
-
-
-def length(cache: Cache) -> int:
-    """Number of positions whose keys and values the cache holds (in its first layer)."""
-    return int(cache.get_seq_length())
-
-
-def layer_lengths(cache: Cache) -> list[int]:
-    """Positions held by each layer; all equal except while a layer-skip draft is in flight."""
-    return [int(cache.get_seq_length(index)) for index in range(len(cache.layers))]
-
-
-def rollback(cache: Cache, keep: int) -> None:
-    """Drop every position at or after `keep`, in every layer (transformers 5: `crop(-n)` drops the last n)."""
-    if length(cache) < keep:
-        raise ValueError(f"cannot keep {keep} positions of a cache holding {length(cache)}")
-    for index, layer in enumerate(cache.layers):
-        drop = int(cache.get_seq_length(index)) - keep
-        if drop > 0:
-            cast(Any, layer).crop(-drop)  # `crop` is on the concrete (full-attention) layer class
 
 
 def copy_prefix(cache: Cache, keep: int) -> Cache:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import gc
 import inspect
 import json
 import logging
@@ -22,6 +20,7 @@ from specedit.engine.model import decoder, exactness, invariant, kernels, kv_cac
 from specedit.engine.model.integrity import is_sealed
 from specedit.engine.model.kept import kept_file, write_atomically
 from specedit.engine.model.kv_cache import Cache
+from specedit.engine.model.memory import release_freed_memory
 from specedit.engine.model.store import auto_weights, source_gguf
 from specedit.engine.model.tokenizer import KeptTokenizer, compact_pipeline, kept_files
 from specedit.engine.options import DTYPE_CHOICES
@@ -54,6 +53,7 @@ class LoadedModel:
     name: str
     step_rows: int = 1  # rows a one-token step runs as after the prompt (2: see `forward`)
     exactness: exactness.Exactness | None = None  # the self-check's verdict (`load_model`), for a target
+    kept_weights: Path | None = None  # where its integer weights are kept (`_quantize`), if they are
     _cache_argument: str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -94,6 +94,17 @@ class LoadedModel:
     def new_cache(self) -> Cache:
         """An empty KV cache of the kind the model takes (`kv_cache.new_cache`)."""
         return kv_cache.new_cache(self.model)
+
+    def inference(self) -> contextlib.AbstractContextManager[None]:
+        """The context the loop runs its forwards in: torch's inference mode."""
+        return torch.inference_mode()
+
+    def get_threads(self) -> int:
+        """The threads a forward runs on (torch's count: this thread's)."""
+        return torch.get_num_threads()
+
+    def set_threads(self, count: int) -> None:
+        torch.set_num_threads(count)
 
     @contextlib.contextmanager
     def interruptible(self, should_stop: Callable[[], bool]) -> Iterator[None]:
@@ -239,17 +250,18 @@ def load_model(
         raise
     except Exception as error:  # transformers raises many kinds; all mean "did not load"
         raise ModelLoadError(f"could not load model {name_or_path!r}: {error}") from error
+    kept_weights = None
     if int8:
         integer = weights if weights in INTEGER_WEIGHTS else auto_integer(source)
         gguf = source_gguf(source) if integer == "int5" else None
-        _quantize(model, weight_files(name_or_path), kept_folder, INTEGER_WEIGHTS[integer], gguf)
+        kept_weights = _quantize(model, weight_files(name_or_path), kept_folder, INTEGER_WEIGHTS[integer], gguf)
         quantized.keep_embedding_stored(model)  # the output layer no longer shares it: its own int8 copy
     if pack:
         invariant.pack_linears(model, torch_dtype)
     model.to(device=torch_device, dtype=torch_dtype).eval()
     if own is not None and kv_cache == "float16":
         model.cache_dtype = torch.float16
-    loaded = LoadedModel(model, tokenizer, torch_device, torch_dtype, name_or_path)
+    loaded = LoadedModel(model, tokenizer, torch_device, torch_dtype, name_or_path, kept_weights=kept_weights)
     if target:
         loaded.exactness = exactness.settle(loaded, verdicts)
     # transformers' loading leaves cycles that hold the weights as stored (the 0.5B model on int8 weights:
@@ -318,11 +330,12 @@ def load_tokenizer(source: str, kwargs: dict[str, Any], kept_folder: Path | None
 
 def _quantize(
     model: Any, weights_files: list[Path], kept_folder: Path | None, bits: int = 8, gguf: Path | None = None
-) -> None:
+) -> Path | None:
     """The model's linear layers on integer weights of `bits` (`quantized`), quantized once: kept in
     `kept_folder`, mapped into memory at the next load (509 MB for the 0.5B model at 8 bits; 0.8 s of
     quantizing saved). At 5 bits, `gguf`: the GGUF the model was converted from, whose Q5_0 layers are taken
-    as they are (`quantized.gguf_packed`; 2-3 s for the 0.5B model's, once)."""
+    as they are (`quantized.gguf_packed`; 2-3 s for the 0.5B model's, once). Returns the file they are kept
+    in, sealed (None where they are not)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file, save_file
 
@@ -342,6 +355,8 @@ def _quantize(
             write_atomically(kept, lambda path: save_file(quantized.packed_layers(model), path))
         except (OSError, SafetensorError) as error:  # no room, no right to write: quantized next time too
             log.info("int%d weights not kept in %s: %s", bits, kept, error)
+            return None  # (what is kept there is not what the model now holds)
+    return kept if kept is not None and is_sealed(kept) else None
 
 
 def _tokenizer_settings(tokenizer: Any) -> dict[str, Any]:
@@ -390,17 +405,6 @@ def forward_costs(loaded: LoadedModel, sizes: Sequence[int], context: int = 100,
                 kv_cache.rollback(cache, context)
             costs[size] = sorted(seconds)[len(seconds) // 2]
     return costs
-
-
-def release_freed_memory(*, collect: bool = True) -> None:
-    """Hand freed memory back to the system: after loading, the weights as stored on disk and the unpacked
-    copies of packed ones (`collect`: after a garbage collection); after a request, its prompt's and
-    cache's (tensors are freed as their last reference goes: no collection needed). glibc keeps it
-    otherwise (measured: 4.2 GB resident after loading the 0.5B model in float32, 2.9 GB after this)."""
-    if collect:
-        gc.collect()
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to do
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def weight_files(name_or_path: str) -> list[Path]:

@@ -35,6 +35,7 @@ from specedit.engine.model import kv_cache
 from specedit.engine.model.integrity import is_sealed
 from specedit.engine.model.kept import write_atomically
 from specedit.engine.model.kv_cache import Cache
+from specedit.engine.model.kv_positions import common_prefix as common_prefix
 from specedit.engine.model.loading import Interrupted, LoadedModel
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class PrefixCache:
         self.budget_bytes = budget_bytes
         self._entries: list[_Entry] = []
         self._head: _Entry | None = None  # the start every prompt shares (`keep_head`)
+        self.head_file: Path | None = None  # where that start is kept, sealed (`keep_head`'s `file`)
         self._clock = itertools.count()
 
     @property
@@ -169,7 +171,13 @@ class PrefixCache:
                     log.info("the prompts' start not kept in %s: %s", file, error)
         kv_cache.compact(cache)
         self._head = _Entry(tuple(ids), cache, kv_cache.nbytes(cache), 0)
+        self.head_file = file if file is not None and is_sealed(file) else None
         return read
+
+    @property
+    def head_ids(self) -> tuple[int, ...]:
+        """The ids of the start every prompt shares (`keep_head`; none before)."""
+        return self._head.ids if self._head is not None else ()
 
     @property
     def keeps_prompts(self) -> bool:
@@ -184,13 +192,3 @@ class PrefixCache:
             "megabytes": round(self.nbytes / 2**20, 1),
             "budget_megabytes": round(self.budget_bytes / 2**20, 1),
         }
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
-    """How many leading tokens `a` and `b` share, at most `limit`."""
-    count = 0
-    for x, y in zip(a, b, strict=False):
-        if count >= limit or x != y:
-            break
-        count += 1
-    return count
