@@ -24,6 +24,7 @@ from safetensors.torch import save_file
 
 from specedit.engine.model.invariant import KV_BUCKET
 from specedit.engine.model.kv_positions import Cache as Cache
+from specedit.engine.model.kv_positions import held_after_crop, whole_buckets
 from specedit.engine.model.kv_positions import layer_lengths as layer_lengths
 from specedit.engine.model.kv_positions import length as length
 from specedit.engine.model.kv_positions import rollback as rollback
@@ -66,7 +67,7 @@ class KVLayer:
     def crop(self, keep: int) -> None:
         """Keep the first `keep` positions; a negative `keep` drops that many from the end (as transformers'
         `DynamicCache` layers do). The dropped ones are zeroed."""
-        keep = min(self._length, max(0, keep if keep >= 0 else self._length + keep))
+        keep = held_after_crop(self._length, keep)
         if self._keys is not None and self._values is not None:
             self._keys[..., keep : self._length, :] = 0
             self._values[..., keep : self._length, :] = 0
@@ -116,7 +117,7 @@ SPARE_POSITIONS = 4 * KV_BUCKET  # room to grow into before the buffers are copi
 
 def _buckets(positions: int) -> int:
     """`positions` rounded up to whole attention buckets."""
-    return -(-positions // KV_BUCKET) * KV_BUCKET
+    return whole_buckets(positions, KV_BUCKET)
 
 
 class KVCache:

@@ -41,3 +41,14 @@ def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
             break
         count += 1
     return count
+
+
+def held_after_crop(held: int, keep: int) -> int:
+    """The positions a layer holding `held` keeps when cropped to `keep`; a negative `keep` drops that many
+    from the end (as transformers' `DynamicCache` layers do)."""
+    return min(held, max(0, keep if keep >= 0 else held + keep))
+
+
+def whole_buckets(positions: int, bucket: int) -> int:
+    """`positions` rounded up to whole buckets of `bucket` (the attention's key lengths: `kv_cache.KVLayer`)."""
+    return -(-positions // bucket) * bucket

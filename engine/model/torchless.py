@@ -87,6 +87,7 @@ def keep(
 
     from specedit.engine.model import decoder, kernels, quantized
     from specedit.engine.model.invariant import KV_BUCKET
+    from specedit.engine.model.kv_cache import SPARE_POSITIONS
     from specedit.engine.model.loading import weight_files
 
     model, verdict, files = loaded.model, loaded.exactness, weight_files(loaded.name)
@@ -119,6 +120,7 @@ def keep(
         "tables": str(tables),
         "cache": "float16" if model.cache_dtype == torch.float16 else "float32",
         "bucket": KV_BUCKET,
+        "spare": SPARE_POSITIONS,
         "exactness": verdict.to_dict(),
         "head": {"ids": list(head[0]), "file": str(head[1])} if head is not None else None,
         "eos_token_id": model.generation_config.eos_token_id,

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from specedit.engine.model.integrity import is_sealed
-from specedit.engine.model.kv_positions import common_prefix
+from specedit.engine.model.kv_positions import common_prefix, held_after_crop, whole_buckets
 
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
            "mlp.up_proj", "mlp.down_proj")  # fmt: skip  # `specedit_decoder_layer`'s order
@@ -135,8 +135,10 @@ class TorchlessCache:
     """The keys and values of every layer (`TorchlessLayer`), as `kv_cache.KVCache` keeps them, in numpy
     arrays: what `kv_cache.length` and `kv_cache.rollback` read and crop (`get_seq_length`, `layers`)."""
 
-    def __init__(self, layers: int, kv_heads: int, width: int, dtype: type[np.generic], bucket: int) -> None:
-        self.layers = [TorchlessLayer(kv_heads, width, dtype, bucket) for _ in range(layers)]
+    def __init__(
+        self, layers: int, kv_heads: int, width: int, dtype: type[np.generic], bucket: int, spare: int
+    ) -> None:
+        self.layers = [TorchlessLayer(kv_heads, width, dtype, bucket, spare) for _ in range(layers)]
 
     def get_seq_length(self, index: int = 0) -> int:
         return self.layers[index].length() if index < len(self.layers) else 0
@@ -146,9 +148,9 @@ class TorchlessLayer:
     """One layer's keys and values: `kv_cache.KVLayer`'s buffers (H_kv, capacity, D), grown in the same whole
     buckets with the same spare room, zeros past the positions held."""
 
-    def __init__(self, kv_heads: int, width: int, dtype: type[np.generic], bucket: int) -> None:
+    def __init__(self, kv_heads: int, width: int, dtype: type[np.generic], bucket: int, spare: int) -> None:
         self.keys = self.values = np.zeros((kv_heads, 0, width), dtype)
-        self.bucket = bucket
+        self.bucket, self.spare = bucket, spare  # `invariant.KV_BUCKET`, `kv_cache.SPARE_POSITIONS`
         self._length = 0
 
     def length(self) -> int:
@@ -156,7 +158,7 @@ class TorchlessLayer:
 
     def crop(self, keep: int) -> None:
         """`KVLayer.crop`: keep the first `keep` positions (a negative `keep` drops that many from the end)."""
-        keep = min(self._length, max(0, keep if keep >= 0 else self._length + keep))
+        keep = held_after_crop(self._length, keep)
         self.keys[:, keep : self._length] = 0
         self.values[:, keep : self._length] = 0
         self._length = keep
@@ -166,17 +168,14 @@ class TorchlessLayer:
         bucket the last one falls in (the view `specedit::decoder_layer` is given, as `KVLayer.reserve`)."""
         end = self._length + count
         if self.keys.shape[1] < end:
-            capacity = self._buckets(end) + 4 * self.bucket  # `kv_cache.SPARE_POSITIONS`
+            capacity = whole_buckets(end, self.bucket) + self.spare
             shape = (self.keys.shape[0], capacity, self.keys.shape[2])
             keys, values = np.zeros(shape, self.keys.dtype), np.zeros(shape, self.values.dtype)
             keys[:, : self._length] = self.keys[:, : self._length]
             values[:, : self._length] = self.values[:, : self._length]
             self.keys, self.values = keys, values
         self._length = end
-        return self._buckets(end)
-
-    def _buckets(self, positions: int) -> int:
-        return -(-positions // self.bucket) * self.bucket
+        return whole_buckets(end, self.bucket)
 
 
 @dataclass(frozen=True)
@@ -202,7 +201,7 @@ class TorchlessModel:
         self.max_positions: int | None = config["max_positions"]
         self.model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=description["eos_token_id"]))
         self._cache_dtype = np.float16 if description["cache"] == "float16" else np.float32
-        self._bucket = int(description["bucket"])
+        self._bucket, self._spare = int(description["bucket"]), int(description["spare"])
         self._kept_head: dict[str, Any] | None = description.get("head")
         self._kernels = _Kernels(Path(description["library"]))
         stored = _mapped(Path(description["folder"]).glob("*.safetensors"))
@@ -224,7 +223,7 @@ class TorchlessModel:
                 _at(padded) if padded is not None else None, int(packed[f"{name}.bits"]),
             )  # fmt: skip
 
-        self._kept: list[np.ndarray] = []  # the arrays the packed layers point into, alive with them
+        self._kept: list[np.ndarray] = []  # the padded biases the packed layers point into (the rest: `_mapped`)
         self._layers = []
         for index in range(config["layers"]):
             prefix = f"model.layers.{index}"
@@ -258,7 +257,9 @@ class TorchlessModel:
         self._kernels.library.specedit_set_threads(count)
 
     def new_cache(self) -> TorchlessCache:
-        return TorchlessCache(len(self._layers), self.kv_heads, self.width, self._cache_dtype, self._bucket)
+        return TorchlessCache(
+            len(self._layers), self.kv_heads, self.width, self._cache_dtype, self._bucket, self._spare
+        )
 
     def forward(self, ids: Sequence[int], cache: TorchlessCache, logits_to_keep: int = 0) -> np.ndarray:
         """`LoadedModel.forward` (a 1-row step as one row): (T, V) logits, or the last `logits_to_keep`
