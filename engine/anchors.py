@@ -1,6 +1,7 @@
 """A chunk's anchors: its lines that say something and that the original has once after the chunk before,
 grown into runs of equal lines, and the chains of them that fit together (`placement`'s rules 1 and 2).
-`placement` places the chunk on them.
+`placement` places the chunk on them. The original's lines are read once for a merge (`Original`): where
+each is, and running sums over them, so that each chunk costs what it holds.
 """
 
 from __future__ import annotations
@@ -9,8 +10,10 @@ import bisect
 import itertools
 from collections import Counter
 from dataclasses import dataclass
+from typing import Protocol
 
 from specedit.engine.blocks import line_balance
+from specedit.engine.line_index import LineIndex
 from specedit.engine.merge_checks import counts
 
 # Lines of the original (that say something) a chunk may replace between two anchors, or between its edge
@@ -33,19 +36,57 @@ class Anchor:
     said: int  # lines that say something in the run, grown over lines the chunk has twice too
 
 
-def find_lines(keys: list[str], cursor: int, wanted: set[str]) -> dict[str, list[int]]:
-    """Where each of the `wanted` lines is in the original after `cursor` (line indices, in order)."""
-    places: dict[str, list[int]] = {}
-    for index in range(cursor, len(keys)):
-        if keys[index] in wanted:
-            places.setdefault(keys[index], []).append(index)
-    return places
+class Original:
+    """The original's lines as placement reads them: as they are (`lines`, with their newlines), stripped
+    (`keys`: compared for anchors and likeness), without trailing spaces (`raw`: compared with their
+    indentation, at a chunk's edges); with where each key is (`index`) and running sums over the keys
+    (`sums`). Made once for a merge: a chunk that read the whole file for them made a sketch of thousands
+    of chunks quadratic. `before(high)` is the lines before `high` alone, sharing the index and sums."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+        self.keys = [line.strip() for line in lines]
+        self.raw = [line.rstrip() for line in lines]
+        self.index = LineIndex(self.keys)
+        self.sums = Sums(self.keys)
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def before(self, high: int) -> Original:
+        """The lines before `high`."""
+        part = Original.__new__(Original)
+        part.lines, part.keys, part.raw = self.lines[:high], self.keys[:high], self.raw[:high]
+        part.index, part.sums = self.index, self.sums
+        return part
+
+    def places(self, key: str, low: int = 0) -> list[int]:
+        """Where the line `key` (stripped) is at or after `low`, in order."""
+        return self.index.places(key, low, len(self.lines))
+
+    def anchors(self, cursor: int, chunk_keys: list[str]) -> list[Anchor]:
+        """`find_anchors` in these lines."""
+        return find_anchors(self.keys, cursor, chunk_keys, self.index)
+
+    def count(self, key: str, low: int, high: int) -> int:
+        """How many of the lines `low:high` are `key` (stripped)."""
+        return self.index.count(key, low, min(high, len(self.lines)))
 
 
-def find_anchors(keys: list[str], cursor: int, chunk_keys: list[str]) -> list[Anchor]:
-    """The chunk's anchors: its lines that say something and occur once in the original after `cursor`,
-    grown into runs of equal lines, in the chunk's order."""
-    places = find_lines(keys, cursor, {key for key in chunk_keys if counts(key)})
+def find_lines(keys: list[str], cursor: int, wanted: set[str], index: LineIndex | None = None) -> dict[str, list[int]]:
+    """Where each of the `wanted` lines is among the original's `keys` after `cursor` (line indices, in
+    order), the line found first first. `index`: where each key is (of these keys, or of more after them:
+    `Original.before`), where the caller has it."""
+    index = LineIndex(keys) if index is None else index
+    places = {key: found for key in wanted if (found := index.places(key, cursor, len(keys)))}
+    return dict(sorted(places.items(), key=lambda item: item[1][0]))
+
+
+def find_anchors(keys: list[str], cursor: int, chunk_keys: list[str], index: LineIndex | None = None) -> list[Anchor]:
+    """The chunk's anchors: its lines that say something and occur once in the original after `cursor`
+    (`keys`: its lines, stripped; `index`: where each is, as `find_lines` takes it), grown into runs of
+    equal lines, in the chunk's order."""
+    places = find_lines(keys, cursor, {key for key in chunk_keys if counts(key)}, index)
     # A line the chunk has twice (`done();` closing the new test and the old one after it) says nothing of
     # which of its places the original's line is: a run does not grow over it.
     twice = {key for key, number in Counter(chunk_keys).items() if number > 1 and counts(key)}
@@ -79,7 +120,7 @@ def find_anchors(keys: list[str], cursor: int, chunk_keys: list[str]) -> list[An
         if end < len(chunk_keys):  # nor on over one, short of the chunk's end (its context): new code may
             end = min(next_twice[position + 1], end)  # start there
         # A run ends in lines that say something: whether a `}` or a blank line next to it is the
-        # original's or new code's is for the edges to find out (`placement._edge`).
+        # original's or new code's is for the edges to find out (`edges._edge`).
         while not counts(chunk_keys[a]):
             a, b = a + 1, b + 1
         while not counts(chunk_keys[end - 1]):
@@ -88,7 +129,7 @@ def find_anchors(keys: list[str], cursor: int, chunk_keys: list[str]) -> list[An
     return anchors
 
 
-def best_chain(keys: list[str], chunk_keys: list[str], anchors: list[Anchor]) -> list[Anchor]:
+def best_chain(keys: list[str], chunk_keys: list[str], anchors: list[Anchor], sums: Sums | None = None) -> list[Anchor]:
     """The anchors that fit together: in order in both, with what lies between two of them in the chunk
     fitting where the original has what lies between them (`fits_between`), saying the most lines, and rather
     ones at the chunk's edges (where a sketch repeats its context). A line of new code that happens to be
@@ -99,7 +140,7 @@ def best_chain(keys: list[str], chunk_keys: list[str], anchors: list[Anchor]) ->
     a few thousand one-line anchors (a file that repeats itself, sketched whole) takes milliseconds, not
     minutes."""
     said = [n for n, key in enumerate(chunk_keys) if counts(key)]
-    new, old = Sums(chunk_keys), Sums(keys)
+    new, old = Sums(chunk_keys), Sums(keys) if sums is None else sums  # (`sums`: the caller's, over `keys`)
 
     def worth(anchor: Anchor) -> float:
         lines = chunk_keys[anchor.chunk : anchor.chunk + anchor.size]
@@ -141,7 +182,16 @@ class Sums:
         return self._said[stop] - self._said[start]
 
 
-def fits_between(new: Sums, new_start: int, new_stop: int, old: Sums, old_start: int, old_stop: int) -> bool:
+class Stretches(Protocol):
+    """What `fits_between` asks of lines: brackets opened less closed and lines that say something, in any
+    stretch of them (`Sums`)."""
+
+    def balance(self, start: int, stop: int) -> int: ...
+
+    def said(self, start: int, stop: int) -> int: ...
+
+
+def fits_between(new: Stretches, new_start: int, new_stop: int, old: Stretches, old_start: int, old_stop: int) -> bool:
     """Whether the chunk's lines `new_start:new_stop` can stand where the original has `old_start:old_stop`:
     they open and close as many brackets, and do not replace much more code than they hold (a unique line
     of new code must not pull the chunk over a screenful of the original's: `replaces_little`)."""
@@ -151,7 +201,7 @@ def fits_between(new: Sums, new_start: int, new_stop: int, old: Sums, old_start:
     )
 
 
-def context_chain(keys: list[str], chunk_keys: list[str], anchors: list[Anchor]) -> list[list[Anchor]]:
+def context_chain(keys: list[str], chunk_keys: list[str], anchors: list[Anchor], sums: Sums) -> list[list[Anchor]]:
     """The anchors holding the chunk's first and last lines that say something (the context a sketch
     repeats around a change), when they stand in order and what lies between them is not much more code
     than the chunk shows (`CONTEXT_SLACK`): whatever its brackets (a template or a string may open more
@@ -163,8 +213,8 @@ def context_chain(keys: list[str], chunk_keys: list[str], anchors: list[Anchor])
     if not first.original + first.size <= last.original:
         return []
     new = chunk_keys[first.chunk + first.size : last.chunk]
-    old = keys[first.original + first.size : last.original]
-    return [[first, last]] if replaces_little(old, new, CONTEXT_SLACK) else []
+    said_old = sums.said(first.original + first.size, last.original)
+    return [[first, last]] if said_old <= REPLACED_PER_LINE * sum(map(counts, new)) + CONTEXT_SLACK else []
 
 
 def fits(new: list[str], old: list[str]) -> bool:

@@ -9,11 +9,19 @@ change all of it."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 
+from specedit.engine.line_index import LineIndex
+
 # A comment's or an annotation's line: what may stand right above a block's first line, as part of it.
 _ABOVE = re.compile(r"^(?:#|//|/\*|\*|@)")
+# A block whose first line the original has more often than this is not looked for between two blocks a
+# sketch shows (`omitted`): which of them it is takes reading each (a test file of `it(...)` blocks).
+MAX_ALIKE = 8
+# A block's first line that goes on with the statement before it, not a block of its own.
+_GOES_ON = re.compile(r"^(?:else|elif|elsif|except|finally|catch|rescue|ensure|when|case)\b")
 
 
 @dataclass(frozen=True)
@@ -92,29 +100,129 @@ def block_stop(lines: list[str], start: int, shown: Shown) -> int | None:
     return stop if balance(lines[start:stop]) == 0 else None
 
 
-def find_block(lines: list[str], shown: Shown, low: int = 0) -> tuple[int, int] | None:
+def find_block(lines: list[str], shown: Shown, low: int = 0, starts: list[int] | None = None) -> tuple[int, int] | None:
     """Where the original's block of the line that `shown`'s first line is starts and stops (`block_stop`),
-    if `lines[low:]` has that line once (compared stripped); else None."""
-    starts = [number for number in range(low, len(lines)) if lines[number].strip() == shown.first]
+    if `lines[low:]` has that line once (compared stripped); else None. `starts`: where that line is in
+    `lines[low:]`, where the caller knows."""
+    if starts is None:
+        starts = [number for number in range(low, len(lines)) if lines[number].strip() == shown.first]
     if len(starts) != 1 or (stop := block_stop(lines, starts[0], shown)) is None:
         return None
     return starts[0], stop
 
 
-def block_holding(lines: list[str], shown: Shown, held: list[str]) -> tuple[int, int] | None:
+def block_holding(
+    lines: list[str], shown: Shown, held: list[str], starts: list[int] | None = None
+) -> tuple[int, int] | None:
     """Of the original's blocks whose first line is `shown`'s (`block_stop`), the one that holds the most of
     the lines `held` (distinct lines, compared stripped), if one holds more than every other; else None. Two `equals`
-    methods of two classes, each shown whole: each is the one holding its own class's name."""
+    methods of two classes, each shown whole: each is the one holding its own class's name. `starts`: where
+    the lines that are `shown`'s first are, where the caller knows (a sketch of many blocks asks for each)."""
     wanted = {line.strip() for line in held if line.strip()}
-    blocks = [
-        (number, stop)
-        for number in range(len(lines))
-        if lines[number].strip() == shown.first and (stop := block_stop(lines, number, shown)) is not None
-    ]
+    if starts is None:
+        starts = [number for number in range(len(lines)) if lines[number].strip() == shown.first]
+    blocks = [(number, stop) for number in starts if (stop := block_stop(lines, number, shown)) is not None]
     ranked = sorted(((len(wanted & {line.strip() for line in lines[a:b]}), (a, b)) for a, b in blocks), reverse=True)
     if not ranked or (len(ranked) > 1 and ranked[0][0] == ranked[1][0]):
         return None
     return ranked[0][1]
+
+
+def omitted(lines: list[str], run: list[str], index: LineIndex | None = None) -> list[tuple[int, int, int]]:
+    """The original's lines that a run of a sketch's lines (between two markers) neither shows nor marks:
+    those between a block it shows whole and the next block it shows, right after it at its indentation
+    (chat models leave out the marker between two functions they show, as they leave out the first and
+    last). Each as (where the next block, or the comments above it, begins in `run`; the original's first
+    line left out; the line after the last). None where the original's blocks are not found: a block whose
+    first line changed, or that is in several places alike, or a next block that is new code.
+
+    `index`: where each of the original's lines is, stripped (`line_index.LineIndex`), where the caller
+    has it.
+
+    >>> original = ["def a():", "    return 1", "", "def b():", "    return 2", "", "def c():", "    return 3"]
+    >>> omitted(original, ["def a():", "    return 10", "", "def c():", "    return 3"])
+    [(3, 3, 6)]
+    """
+    index = LineIndex([line.strip() for line in lines]) if index is None else index
+    found: list[tuple[int, int, int]] = []
+    said = [number for number, line in enumerate(run) if line.strip()]
+    opened: dict[int, int] = {}  # per indentation, the last line of `run` there that may open a block
+    for at, (before, line) in enumerate(zip([None, *said[:-1]], said, strict=True)):
+        depth = indent(run[line])
+        if before is not None and has_words(run[line]) and depth in opened:
+            last = run[before]
+            if indent(last) > depth or (indent(last) == depth and _closes(last)):
+                found += _between(lines, index, run[opened[depth] : line], run, said[at:])
+        if has_words(run[line]) and not _closes(run[line]):
+            opened = {level: number for level, number in opened.items() if level < depth}
+            opened[depth] = line
+    return found
+
+
+def _between(
+    lines: list[str], index: LineIndex, block: list[str], run: list[str], rest: list[int]
+) -> list[tuple[int, int, int]]:
+    """For `omitted`: the original's lines between the block `block` shows whole and the block that the
+    run's next lines show (`rest`: their positions in `run`, the first at the block's indentation)."""
+    said = [line for line in block if line.strip()]
+    shown = shown_block(block)
+    if shown is None and len(said) == 2 and has_words(said[0]) and indent(said[1]) > indent(said[0]):
+        shown = Shown(said[0].strip(), "")  # a block of two lines is whole too (`shown_block` asks three)
+    if shown is None or not 0 < index.count(shown.first) <= MAX_ALIKE:
+        return []
+    if (place := block_holding(lines, shown, block, index.places(shown.first))) is None:
+        return []
+    depth, start = indent(lines[place[0]]), place[1]
+    while start < len(lines) and not lines[start].strip():
+        start += 1
+    above = lines_above([run[number] for number in rest])  # the next block's comments and annotations
+    following = rest[above:]
+    if len(following) < 2 or indent(run[following[1]]) <= indent(run[following[0]]):
+        return []  # no block: a statement after a block may follow a deletion the sketch shows
+    level = indent(run[following[0]])
+    next_block = following[:1] + list(itertools.takewhile(lambda number: indent(run[number]) > level, following[1:]))
+    # The first of the next block's lines (its first line, then the deeper ones) that the original has
+    # once from there on, and the first line of the original's block that holds it.
+    keys = [run[number].strip() for number in next_block]
+    at = next((index.first(key, start) for key in keys if index.count(key, start) == 1), None)
+    if at is None:
+        return []
+    while at > start and not (has_words(lines[at]) and indent(lines[at]) <= depth):
+        at -= 1
+    if indent(lines[at]) != depth or not has_words(lines[at]):
+        return []
+    # Less the comments above it that the sketch shows (a blank line may stand between them and it).
+    shown_above = [run[number].strip() for number in rest[:above]]
+    stop = at
+    while shown_above and stop > start:
+        if lines[stop - 1].strip() == shown_above[-1]:
+            shown_above.pop()
+        elif lines[stop - 1].strip():
+            break
+        stop -= 1
+    stop = comment_above(lines, stop, start, [run[number] for number in rest[:above]])
+    return [(rest[0], start, stop)] if _whole_blocks(lines[start:stop], depth) else []
+
+
+def _whole_blocks(lines: list[str], depth: int) -> bool:
+    """Whether `lines` are blocks whole at `depth` and nothing else (comments and blank lines aside): each
+    a first line there (not one that goes on with the statement before it: `else:`, `except`) with deeper
+    lines after it, and a closing line there if it has one. Statements between two blocks shown are a
+    deletion the sketch shows by the lines around it, as a block's `else:` is part of that block."""
+    said = [line for line in lines if line.strip() and not _ABOVE.match(line.strip())]
+    opens = 0
+    for number, line in enumerate(said):
+        if indent(line) > depth:
+            continue
+        if indent(line) < depth:
+            return False
+        if _closes(line) and number > 0:
+            continue
+        deeper = number + 1 < len(said) and indent(said[number + 1]) > depth
+        if not has_words(line) or _GOES_ON.match(line.strip()) or not deeper:
+            return False
+        opens += 1
+    return opens > 0
 
 
 def past_deeper(lines: list[str], depth: int, at: int, limit: int) -> int:
@@ -148,4 +256,5 @@ def balance(lines: list[str]) -> int:
 
 def line_balance(line: str) -> int:
     """Brackets `line` opens minus those it closes."""
-    return sum(line.count(c) for c in "([{") - sum(line.count(c) for c in ")]}")
+    opened = line.count("(") + line.count("[") + line.count("{")  # (not a generator: asked of every line)
+    return opened - line.count(")") - line.count("]") - line.count("}")

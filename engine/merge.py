@@ -10,6 +10,11 @@ leaves the merge *unresolved* (`SketchMerge.unresolved` says why): the model wri
 the partial merge as the copy drafter's draft. Measured on sketches of real edits (see docs/benchmarks.md,
 "Edit sketches").
 
+No chunk deletes code it neither shows nor marks: where it shows two blocks one after the other (two
+functions, no marker between them: chat models leave it out) and the original has blocks between them,
+those stay (`blocks.omitted`), and the checks refuse an answer without them. A deletion there is shown
+by the lines around it (`return 1` then `def b():`), not by two blocks whole.
+
 >>> original = "def f():\\n    return 1\\n\\n\\ndef g():\\n    return 2\\n"
 >>> sketch = "# ... existing code ...\\ndef g():\\n    return 3\\n"
 >>> merge_sketch(original, sketch).text
@@ -26,10 +31,12 @@ from dataclasses import dataclass
 
 from rapidfuzz.distance import Indel
 
-from specedit.engine.blocks import indent, past_deeper
+from specedit.engine.anchors import Original
+from specedit.engine.blocks import indent, omitted, past_deeper
+from specedit.engine.edges import common_length, is_change_of
 from specedit.engine.merge_checks import check_merge, counts, is_elision
 from specedit.engine.patches import SketchFormat, apply_patch, detect, parse_patch
-from specedit.engine.placement import Chunk, Placement, common_length, is_change_of, place_chunks
+from specedit.engine.placement import Chunk, Placement, place_chunks
 
 # Lines that say something, each a change of one of the `EDGE_LINES` lines at a sketch's edge, that a
 # sketch without its first or last marker may replace at the file's start or end (`_edge_reading`).
@@ -108,9 +115,10 @@ def _reading(original: str, sketch: str, lines: list[str], sketch_lines: list[st
     """The merge of `chunks` into the original's `lines` (newlines only), checked: with each chunk that
     shows a block whole replacing the rest of the original's block (`_block_end`), unless that merge
     fails where the plain placements pass (the rest was old code the sketch does not touch)."""
-    keys = [line.strip() for line in lines]  # compared for anchors and likeness
-    raw = [line.rstrip() for line in lines]  # compared with their indentation, at a chunk's edges
-    steps = place_chunks(chunks, lines, keys, raw).steps
+    read = Original(lines)
+    keys = read.keys
+    placed = place_chunks(chunks, read).steps
+    steps = [(_keeping_omitted(read, chunk, place), why) for chunk, (place, why) in zip(chunks, placed, strict=True)]
     said = [line for line in sketch_lines if line.strip()]
     open_end = bool(said) and not is_elision(said[-1]) and any(is_elision(line) for line in said)
 
@@ -153,6 +161,19 @@ def _reading(original: str, sketch: str, lines: list[str], sketch_lines: list[st
     if merge.resolved or stops == plain:
         return merge
     return assembled(plain)
+
+
+def _keeping_omitted(original: Original, chunk: Chunk, place: Placement | None) -> Placement | None:
+    """`place` with the original's lines put back that the chunk neither shows nor marks, between two
+    blocks it shows one after the other (`blocks.omitted`: a chat model left out the marker between two
+    functions), where the placement replaced them."""
+    if place is None:
+        return None
+    lines = [*place.lines]  # a line for each of the chunk's lines
+    for position, start, stop in reversed(omitted(original.lines, chunk.lines, original.index)):
+        if place.start <= start and stop <= place.stop:
+            lines[position:position] = original.lines[start:stop]
+    return dataclasses.replace(place, lines=lines)
 
 
 def _block_end(chunk: Chunk, place: Placement, lines: list[str], keys: set[str], limit: int) -> int:

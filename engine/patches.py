@@ -29,6 +29,7 @@ import difflib
 import functools
 import itertools
 import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -42,6 +43,7 @@ _ANY_HUNK_HEADER = re.compile(r"^@@(?: .*)?$")
 _SEARCH = re.compile(r"^<{5,9} ?SEARCH\b")
 _DIVIDER = re.compile(r"^={5,9}\s*$")
 _REPLACE = re.compile(r"^>{5,9} ?REPLACE\b")
+_COMPARISONS: tuple[Callable[[str], str], ...] = (str.rstrip, str.strip)
 # How many of a sketch's first lines (not blank) may open a patch: a file's name, a fence, the patch's
 # first line.
 OPENING = 3
@@ -272,57 +274,99 @@ def _apply_file(original: str, hunks: tuple[Hunk, ...], format: PatchFormat) -> 
     ends_in_newline = lines[-1] == ""
     if ends_in_newline:
         lines.pop()
+    text = _Text(lines)
     cursor, shift = 0, 0  # diffs come in order: each hunk after the one before; the numbers' error so far
     for number, hunk in enumerate(hunks, 1):
         if not hunk.old:
             return original, (f"hunk {number} says nothing of where it goes (no lines of the original)",)
         low = 0 if format == "search-replace" else cursor  # aider's blocks each search the whole file
-        rest = hunks[number - 1 :]
-        found = _find(lines, hunk, low, shift, rest)
+        found = _find(text, hunk, low, cursor, shift, hunks[number - 1 :])
         if isinstance(found, str) and low > 0:  # hunks out of order
-            found = _find(lines, hunk, 0, shift, rest)
+            found = _find(text, hunk, 0, cursor, shift, hunks[number - 1 :])
         if isinstance(found, str):
             return original, (f"hunk {number} (starting {_first_said(hunk.old)!r}): {found}",)
         start, new = found
         if hunk.line is not None:
             shift = start + 1 - hunk.line
-        lines[start : start + len(hunk.old)] = new
+        text.replace(start, start + len(hunk.old), new)
         cursor = start + len(new)
-    return "\n".join(lines) + ("\n" if ends_in_newline else ""), ()
+    return "\n".join(text.lines) + ("\n" if ends_in_newline else ""), ()
 
 
-def _find(lines: list[str], hunk: Hunk, low: int, shift: int, rest: tuple[Hunk, ...]) -> tuple[int, list[str]] | str:
-    """Where `hunk.old` is in `lines` at or after `low`, and the lines that replace it there; or why not.
+class _Text:
+    """A file's lines as the hunks so far left them, with each compared as `_find` compares it (without
+    trailing spaces, without any indentation) and how often each is there: a hunk is looked for by its
+    rarest line, not by comparing it at every place (a diff of thousands of hunks took a minute)."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+        self.keys = {compare: [compare(line) for line in lines] for compare in _COMPARISONS}
+        self.counts = {compare: Counter(keys) for compare, keys in self.keys.items()}
+
+    def replace(self, start: int, stop: int, new: list[str]) -> None:
+        """`lines[start:stop] = new`."""
+        for compare, keys in self.keys.items():
+            self.counts[compare].subtract(keys[start:stop])
+            added = [compare(line) for line in new]
+            self.counts[compare].update(added)
+            keys[start:stop] = added
+        self.lines[start:stop] = new
+
+    def places(self, wanted: list[str], compare: Callable[[str], str], low: int, near: int = 0) -> list[int]:
+        """Where the lines `wanted` (compared by `compare`) are, in order, at or after `low`. Looked for from
+        `near` on first (hunks come in order): once all the places of their rarest line are seen, there
+        are no more, and the rest of the file is not read."""
+        keys, counts = self.keys[compare], self.counts[compare]
+        rarest = min(range(len(wanted)), key=lambda k: counts[wanted[k]])
+        key, size = wanted[rarest], len(wanted)
+        left, places = counts[key], []
+        start, end = low + rarest, len(keys) - size + 1 + rarest  # where the rarest line may be
+        middle = min(max(start, near + rarest), end)
+        for at, stop in ((middle, end), (start, middle)):
+            while left > 0:
+                try:
+                    at = keys.index(key, at, stop)
+                except ValueError:
+                    break
+                if keys[at - rarest : at - rarest + size] == wanted:
+                    places.append(at - rarest)
+                at, left = at + 1, left - 1
+        return sorted(places)
+
+
+def _find(
+    text: _Text, hunk: Hunk, low: int, near: int, shift: int, rest: tuple[Hunk, ...]
+) -> tuple[int, list[str]] | str:
+    """Where `hunk.old` is in `text` at or after `low` (looked for from `near` first: `_Text.places`), and
+    the lines that replace it there; or why not.
     `rest` is the patch's hunks from this one on: where as many of them as there are places have the same
     old lines, the patch edits each place, and this hunk takes the first (a rename in each of three doc
     comments, written as three hunks alike)."""
     size = len(hunk.old)
-    for compare in (str.rstrip, str.strip):  # trailing spaces first, then any indentation
+    for compare in _COMPARISONS:  # trailing spaces first, then any indentation
         wanted = [compare(line) for line in hunk.old]
-        keys = [compare(line) for line in lines]
-        places = [at for at in range(low, len(lines) - size + 1) if keys[at : at + size] == wanted]
+        places = text.places(wanted, compare, low, near)
         if not places:
             continue
         if len(places) > 1:
-            places = _narrowed(lines, hunk, places, shift)
+            places = _narrowed(text, hunk, places, shift)
         if len(places) > 1 and sum([compare(line) for line in other.old] == wanted for other in rest) == len(places):
             places = places[:1]
         if len(places) != 1:
             return f"its lines are in the file {len(places)} times, and nothing in the patch says which"
         start = places[0]
-        found, new = lines[start : start + size], list(hunk.new)
+        found, new = text.lines[start : start + size], list(hunk.new)
         if compare is str.strip:
             new = _indented_like(found, hunk.old, new)
         return start, _keeping_context(found, hunk, new)
     return "its lines are not in the file"
 
 
-def _narrowed(lines: list[str], hunk: Hunk, places: list[int], shift: int) -> list[int]:
+def _narrowed(text: _Text, hunk: Hunk, places: list[int], shift: int) -> list[int]:
     """Of several places for a hunk, the one its patch points at: the first after V4A's `@@` line, or the
     nearest to the diff's line number (shifted by how far the hunks before it were off)."""
     if hunk.scope is not None:
-        scope = hunk.scope.strip()
-        scopes = [at for at, line in enumerate(lines) if line.strip() == scope]
+        scopes = text.places([hunk.scope.strip()], str.strip, 0)
         after = [place for place in places if any(at < place for at in scopes)]
         if scopes and after:
             nearest = min(after, key=lambda place: place - max(at for at in scopes if at < place))

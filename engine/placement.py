@@ -22,7 +22,7 @@ order, each after the one before, each replacing a span of the original, by thes
    first lines before the anchor (context it repeats: a `}` and a blank line before a new function), less
    the lines skipping there loses (not one alike to a new line of the chunk: it is changed, as `if (x) {`
    into `if (x) y;`), if the rest fits there; else its last lines may be changes of the lines just
-   before the anchor (alike, `EDGE_SCORE`); else they are new, and go in before the anchor if they close
+   before the anchor (alike, `edges.EDGE_SCORE`); else they are new, and go in before the anchor if they close
    what they open and do not land inside a deeper block. Likewise after the last anchor. A chunk
    with no marker before it starts the file, one with no marker after it ends it; one that is a changed
    line alone (a new signature) goes where the one line alike to it is.
@@ -44,6 +44,10 @@ order, each after the one before, each replacing a span of the original, by thes
 6. Lines the chunk repeats keep the original's own text (a sketch drops trailing spaces), but for a line
    trimmed beside a line the chunk changes.
 
+Rules 1 and 2 live in `anchors`, 3 and 6 in `edges`. The original's lines are read once for a merge
+(`anchors.Original`: where each line is, and running sums over them): each chunk costs what it holds and
+what lies near it, not the whole file.
+
 Measured on sketches of real edits (see docs/benchmarks.md, "Edit sketches"). Wrong merges seen while
 tuning: a chunk whose lines are, verbatim, another place of the file (a Go template holding the same
 imports) goes there; a new test whose generic first lines (`}`) the original has in several places
@@ -58,29 +62,21 @@ import functools
 from collections import Counter
 from dataclasses import dataclass
 
-from rapidfuzz import fuzz
 from rapidfuzz.distance import Indel
 
 from specedit.engine.anchors import (
+    REPLACED_PER_LINE,
+    REPLACED_SLACK,
     Anchor,
+    Original,
     best_chain,
     context_chain,
-    find_anchors,
     find_lines,
-    fits,
-    replaces_little,
 )
-from specedit.engine.blocks import balance, comment_above, find_block, has_words, indent, lines_above, shown_block
+from specedit.engine.blocks import comment_above, find_block, indent, lines_above, shown_block
+from specedit.engine.edges import Side, keeping_unchanged, lost, place_on, says_from
 from specedit.engine.merge_checks import BLOCK_DROPS, counts
 
-# rapidfuzz's ratio (0-100) from which a chunk's line next to an anchor is taken for a change of the
-# original's line there (it replaces it) rather than a new one (it goes in beside it). Chosen on the
-# continue_lazy fixtures, sketches of git_history edits and hand-written ones (2026-11): `return round(s,
-# 2)` for `return s` scores 62, `s += item.price * item.count` for `s += item.price` 70, a changed import
-# `from x import A, B` for `from x import A` 78; a new method's first line against the one it would
-# replace ~50. 50 and 55 let one wrong merge through on continue_lazy; 60 to 70 merged the same sketches
-# of real edits, and only 60 all the hand-written ones.
-EDGE_SCORE = 60
 # A chunk whose every line the original has more than once is tried at each place of its rarest line, if
 # it has at most this many (a block a file repeats: the same lines in two lists, an import block a template
 # holds too).
@@ -140,7 +136,7 @@ class Placements:
         return Placements(((placement, why), *self.steps), unplaced, self.changed + changed)
 
 
-def place_chunks(chunks: list[Chunk], lines: list[str], keys: list[str], raw: list[str]) -> Placements:
+def place_chunks(chunks: list[Chunk], original: Original) -> Placements:
     """Where each chunk goes, after the one before: where a chunk may go in several places (`_places`), the
     one after which the fewest chunks stay unplaced (a tie is a doubt: which of two equal blocks a sketch
     meant: what each would change did not tell it reliably). Worked out from the last chunk back, for the
@@ -159,7 +155,7 @@ def place_chunks(chunks: list[Chunk], lines: list[str], keys: list[str], raw: li
             continue
         chunk = chunks[number]
         if state not in places:
-            places[state] = _places(lines, keys, raw, cursor, chunk)
+            places[state] = _places(original, cursor, chunk)
         found = places[state]
         nexts = [(number + 1, cursor)] if isinstance(found, str) else [(number + 1, place.stop) for place in found]
         if missing := [after for after in nexts if after not in placements]:
@@ -174,7 +170,7 @@ def place_chunks(chunks: list[Chunk], lines: list[str], keys: list[str], raw: li
         # Of the places, the one after which the fewest chunks stay unplaced, then the one whose merge
         # changes clearly fewer characters; two alike are a doubt.
         options = sorted(
-            ((placements[(number + 1, place.stop)], _changed(lines, place), place) for place in found),
+            ((placements[(number + 1, place.stop)], _changed(original.lines, place), place) for place in found),
             key=lambda option: (option[0].unplaced, option[0].changed + option[1]),
         )
         (following, changed, chosen), *others = options  # `following`: how the chunks after it fare
@@ -192,7 +188,7 @@ def _changed(lines: list[str], place: Placement) -> int:
     return Indel.distance("".join(lines[place.start : place.stop]), "".join(place.lines))
 
 
-def _places(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk: Chunk) -> list[Placement] | str:
+def _places(original: Original, cursor: int, chunk: Chunk) -> list[Placement] | str:
     """Where `chunk` may go after `cursor` (`_place`, unless its context says otherwise: `_within_context`);
     or why nowhere.
 
@@ -203,10 +199,11 @@ def _places(lines: list[str], keys: list[str], raw: list[str], cursor: int, chun
     or it stays unresolved (`merge_sketch`). Failing that, it is placed between each pair of places of its
     context lines (`_between_context`) where it does not keep old code it rewrites (`_repeats_old_code`).
     """
-    placed = _place(lines, keys, raw, cursor, chunk)
+    lines, keys = original.lines, original.keys
+    placed = _place(original, cursor, chunk)
     if not isinstance(placed, str):
-        return _within_context(lines, keys, raw, cursor, chunk, placed) or [placed]
-    found = _found(keys, cursor, chunk)
+        return _within_context(original, cursor, chunk, placed) or [placed]
+    found = _found(original, cursor, chunk)
     repeats = min(found.values(), key=len, default=[])
     places = []
     if 1 < len(repeats) <= MAX_REPEATS:  # else it has anchors (and did not fit on them), or too many places
@@ -215,39 +212,38 @@ def _places(lines: list[str], keys: list[str], raw: list[str], cursor: int, chun
             high = repeats[number + 1] if number + 1 < len(repeats) else len(lines)
             if (chunk.at_start and low > cursor) or (chunk.at_end and high < len(lines)):
                 continue
-            place = _place(lines[:high], keys[:high], raw[:high], low, chunk)
+            place = _place(original.before(high), low, chunk)
             if not isinstance(place, str) and place.start <= at < place.stop:
                 old = keys[place.start : place.stop]
-                if _lost(old, [line.strip() for line in place.lines]) <= RUN_LOSSES:
+                if lost(old, [line.strip() for line in place.lines]) <= RUN_LOSSES:
                     places.append(place)
     changing = [place for place in places if place.lines != lines[place.start : place.stop]]
     if not changing:
         changing = [
             place
-            for place in _between_context(lines, keys, raw, chunk, found)
+            for place in _between_context(original, chunk, found)
             if place.lines != lines[place.start : place.stop] and not _repeats_old_code(keys, place)
         ]
     return changing or placed
 
 
-def _found(keys: list[str], cursor: int, chunk: Chunk) -> dict[str, list[int]]:
+def _found(original: Original, cursor: int, chunk: Chunk) -> dict[str, list[int]]:
     """Where each of the chunk's lines that say something is in the original after `cursor`."""
-    return find_lines(keys, cursor, {line.strip() for line in chunk.lines if counts(line)})
+    return find_lines(original.keys, cursor, {line.strip() for line in chunk.lines if counts(line)}, original.index)
 
 
-def _within_context(
-    lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk: Chunk, placed: Placement
-) -> list[Placement]:
+def _within_context(original: Original, cursor: int, chunk: Chunk, placed: Placement) -> list[Placement]:
     """Where a chunk placed by its anchors losing more than `RUN_LOSSES` of the original's lines goes by its
     context instead: the placements between its first and last lines (`_between_context`) inside that one
     that lose none, where that one rests, outside them, on one line of the chunk at most: new code
     repeating one line of old code (a new test after `assertEquals` lines two tests end with, whose
     `}).create();` the test before has once, replaced that test). Empty where there are none."""
+    lines, keys = original.lines, original.keys
     if _lost_lines(keys, chunk, (placed.start, placed.stop, placed.lines)) <= RUN_LOSSES:
         return []
     narrower = []
     chunk_said = {line.strip() for line in chunk.lines if counts(line)}
-    for place in _between_context(lines, keys, raw, chunk, _found(keys, cursor, chunk)):
+    for place in _between_context(original, chunk, _found(original, cursor, chunk)):
         said = chunk_said - set(keys[place.start : place.stop])
         outside = keys[placed.start : place.start] + keys[place.stop : placed.stop]
         if (
@@ -261,9 +257,7 @@ def _within_context(
     return narrower
 
 
-def _between_context(
-    lines: list[str], keys: list[str], raw: list[str], chunk: Chunk, found: dict[str, list[int]]
-) -> list[Placement]:
+def _between_context(original: Original, chunk: Chunk, found: dict[str, list[int]]) -> list[Placement]:
     """The placements of a chunk by its first and last lines that say something (its context), for when
     the original has each several times: between each place of its first line and the nearest place of
     its last line after it (with no place of the first line between them), where the two are once (gson:
@@ -280,7 +274,7 @@ def _between_context(
             break
         if number + 1 < len(firsts) and firsts[number + 1] < last:
             continue
-        place = _place(lines[: last + 1], keys[: last + 1], raw[: last + 1], first, chunk)
+        place = _place(original.before(last + 1), first, chunk)
         if not isinstance(place, str) and place.start <= first and last < place.stop:
             places.append(place)
     return places if len(places) <= MAX_REPEATS else []
@@ -298,13 +292,14 @@ def _repeats_old_code(keys: list[str], place: Placement, run: int = 3) -> bool:
     return any(tuple(new[k : k + run]) in runs for k in range(len(new) - run + 1))
 
 
-def _place(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk: Chunk) -> Placement | str:
+def _place(original: Original, cursor: int, chunk: Chunk) -> Placement | str:
     """Where `chunk` goes: it replaces `lines[start:stop]` with its lines (re-indented like the original's
     where all its anchors are shifted alike); or why that cannot be said. By its anchors
     (`_place_by_anchors`), unless it is one block whole (`_whole_block`) and its anchors leave a doubt or
     place it losing more of the original's lines (lines that say something that the chunk lacks)."""
-    placed = _place_by_anchors(lines, keys, raw, cursor, chunk)
-    block = _whole_block(lines, keys, cursor, chunk)
+    lines, keys = original.lines, original.keys
+    placed = _place_by_anchors(original, cursor, chunk)
+    block = _whole_block(original, cursor, chunk)
     alone = not chunk.marker_before and not chunk.marker_after  # the sketch is this block, and no more
     if block is not None:
         start, stop, new_lines, first = block
@@ -320,7 +315,7 @@ def _place(lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk
     if isinstance(placed, str):
         return placed
     start, stop, new_lines = placed
-    return Placement(start, stop, _keeping_unchanged(lines[start:stop], new_lines))
+    return Placement(start, stop, keeping_unchanged(lines[start:stop], new_lines))
 
 
 def _lost_lines(keys: list[str], chunk: Chunk, placement: tuple[int, int, list[str]]) -> int:
@@ -328,9 +323,7 @@ def _lost_lines(keys: list[str], chunk: Chunk, placement: tuple[int, int, list[s
     return sum(counts(key) and key not in chunk.keys for key in keys[placement[0] : placement[1]])
 
 
-def _place_by_anchors(
-    lines: list[str], keys: list[str], raw: list[str], cursor: int, chunk: Chunk
-) -> tuple[int, int, list[str]] | str:
+def _place_by_anchors(original: Original, cursor: int, chunk: Chunk) -> tuple[int, int, list[str]] | str:
     """Where `chunk` goes by its anchors (see `_place`).
 
     The anchors that fit together best are tried, and each anchor alone (a unique line of new code may
@@ -340,15 +333,17 @@ def _place_by_anchors(
     loses the fewest lines of the original (`_lost_lines`) is taken, and of those the one that replaces
     the fewest.
     """
+    keys = original.keys
     chunk_keys = [line.strip() for line in chunk.lines]
-    anchors = find_anchors(keys, cursor, chunk_keys)
+    anchors = original.anchors(cursor, chunk_keys)
     # Each anchor alone too, those nearest the chunk's edges where it has many (its context is there).
     alone = anchors if len(anchors) <= 2 * ALONE_AT_EDGES else anchors[:ALONE_AT_EDGES] + anchors[-ALONE_AT_EDGES:]
-    chains = [best_chain(keys, chunk_keys, anchors), *([a] for a in alone)] if anchors else [[]]
-    chains += context_chain(keys, chunk_keys, anchors)
-    placements = [_place_on(chain, lines, raw, cursor, chunk) for chain in chains] + _by_context(
-        lines, raw, cursor, chunk
-    )
+    chains = [best_chain(keys, chunk_keys, anchors, original.sums), *([a] for a in alone)] if anchors else [[]]
+    chains += context_chain(keys, chunk_keys, anchors, original.sums)
+    placements = [
+        place_on(chain, original, cursor, _reindented(chunk.lines, chain, original.lines), chunk.at_start, chunk.at_end)
+        for chain in chains
+    ] + _by_context(original, cursor, chunk)
     placed = [placement for placement in placements if not isinstance(placement, str)]
 
     def covers(placement: tuple[int, int, list[str]], required: list[Anchor]) -> bool:
@@ -381,9 +376,7 @@ def _place_by_anchors(
     return min(held, key=lambda placement: (lost(placement), placement[1] - placement[0]))
 
 
-def _whole_block(
-    lines: list[str], keys: list[str], cursor: int, chunk: Chunk
-) -> tuple[int, int, list[str], int] | None:
+def _whole_block(original: Original, cursor: int, chunk: Chunk) -> tuple[int, int, list[str], int] | None:
     """The placement of a chunk that is one block whole (`blocks.shown_block`; no marker after it deeper
     than its first line) over the original's block of the same first line (`blocks.block_stop`), where the
     original has that line once after `cursor`, and the block's first line. A model shows "the function,
@@ -396,7 +389,8 @@ def _whole_block(
         return None
     if chunk.marker_after and indent(chunk.marker_after) > indent(chunk.lines[above]):
         return None
-    if (block := find_block(lines, shown, cursor)) is None:
+    lines, keys = original.lines, original.keys
+    if (block := find_block(lines, shown, cursor, original.places(shown.first, cursor))) is None:
         return None
     # Its own lines above the block stand for the original's there.
     start, stop = comment_above(lines, block[0], cursor, chunk.lines[:above]), block[1]
@@ -406,7 +400,7 @@ def _whole_block(
     return start, stop, _reindented(chunk.lines, anchors, lines), block[0]
 
 
-def _by_context(lines: list[str], raw: list[str], cursor: int, chunk: Chunk) -> list[tuple[int, int, list[str]]]:
+def _by_context(original: Original, cursor: int, chunk: Chunk) -> list[tuple[int, int, list[str]]]:
     """The placements of a chunk that ends the file (no marker after it) at each place where the original
     has its first lines (its context: one at least that says something), replacing all after; of a chunk
     that starts the file, at each place where the original has its last lines, replacing all before. Its
@@ -414,26 +408,24 @@ def _by_context(lines: list[str], raw: list[str], cursor: int, chunk: Chunk) -> 
     new_raw = [line.rstrip() for line in chunk.lines]
     if chunk.at_start == chunk.at_end:
         return []
-    # Only where the first line (the last, backwards) is the same: the original is not copied for every line.
+    raw, size = original.raw, len(original)
+    # Only where the first line (the last, backwards) is the same.
     if chunk.at_end:
         placements = [
-            (place, len(lines), chunk.lines)
-            for place in range(cursor, len(lines))
-            if raw[place] == new_raw[0] and _says(new_raw, raw[place:])
+            (place, size, chunk.lines)
+            for place in original.places(new_raw[0].strip(), cursor)
+            if raw[place] == new_raw[0] and says_from(new_raw, raw, place)
         ]
     else:
+        backwards = Side(original, backwards=True)
         placements = [
-            (cursor, place, chunk.lines)
-            for place in range(cursor + 1, len(lines) + 1)
-            if raw[place - 1] == new_raw[-1] and _says(new_raw[::-1], raw[place - 1 :: -1])
+            (cursor, place + 1, chunk.lines)
+            for place in original.places(new_raw[-1].strip(), cursor)
+            if raw[place] == new_raw[-1] and says_from(new_raw[::-1], backwards, size - 1 - place)
         ]
     # Not over much more code than the chunk holds (new code beside a near copy repeats its first lines).
-    return [placement for placement in placements if replaces_little(raw[placement[0] : placement[1]], new_raw)]
-
-
-def _says(new: list[str], old: list[str]) -> bool:
-    """Whether the first lines `new` and `old` have in common hold one that says something."""
-    return any(counts(line) for line in new[: common_length(new, old)])
+    most = REPLACED_PER_LINE * sum(map(counts, new_raw)) + REPLACED_SLACK
+    return [placement for placement in placements if original.sums.said(placement[0], placement[1]) <= most]
 
 
 Reading = tuple[list["Anchor"], list["Anchor"]]  # the context anchors a placement must cover, and the runs
@@ -464,151 +456,6 @@ def _required(anchors: list[Anchor], chunk_keys: list[str], chunk: Chunk) -> lis
 def _in_order(a: Anchor, b: Anchor) -> bool:
     """Whether two anchors stand in the same order in the chunk and in the original (or are one)."""
     return a == b or (a.chunk < b.chunk) == (a.original < b.original)
-
-
-def _keeping_unchanged(old: list[str], new: list[str]) -> list[str]:
-    """`new`, with the original's own text for the lines it repeats: a sketch writes blank lines without
-    their spaces, and a merge changes no line it did not mean to (a line indented anew is changed). But a
-    line that the sketch gives without the original's trailing spaces, right beside a line it changes, is
-    the sketch's: an edit trims the lines it touches (` * ` in a doc comment it rewrites)."""
-    matcher = difflib.SequenceMatcher(
-        None, [line.rstrip() for line in old], [line.rstrip() for line in new], autojunk=False
-    )
-    opcodes = matcher.get_opcodes()
-    merged: list[str] = []
-    for number, (tag, old_start, old_stop, new_start, new_stop) in enumerate(opcodes):
-        if tag != "equal":
-            merged += new[new_start:new_stop]
-            continue
-        kept = old[old_start:old_stop]
-        if number > 0 and kept[0].strip():  # the line after a change
-            kept[0] = new[new_start]
-        if number < len(opcodes) - 1 and kept[-1].strip():  # the line before one
-            kept[-1] = new[new_stop - 1]
-        merged += kept
-    return merged
-
-
-def _place_on(
-    chain: list[Anchor], lines: list[str], raw: list[str], cursor: int, chunk: Chunk
-) -> tuple[int, int, list[str]] | str:
-    """The placement of `chunk` on the anchors `chain` (see `_place`)."""
-    new_lines = _reindented(chunk.lines, chain, lines)
-    new_raw = [line.rstrip() for line in new_lines]
-    if chain:
-        start, stop = chain[0].original, chain[-1].original + chain[-1].size
-        lead, tail = new_raw[: chain[0].chunk], new_raw[chain[-1].chunk + chain[-1].size :]
-    elif chunk.at_start:  # it begins as the file does, if at all (`x = 1` says too little to anchor)
-        same = common_length(new_raw, raw[cursor:])
-        start, stop, lead, tail = cursor, cursor + same, [], new_raw[same:]
-    elif chunk.at_end:
-        same = common_length(new_raw[::-1], raw[::-1])
-        start, stop, lead, tail = len(lines) - same, len(lines), new_raw[: len(new_raw) - same], []
-    else:  # one changed line alone (a new signature): where the one line alike to it is
-        said = [line.strip() for line in new_raw if counts(line)]
-        alike = [
-            index for index in range(cursor, len(lines)) if len(said) == 1 and is_change_of(said[0], raw[index].strip())
-        ]
-        if len(alike) != 1:  # (a new function `sub` beside `add` is no change of `add`)
-            return "none of its lines is in the original once"
-        start = stop = alike[0]
-        lead, tail = [], new_raw
-    if chunk.at_start:
-        start = cursor
-    else:
-        start, unplaced = _edge(lead, raw, cursor, start)
-        if unplaced and not _insertable(unplaced, raw, start, cursor, start):
-            return f"{unplaced[0].strip()!r} could go in more than one place"
-    if chunk.at_end:
-        stop = len(lines)
-    else:
-        # The chunk's end, read backwards, is placed like its start.
-        back, unplaced = _edge(tail[::-1], raw[::-1], 0, len(lines) - stop)
-        stop = len(lines) - back
-        if unplaced and not _insertable(unplaced[::-1], raw, stop, stop, len(lines)):
-            return f"{unplaced[0].strip()!r} could go in more than one place"
-    return start, stop, new_lines
-
-
-def _edge(edge: list[str], raw: list[str], low: int, start: int) -> tuple[int, list[str]]:
-    """Where the chunk's lines before its first anchor (`edge`) begin in the original, and those of them
-    that are new, to go in right before `start`.
-
-    The edge may begin with lines of the original (context the chunk repeats: a closing `}` and a blank
-    line before a new function): of the places before `start` where the chunk's lines after them fit where
-    the original has its lines up to `start`, the one where the most of them are, less the lines it loses
-    (lines that say something, that the chunk lacks), then the most of them, then the nearest.
-    Else its last lines may be changes of the original's lines just before `start` (alike). Lines compared
-    with their indentation. Used backwards for the chunk's end.
-    """
-    if edge:
-        places = []  # (lines it repeats, place), nearest first
-        for place in range(start - 1, low - 1, -1):
-            if raw[place] != edge[0]:
-                continue
-            size = 1
-            while size < len(edge) and place + size < start and raw[place + size] == edge[size]:
-                size += 1
-            rest, skipped = [line.strip() for line in edge[size:]], [line.strip() for line in raw[place + size : start]]
-            if fits(rest, skipped):
-                lost = _lost(skipped, rest)
-                places.append((size - lost, size, place))
-        if places:  # the most repeated less lost, then the most repeated, then the nearest
-            return max(places, key=lambda found: found[:2])[2], []
-    # Changed lines: alike pairs from `start` back, over equal lines between them (blank lines, `}`).
-    unplaced, placed_start = len(edge), start
-    walked, at = unplaced, start
-    while walked and at > low:
-        new, old = edge[walked - 1].strip(), raw[at - 1].strip()
-        if new != old and not is_change_of(new, old):
-            break
-        walked, at = walked - 1, at - 1
-        if is_change_of(new, old):
-            unplaced, placed_start = walked, at
-    return placed_start, edge[:unplaced]
-
-
-def _lost(old: list[str], new: list[str]) -> int:
-    """How many of the lines `old` that say something `new` replaces without keeping them: neither among
-    its lines nor changed into one (alike to one of its lines the original lacks there, each of those a
-    change of one line at most)."""
-    changes = [line for line in new if line not in old]
-    lost = 0
-    for line in old:
-        if not counts(line) or line in new:
-            continue
-        alike = next((number for number, change in enumerate(changes) if is_change_of(change, line)), None)
-        if alike is None:
-            lost += 1
-        else:
-            del changes[alike]
-    return lost
-
-
-def _insertable(new: list[str], raw: list[str], at: int, low: int, high: int) -> bool:
-    """Whether lines that nothing places can go in before `raw[at]` as new code: none of them (but bare
-    brackets) is a line of the original between `low` and `high` (that would be context the chunk
-    repeats, not found where it fits), they close what they open, and the line after them is not deeper
-    inside a block than their first line."""
-    nearby = {line.strip() for line in raw[low:high]}
-    if any(has_words(line) and line.strip() in nearby for line in new) or balance(new) != 0:
-        return False
-    after = next((line for line in raw[at:] if line.strip()), "")
-    first = next(line for line in new if line.strip())
-    return indent(first) >= indent(after)
-
-
-def is_change_of(new: str, old: str) -> bool:
-    """Whether a chunk's line is a change of the original's `old` (it replaces it), not a new one."""
-    return has_words(new) and has_words(old) and fuzz.ratio(new, old) >= EDGE_SCORE
-
-
-def common_length(a: list[str], b: list[str]) -> int:
-    """How many of the first lines of `a` and `b` are equal."""
-    same = 0
-    while same < min(len(a), len(b)) and a[same] == b[same]:
-        same += 1
-    return same
 
 
 def _reindented(chunk_lines: list[str], anchors: list[Anchor], lines: list[str]) -> list[str]:

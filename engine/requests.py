@@ -72,9 +72,12 @@ class RewriteRequest:
     merge: MergeMethod = "auto"  # for a sketch
     sketch_format: SketchFormat = "auto"  # how the sketch is written (`patches`); auto: found in its text
     allow_empty: bool = False  # an empty answer for a region that has code is written (else it is refused)
+    # The file the region is of, as the user named it (None: not known). A chat answer's code block named
+    # for another file is refused by this name (`chat_answer`).
+    path: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("original", "instruction", "sketch"):
+        for name in ("original", "instruction", "sketch", "path"):
             _check_size(name, getattr(self, name))
         if self.draft not in DRAFT_METHODS:
             raise ValueError(f"draft must be one of {DRAFT_METHODS}, got {self.draft!r}")
@@ -103,6 +106,9 @@ class RewriteRequest:
 ChatRole = Literal["system", "developer", "user", "assistant"]
 CHAT_ROLES: tuple[ChatRole, ...] = ("system", "developer", "user", "assistant")
 MAX_STOP_STRINGS = 4  # OpenAI's limit
+# Each stop string's characters: every step searches the answer's end as long as the longest one.
+MAX_STOP_CHARS = 1_000
+MAX_MESSAGES = 2_048  # a chat's messages (their text is bounded as one, `MAX_INPUT_BYTES`)
 
 
 @dataclass(frozen=True)
@@ -135,8 +141,10 @@ class CompletionRequest:
         _check_size("prompt", self.prompt)
         _check_size("prediction", self.prediction)
         _check_size("messages", "".join(message.content for message in self.messages))
-        if len(self.stop) > MAX_STOP_STRINGS or not all(self.stop):
-            raise ValueError(f"stop holds at most {MAX_STOP_STRINGS} strings, none of them empty")
+        if len(self.stop) > MAX_STOP_STRINGS or not all(0 < len(stop) <= MAX_STOP_CHARS for stop in self.stop):
+            raise ValueError(f"stop holds at most {MAX_STOP_STRINGS} strings of 1 to {MAX_STOP_CHARS:,} characters")
+        if len(self.messages) > MAX_MESSAGES:
+            raise ValueError(f"a chat holds at most {MAX_MESSAGES:,} messages")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import dataclasses
 import functools
 import logging
@@ -29,11 +30,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from specedit.engine.errors import InputError
 from specedit.engine.events import Done, Event, Step, Text
 from specedit.engine.options import EngineOptions
 from specedit.engine.requests import CompletionRequest, RewriteOutcome, RewriteRequest, WarmRequest
 
 if TYPE_CHECKING:
+    from specedit.engine.chat_answer import AnswerSketch
     from specedit.engine.serving.local import LocalBackend
 
 log = logging.getLogger(__name__)
@@ -41,6 +44,9 @@ log = logging.getLogger(__name__)
 EventCallback = Callable[[Event], None]
 Request = RewriteRequest | CompletionRequest
 T = TypeVar("T")
+# A heavy sketch's merge by its lines holds a turn while the others wait: it is cut off after this long
+# (a merge takes about a second for 1 MB; more is a case the merge handles badly, not a bigger input).
+MERGE_SECONDS = 10.0
 
 
 class Backend(Protocol):
@@ -97,10 +103,16 @@ class Session:
         emit = on_event or _ignore
         cancel = cancel or threading.Event()
         counted = _StepsAfterCancel(emit, cancel)
-        outcome = None
+        outcome = answer = None
+        if isinstance(request, RewriteRequest) and request.sketch is not None:  # a chat answer: its code
+            request, answer = sketch_of_answer(request)
         if isinstance(request, RewriteRequest) and request.sketch is not None and request.merge == "auto":
             merge = functools.partial(merged_by_lines, request, request.sketch)
-            outcome = self.backend.in_turn(merge, counted, cancel, client) if request.heavy else merge()
+            if request.heavy:
+                bounded = functools.partial(_within, MERGE_SECONDS, merge, cancel, _too_long(request))
+                outcome = self.backend.in_turn(bounded, counted, cancel, client)
+            else:
+                outcome = merge()
         if outcome is not None:
             if outcome.text:
                 emit(Text(outcome.text))
@@ -108,7 +120,7 @@ class Session:
             outcome = self.backend.run(request, counted, cancel, client)
         outcome = counted.stamped(outcome)
         if isinstance(request, RewriteRequest):
-            outcome = judged(request, outcome)
+            outcome = judged(request, outcome, answer)
         emit(Done(outcome))
         return outcome
 
@@ -198,12 +210,27 @@ def merged_by_lines(request: RewriteRequest, sketch: str) -> RewriteOutcome | No
     return RewriteOutcome.finished(merged.text, "stop", stats)
 
 
-def judged(request: RewriteRequest, outcome: RewriteOutcome) -> RewriteOutcome:
+def sketch_of_answer(request: RewriteRequest) -> tuple[RewriteRequest, AnswerSketch | None]:
+    """The request with the sketch in its chat answer (`chat_answer`: the prose, file names and fences
+    around the code left out), and what the answer was; as it is, with None, for a bare sketch. Raises
+    `ChatAnswerError` naming the file an answer's code is for, where that is not the request's."""
+    from specedit.engine.chat_answer import sketch_from_answer
+
+    assert request.sketch is not None
+    answer = sketch_from_answer(request.sketch, request.original, path=request.path, language=request.language)
+    return (dataclasses.replace(request, sketch=answer.sketch), answer) if answer.blocks else (request, None)
+
+
+def judged(request: RewriteRequest, outcome: RewriteOutcome, answer: AnswerSketch | None = None) -> RewriteOutcome:
     """The outcome with the status its answer deserves, the one place that says which answers are written:
-    a complete answer to a sketch that is no merge of it (`merge_checks`) is `not_a_merge`; an empty or
-    whitespace-only answer for a region that has code is `empty`, unless the request allows it; a budget
-    run out is `incomplete`. Each says why (`problem`)."""
+    a complete answer to a sketch that is no merge of it (`merge_checks`; nor one that writes the prose or
+    fences of the chat answer the sketch came in, `answer`) is `not_a_merge`; an empty or whitespace-only
+    answer for a region that has code is `empty`, unless the request allows it; a budget run out is
+    `incomplete`. Each says why (`problem`)."""
     from specedit.engine.merge_checks import check_merge
+
+    if answer is not None:  # the stats say where the sketch came from
+        outcome = dataclasses.replace(outcome, stats={**outcome.stats, "sketch_from": answer.describe()})
 
     if outcome.status == "incomplete":
         generated = outcome.stats.get("generated_tokens")
@@ -222,7 +249,8 @@ def judged(request: RewriteRequest, outcome: RewriteOutcome) -> RewriteOutcome:
             "writes such an answer)",
         )
     if request.sketch is not None:
-        check = check_merge(request.original, request.sketch, outcome.text, request.sketch_format)
+        left_out = answer.left_out if answer is not None else ()
+        check = check_merge(request.original, request.sketch, outcome.text, request.sketch_format, left_out=left_out)
         if not check.ok:
             return dataclasses.replace(
                 outcome,
@@ -230,6 +258,51 @@ def judged(request: RewriteRequest, outcome: RewriteOutcome) -> RewriteOutcome:
                 problem=f"the answer is not a merge of the edit sketch: {check.describe()}; nothing was written",
             )
     return outcome
+
+
+class _CutOff(SystemExit):
+    """Raised in a merge's thread to stop it (a `SystemExit`: no `except Exception` in the merge takes it)."""
+
+
+def _within(
+    seconds: float, work: Callable[[], RewriteOutcome | None], cancel: threading.Event, late: InputError
+) -> RewriteOutcome | None:
+    """`work()`, run on a thread of its own and cut off when it runs over `seconds` (`late` is raised) or
+    `cancel` is set (a cancelled outcome): whoever waits for its turn waits a bounded time. The thread is
+    stopped at its next Python instruction (`PyThreadState_SetAsyncExc`); a thread inside a C call stops
+    when it returns from it, its turn given up already."""
+    results: list[RewriteOutcome | None] = []
+    errors: list[Exception] = []
+
+    def run() -> None:
+        try:
+            results.append(work())
+        except _CutOff:
+            pass  # its waiter has answered already
+        except Exception as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=run, name="specedit-merge", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + seconds
+    while thread.is_alive() and time.monotonic() < deadline and not cancel.is_set():
+        thread.join(0.05)
+    if thread.is_alive() and thread.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(_CutOff))
+        if cancel.is_set():
+            return RewriteOutcome.cancelled_before_start()
+        raise late
+    if errors:
+        raise errors[0]
+    return results[0]
+
+
+def _too_long(request: RewriteRequest) -> InputError:
+    size = len(request.original) + len(request.sketch or "")
+    return InputError(
+        f"the edit sketch took over {MERGE_SECONDS:.0f} s to merge into the code ({size:,} characters together); "
+        "nothing was written: send a smaller region or sketch"
+    )
 
 
 class _StepsAfterCancel:

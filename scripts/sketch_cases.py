@@ -20,6 +20,12 @@ without file headers, some with blank context lines unprefixed), `search-replace
 blocks, some with trailing spaces stripped) and `v4a` (OpenAI's `apply_patch`: `*** Begin Patch`,
 `*** Update File:`, `@@` with the enclosing function's line, three lines of context).
 
+`--wrap chat` writes each sketch (or patch) as a chat model's whole answer around it, as users copy one:
+a sentence before (in most), a fenced block with or without a language (a longer fence where the code
+holds fences), in some the file's name in the fence or on the line above, in some two blocks for two
+parts with a sentence between, in some a closing sentence. How, by a hash of the case's id; `style`
+says it. `engine/chat_answer.py` takes the sketch back out.
+
 `--split tune|heldout` keeps one half of the cases by a hash of their id (the other half stays unseen
 while tuning). Each case keeps `before` and `after` (the merge it should give) and drops the instruction:
 `sketch` takes its place, and `style` says how the sketch was written. Cases whose edit changes nothing,
@@ -37,7 +43,7 @@ import re
 import sys
 from pathlib import Path
 
-from specedit.engine.merge_checks import counts
+from specedit.engine.merge_checks import counts, is_elision
 
 COMMENT = {
     "python": "#",
@@ -67,6 +73,26 @@ MODEL_STYLES = (
     "{c} ... rest of the code remains the same ...",
 )
 FORMATS = ("lazy", "udiff", "search-replace", "v4a")
+# How chat models open, join and close an answer around the code (`--wrap chat`).
+OPENINGS = (
+    "Here's the updated code:",
+    "Sure! Here are the changes to `{path}`:",
+    "I've made the change. Here is the relevant part:",
+    "To do this, update the code as follows:",
+    "Here is the refactor. Only the changed parts are shown:",
+    "You can fix this by changing the code like this:",
+)
+BETWEENS = ("Then, further down in the same file:", "And update this part too:", "Next, change:")
+CLOSINGS = (
+    "The rest of the file is unchanged.",
+    "This keeps the existing behaviour and adds what you asked for.",
+    "Let me know if you'd like tests for this as well!",
+    "Everything else stays the same.",
+)
+LABELS = ("{path}:", "**{path}**", "### {path}", "`{path}`", "{path}")
+NAMED_FENCES = ('{tag} title="{path}"', "{path}", "{tag}:{path}")
+TAGS = {"cpp": ("cpp", "c++"), "javascript": ("javascript", "js"), "markdown": ("markdown", "md")}
+_FENCE_LINE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 
 # A line that opens a function, method or class (the block a model shows whole), not a statement's block.
 _CONTROL = re.compile(
@@ -300,6 +326,62 @@ def _ended(lines: list[str]) -> list[str]:
     return [line if line.endswith("\n") else line + "\n" for line in lines]
 
 
+def chat_answer_of(sketch: str, case: dict[str, str], format: str, rng: random.Random) -> tuple[str, str]:
+    """`sketch` as a chat model's whole answer around it (see the module docstring), and how it was written."""
+    path, language = path_of(case), case["language"].lower()
+    notes: list[str] = []
+    tag = rng.choice(TAGS.get(language, (language,)))
+    if format in ("udiff", "v4a"):
+        tag = rng.choice(("diff", ""))
+    fence = "```"  # in code that holds fences too (a docstring's), as models write it
+    held = [len(found.group(1)) for line in sketch.splitlines() if (found := _FENCE_LINE.match(line))]
+    if language == "markdown" and held:  # a Markdown text holding fences is fenced longer, as CommonMark asks
+        fence = "`" * max(4, *(length + 1 for length in held))
+    named = rng.choice(("none", "none", "fence", "above"))
+    if named == "fence":
+        info = rng.choice(NAMED_FENCES if tag else ("{path}",)).format(tag=tag, path=path)
+    else:
+        info = rng.choice((tag, tag, ""))
+    if format != "search-replace":  # (aider's blocks carry their own fences)
+        notes.append(f"fence {fence}{info}" if info else f"fence {fence}, no language")
+    pieces = []
+    if rng.random() < 0.85:
+        pieces += [rng.choice(OPENINGS).format(path=path), ""]
+    if named == "above" and format != "search-replace":
+        pieces.append(rng.choice(LABELS).format(path=path))
+        notes.append("file named above")
+    parts = [sketch]
+    if format == "lazy" and rng.random() < 0.4:
+        parts = _two_parts(sketch, rng.random() < 0.5)
+        if len(parts) == 2:
+            notes.append("two blocks")
+    for number, part in enumerate(parts):
+        if number:
+            pieces += ["", rng.choice(BETWEENS), ""]
+        code = part.removesuffix("\n")  # its blank lines kept: the bare sketch's, line for line
+        if format == "search-replace":  # aider's blocks carry their own fences and file names
+            pieces.append(code)
+            continue
+        pieces += [fence + info, code, fence]
+    if rng.random() < 0.5:
+        pieces += ["", rng.choice(CLOSINGS)]
+        notes.append("closing sentence")
+    return "\n".join(pieces) + "\n", ", ".join(notes)
+
+
+def _two_parts(sketch: str, keep_marker: bool) -> list[str]:
+    """The sketch as two blocks, split at the marker in its middle (kept at the end of the first, or
+    left out: the sentence between the blocks stands for it). One part where it has no marker between
+    two chunks."""
+    lines = sketch.splitlines(keepends=True)
+    said = [number for number, line in enumerate(lines) if line.strip()]
+    inner = [n for n in said[1:-1] if is_elision(lines[n])] if len(said) > 2 else []
+    if not inner:
+        return [sketch]
+    at = inner[len(inner) // 2]
+    return ["".join(lines[: at + 1] if keep_marker else lines[:at]), "".join(lines[at + 1 :])]
+
+
 def path_of(case: dict[str, str]) -> str:
     """The file the case edits, as its source names it (`... file src/x.py`), else a name in its language."""
     found = re.search(r"\bfile (\S+)", case.get("source", ""))
@@ -331,6 +413,9 @@ def main() -> int:
         default=1 / 3,
         help="with --styles models: the share of sketches without "
         "the marker at the start, the end or both (default a third)",
+    )
+    parser.add_argument(
+        "--wrap", choices=("none", "chat"), default="none", help="chat: each sketch inside a chat model's whole answer"
     )
     parser.add_argument("--split", choices=("tune", "heldout"), help="only one half of the cases, by their id")
     parser.add_argument("--skip", type=int, default=0, help="leave out the first N cases that qualify")
@@ -364,6 +449,9 @@ def main() -> int:
             if skipped < args.skip:
                 skipped += 1
                 continue
+            if args.wrap == "chat":  # its own generator: the sketch is the bare set's, case for case
+                answer, how = chat_answer_of(made[0], case, args.format, random.Random(f"chat {case['id']}"))
+                made = (answer, f"{made[1]}; chat answer: {how}")
             record = {key: case[key] for key in ("id", "language", "before", "after", "source") if key in case}
             out.write(json.dumps({**record, "sketch": made[0], "style": made[1]}) + "\n")
             written += 1

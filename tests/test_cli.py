@@ -437,3 +437,39 @@ def test_an_empty_answer_is_never_written(tmp_path: Path, memorising_model_dir: 
     assert main([*command, "-o", str(tmp_path / "out.py")]) == 12 and not (tmp_path / "out.py").exists()
     assert main([*command, "--in-place", "--allow-empty"]) == 0
     assert source.read_text() == "" and (tmp_path / "total.py.orig").read_text() == original
+
+
+def test_a_whole_chat_answer_applies_its_code_alone(
+    tmp_path: Path, memorising_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--sketch answer.md` holding a chat model's whole answer: its code is merged (by its lines here),
+    no prose or fence reaches the file; an answer whose code is for another file is refused by name."""
+    from conftest import LINES_SKETCH
+
+    original, sketch, merged = LINES_SKETCH
+    source, answer = tmp_path / "add.py", tmp_path / "answer.md"
+    source.write_text(original)
+    answer.write_text(f'Here\'s the refactor:\n\n```python title="add.py"\n{sketch}```\n\nThe rest is unchanged.\n')
+    common = ["rewrite", str(source), "--sketch", str(answer), "--model", str(memorising_model_dir), "--no-progress"]
+    assert main([*common, "--stats", str(tmp_path / "stats.json")]) == 0
+    assert capsys.readouterr().out == merged
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["merge"] == "lines" and stats["sketch_from"] == "a chat answer: 1 fenced block"
+    assert main([*common, "--in-place", "--no-backup"]) == 0 and source.read_text() == merged
+    answer.write_text(f"**lib/other.py**\n```python\n{sketch}```\n")
+    assert main([*common, "--in-place"]) == 3
+    assert "the answer's code is for lib/other.py, not " in capsys.readouterr().err
+    assert source.read_text() == merged and not (tmp_path / "add.py.orig").exists()
+
+
+def test_serve_status_with_no_daemon_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runtime folder where no daemon ever started has no `specedit/` in it: that is "no daemon", not
+    a folder to refuse."""
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    assert specedit("serve", "--status") == 7
+    error = capsys.readouterr().err
+    assert "no engine daemon answers" in error and "cannot use the socket folder" not in error, error

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import doctest
 import json
+import math
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -1109,3 +1111,162 @@ def test_a_method_shown_whole_ending_in_a_closing_bracket_replaces_its_old_last_
     original = "class Completer:\n" + head + old + tail
     sketch = "# ... keep existing code ...\n" + head + new + "# ... keep existing code ...\n"
     assert merged(original, sketch) == original.replace(old, new)
+
+
+# --- Large sketches: the work grows with the sketch and the file, not with their product ------------------
+
+
+def handlers(count: int) -> str:
+    """A file of `count` functions alike (10 lines each), whose lines but two repeat in every one."""
+    return "".join(
+        f'def handler_{n}(request, items):\n    """Handle request {n}."""\n    total = 0\n    for item in items:\n'
+        f"        total += item.price * {n % 7 + 1}\n    if total > 100:\n        log.info('big order %s', {n})\n"
+        "    return total\n\n\n"
+        for n in range(count)
+    )
+
+
+def sketch_of_handlers(numbers: range) -> str:
+    """A lazy sketch showing each of the handlers `numbers` whole with its log line changed, markers between."""
+    shown = [handlers(number + 1).split("\n\n\n")[number] for number in numbers]
+    return "".join(f"# ... existing code ...\n{body}\n\n\n" for body in shown).replace("'big order", "'large order")
+
+
+def best_seconds(run: Any, tries: int = 3) -> float:
+    """The least wall time of `tries` runs of `run` (the merges' cache cleared): the machine is shared."""
+    best = math.inf
+    for _ in range(tries):
+        merge_sketch.cache_clear()
+        started = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def test_ten_times_the_chunks_on_ten_times_the_file_take_about_ten_times_as_long() -> None:
+    """A lazy sketch of 98,000 characters took 10.9 s to merge: each chunk's edges, anchors and block were
+    looked for by reading the file from the chunk on, and its edge lines were compared with every line
+    after it. The original's lines are now read once, and each chunk looks no farther than it may reach."""
+    seconds = []
+    for count in (40, 400):
+        original, sketch = handlers(count), sketch_of_handlers(range(count))
+        expected = original.replace("'big order", "'large order")
+        assert merged(original, sketch) == expected
+        seconds.append(best_seconds(lambda original=original, sketch=sketch: merge_sketch(original, sketch)))
+    assert seconds[1] < 30 * seconds[0], seconds
+
+
+def test_a_sketch_on_a_file_ten_times_longer_takes_at_most_about_ten_times_as_long() -> None:
+    """The same sketch of 40 handlers, on a file of 400 and of 4,000: every chunk read the rest of the file."""
+    sketch = sketch_of_handlers(range(0, 400, 10))
+    seconds = []
+    for count in (400, 4000):
+        original = handlers(count)
+        result = merge_sketch(original, sketch)
+        assert result.resolved and result.text.count("'large order") == 40
+        seconds.append(best_seconds(lambda original=original: merge_sketch(original, sketch)))
+    assert seconds[1] < 30 * seconds[0], seconds
+
+
+# --- Code between two shown blocks that the sketch neither shows nor marks --------------------------------
+
+FILES = """\
+import os
+
+
+def load(path):
+    with open(path) as handle:
+        return handle.read()
+
+
+def parse(text):
+    rows = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        key, _, value = line.partition("=")
+        rows.append((key.strip(), value.strip()))
+    return rows
+
+
+def save(path, rows):
+    with open(path, "w") as handle:
+        for key, value in rows:
+            handle.write(f"{key}={value}\\n")
+
+
+def main():
+    save(os.environ["OUT"], parse(load(os.environ["FILE"])))
+"""
+# `load` and `save` shown whole, one after the other: no marker stands for `parse` between them.
+TWO_SHOWN = """\
+# ... existing code ...
+
+def load(path):
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+def save(path, rows):
+    with open(path, "w", encoding="utf-8") as handle:
+        for key, value in rows:
+            handle.write(f"{key}={value}\\n")
+
+# ... existing code ...
+"""
+BOTH_CHANGED = FILES.replace("open(path)", 'open(path, encoding="utf-8")').replace(
+    'open(path, "w")', 'open(path, "w", encoding="utf-8")'
+)
+
+
+def test_a_function_between_two_shown_ones_without_a_marker_is_kept() -> None:
+    """A chat model showed two functions it changed and left out the one between them, and the marker for
+    it: the merge deleted its 9 lines. Code between two blocks a sketch shows, that it neither shows nor
+    marks, stays; a deletion the sketch shows by the lines around it still goes
+    (`test_a_deletion_between_two_context_lines`)."""
+    assert merged(FILES, TWO_SHOWN) == BOTH_CHANGED
+    # The same in braces, with a doc comment above the second method (Go).
+    original = (
+        "package files\n\nfunc Load(path string) string {\n\treturn read(path)\n}\n\n"
+        "func Parse(text string) []Row {\n\trows := split(text)\n\treturn rows\n}\n\n"
+        "// Save writes the rows.\nfunc Save(path string, rows []Row) {\n\twrite(path, rows)\n}\n"
+    )
+    sketch = (
+        "// ... existing code ...\nfunc Load(path string) string {\n\treturn readUTF8(path)\n}\n\n"
+        "// Save writes the rows.\nfunc Save(path string, rows []Row) {\n\twriteUTF8(path, rows)\n}\n"
+    )
+    expected = original.replace("return read(path)", "return readUTF8(path)").replace("\twrite(", "\twriteUTF8(")
+    assert merged(original, sketch) == expected
+
+
+def test_two_shown_functions_next_to_each_other_merge_as_before() -> None:
+    """Where the original has nothing between the two functions shown, nothing is left out."""
+    original = FILES.replace(FILES[FILES.index("def parse") : FILES.index("def save")], "")
+    expected = BOTH_CHANGED.replace(BOTH_CHANGED[BOTH_CHANGED.index("def parse") : BOTH_CHANGED.index("def save")], "")
+    assert merged(original, TWO_SHOWN) == expected
+
+
+def test_a_session_keeps_the_function_between_two_shown_ones(tmp_path: Path) -> None:
+    """The rule at the session, which every door goes through: the lines' merge keeps `parse`, and a model's
+    answer that drops it is no merge (nothing written)."""
+    from specedit.engine.requests import RewriteOutcome, RewriteRequest
+    from specedit.engine.session import judged, remote_session
+
+    session = remote_session(f"unix:{tmp_path / 'nobody.sock'}")  # no daemon: the lines merge it
+    request = RewriteRequest(FILES, sketch=TWO_SHOWN)
+    outcome = session.run(request)
+    assert outcome.text == BOTH_CHANGED and outcome.stats["merge"] == "lines"
+    without_parse = BOTH_CHANGED.replace(
+        BOTH_CHANGED[BOTH_CHANGED.index("def parse") : BOTH_CHANGED.index("def save")], ""
+    )
+    verdict = judged(request, RewriteOutcome.finished(without_parse, "stop", {}))
+    assert verdict.status == "not_a_merge" and "def parse(text):" in (verdict.problem or "")
+
+
+def test_the_command_line_keeps_the_function_between_two_shown_ones(tmp_path: Path) -> None:
+    source, sketch = tmp_path / "files.py", tmp_path / "sketch.py"
+    source.write_text(FILES)
+    sketch.write_text(TWO_SHOWN)
+    command = ["rewrite", str(source), "--sketch", str(sketch), "--model", str(tmp_path / "no-such-model")]
+    assert main([*command, "--no-progress", "--in-place"]) == 0
+    assert source.read_text() == BOTH_CHANGED

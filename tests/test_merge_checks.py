@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import difflib
+import math
+import random
+import time
 from pathlib import Path
 
 import pytest
 
 from specedit.cli.main import main
+from specedit.engine.line_index import LineIndex, matching_blocks
 from specedit.engine.merge_checks import check_merge, is_elision
 
 from conftest import ECHOED_SKETCH
@@ -185,6 +190,20 @@ def test_code_is_not_a_marker(line: str) -> None:
     assert not is_elision(line)
 
 
+def test_a_chat_answers_prose_or_fence_written_into_the_file_is_no_merge() -> None:
+    """The lines of a chat answer around its sketch (`chat_answer`: prose, fences) are refused in the file
+    like an elision marker; a fence the original or the sketch has is code (a Markdown file's)."""
+    left_out = ("Here's the fix:", "```python", "```", "The rest of the file is unchanged.")
+    assert check_merge(ORIGINAL, SKETCH, MERGED, left_out=left_out).ok
+    for written in ("Here's the fix:\n```python\n", "```\n", "~~~\n", "The rest of the file is unchanged.\n"):
+        check = check_merge(ORIGINAL, SKETCH, written + MERGED, left_out=left_out)
+        assert check.prose == written.splitlines() and not check.ok, written
+        assert "writes the chat answer's prose or code fences into the file" in check.describe()
+    assert check_merge(ORIGINAL + "```\n", SKETCH, MERGED + "```\n").ok  # the file's own fence
+    fenced = SKETCH.replace("handle.read()", "handle.read()\n```")
+    assert check_merge(ORIGINAL, fenced, MERGED.replace("handle.read()", "handle.read()\n```", 1)).ok
+
+
 def test_the_command_line_writes_no_echoed_sketch(tmp_path: Path, memorising_model_dir: Path) -> None:
     original, sketch, _ = ECHOED_SKETCH
     source, sketch_file, output = tmp_path / "add.py", tmp_path / "sketch.py", tmp_path / "out.py"
@@ -195,3 +214,110 @@ def test_the_command_line_writes_no_echoed_sketch(tmp_path: Path, memorising_mod
     assert not output.exists()
     assert main([*common, "--no-progress", "--in-place"]) == 11
     assert source.read_text() == original and not (tmp_path / "add.py.orig").exists()
+
+
+# --- Large sketches, and what difflib would say of them ---------------------------------------------------
+
+
+def test_a_chunk_is_matched_as_difflib_matches_it() -> None:
+    """`_span` reads each chunk's matching blocks from the places of its lines (`line_index`), not by
+    reading the whole file as difflib does: the blocks are difflib's own, junk or none, on lines drawn from
+    a few (most of them found many times) and on changed copies of a stretch."""
+    chosen = random.Random(11)
+    for _ in range(3000):
+        pool = [f"line {n}" for n in range(chosen.randint(1, 30))]
+        weights = [chosen.random() ** 3 for _ in pool]
+        original = chosen.choices(pool, weights, k=chosen.randint(0, 80))
+        chunk = chosen.choices([*pool, "new 1", "new 2"], k=chosen.randint(0, 15))
+        if original and chosen.random() < 0.3:
+            start = chosen.randrange(len(original))
+            chunk = [line if chosen.random() < 0.8 else "new" for line in original[start : start + 15]]
+        low = chosen.randint(0, len(original)) if chosen.random() < 0.5 else 0
+        rest = original[low:]
+        isjunk = None if chosen.random() < 0.5 else (lambda line, rest=rest: rest.count(line) != 1)
+        matcher = difflib.SequenceMatcher(isjunk, rest, chunk, autojunk=False)
+        expected = [(low + a, b, size) for a, b, size in matcher.get_matching_blocks() if size]
+        found = matching_blocks(LineIndex(original), chunk, low, isjunk)
+        assert {(a + k, b + k) for a, b, size in found for k in range(size)} == {
+            (a + k, b + k) for a, b, size in expected for k in range(size)
+        }
+
+
+def handlers(count: int) -> str:
+    """A file of `count` functions alike (10 lines each), whose lines but two repeat in every one."""
+    return "".join(
+        f'def handler_{n}(request, items):\n    """Handle request {n}."""\n    total = 0\n    for item in items:\n'
+        f"        total += item.price * {n % 7 + 1}\n    if total > 100:\n        log.info('big order %s', {n})\n"
+        "    return total\n\n\n"
+        for n in range(count)
+    )
+
+
+def test_ten_times_the_chunks_on_ten_times_the_file_take_about_ten_times_as_long_to_check() -> None:
+    """Checking the merge of a lazy sketch of 98,000 characters took 2 s: every chunk was matched by difflib
+    in the whole file, its changed edge lines compared with every line after it, and the answer diffed
+    whole against the original. A chunk is now matched from its lines' places, its edge lines looked for
+    within `FUZZY_REACH` lines, and a line the answer lacks anywhere is all a diff would say."""
+    seconds = []
+    for count in (40, 400):
+        original = handlers(count)
+        answer = original.replace("'big order", "'large order")
+        functions = answer.split("\n\n\n")[:-1]
+        sketch = "".join(f"# ... existing code ...\n{function}\n\n\n" for function in functions)
+        sketch += "# ... existing code ...\n"
+        assert check_merge(original, sketch, answer).ok
+        # One left out with the markers around it: its neighbours stand one after the other.
+        middle = functions[count // 2] + "\n\n\n"
+        left_out = sketch.replace(f"# ... existing code ...\n{middle}# ... existing code ...\n", "")
+        assert not check_merge(original, left_out, answer.replace(middle, "")).ok
+        best = math.inf
+        for _ in range(3):
+            started = time.perf_counter()
+            check_merge(original, sketch, answer)
+            best = min(best, time.perf_counter() - started)
+        seconds.append(best)
+    assert seconds[1] < 30 * seconds[0], seconds
+
+
+# --- Code between two shown blocks that the sketch neither shows nor marks --------------------------------
+
+FILES = ORIGINAL.replace(
+    "\n\ndef display_output(text):",
+    "\n\ndef parse(text):\n    rows = []\n    for line in text.splitlines():\n"
+    '        key, _, value = line.partition("=")\n        rows.append((key, value))\n    return rows\n\n\n'
+    "def display_output(text):",
+)
+# `load` and `display_output` shown whole, one after the other: no marker stands for `parse` between them.
+TWO_SHOWN = """\
+# ... existing code ...
+
+def load(path):
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+def display_output(text):
+    for line in text.splitlines():
+        print(line.rstrip())
+
+# ... existing code ...
+"""
+
+
+def test_an_answer_that_drops_a_function_between_two_shown_ones_is_no_merge() -> None:
+    """A chat model showed two functions it changed and left out the one between them, and the marker for
+    it: an answer without that function is no merge. The chunk spans from `load` to `display_output`, and
+    so covered `parse` before; a chunk that shows a deletion by the lines around it still does."""
+    both = FILES.replace("open(path)", 'open(path, encoding="utf-8")').replace("print(line)", "print(line.rstrip())")
+    assert check_merge(FILES, TWO_SHOWN, both).ok
+    parse = both[both.index("def parse") : both.index("def display_output")]
+    check = check_merge(FILES, TWO_SHOWN, both.replace(parse, ""))
+    assert check.dropped == [
+        "def parse(text):",
+        "rows = []",
+        'key, _, value = line.partition("=")',
+        "rows.append((key, value))",
+        "return rows",
+    ]
+    by_context = "# ...\n        return handle.read()\n\n\ndef display_output(text):\n# ...\n"  # `parse` deleted
+    assert check_merge(FILES, by_context, FILES.replace(parse, "")).ok

@@ -257,7 +257,8 @@ def print_merges(merges: dict[str, Any]) -> None:
             print(
                 f"  {name:<16} answered {figures['answered']:>3}: exact {figures['exact']}, whitespace only "
                 f"{figures['whitespace_only']}, caught by the checks {figures['caught']}, wrong and let through "
-                f"{figures['let_through']} ({figures['let_through_losing_code']} of them losing code the edit kept); "
+                f"{figures['let_through']} ({figures['let_through_losing_code']} of them losing code the edit kept), "
+                f"writing prose or fence lines {figures.get('writes_answer_lines', 0)}; "
                 f"median {figures['median_seconds']} s"
             )
     if "specedit_on_resolved" in merges:

@@ -231,6 +231,7 @@ def rewrite_command(args: argparse.Namespace) -> int:
             merge=args.merge,
             sketch_format=args.sketch_format,
             allow_empty=args.allow_empty,
+            path=source.name if source.name != STDIN else None,  # a chat answer's code for another file is refused
         )
         if stream_to_stdout and len(jobs) > 1:
             write_stdout(f"==> {source.name} <==\n")

@@ -7,7 +7,9 @@ Continue's apply role sends such a model), and answer the merged file.
 
 The sketch is merged as `specedit rewrite --sketch` merges it (`session.Session`: by its lines where they
 say where it goes, else by the model with that merge as its draft; a merge that would delete code the
-sketch does not show is refused).
+sketch does not show is refused; a whole chat answer gives its code, `chat_answer`). The file and the
+sketch are read as the command line reads them, whatever they hold: a Javadoc's `<code>` tags, a first
+blank line, a last one.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from specedit.engine.http.openai import invalid
 from specedit.engine.requests import ChatMessage, RewriteRequest, SamplingConfig
 
 APPLY_MODEL = "specedit-apply"
-_TAG = r"<{0}>\n?(.*?)\n?</{0}>"
+_INSTRUCTION = re.compile(r"\s*<instruction>.*?</instruction>", re.DOTALL)
+# Tags on lines of their own around a text that ends its last line: `<code>\nTEXT\n\n</code>`.
+_OWN_LINES = re.compile(r"\r?\n(.*\n)\r?\n", re.DOTALL)
 
 
 def is_apply_model(model: str) -> bool:
@@ -31,25 +35,39 @@ def apply_request(
 ) -> RewriteRequest:
     """The rewrite an apply model's chat stands for: its last user message's code, sketch and instruction."""
     said = next((message.content for message in reversed(messages) if message.role == "user"), "")
-    code, update = _tag("code", said), _tag("update", said)
-    if code is None or update is None:
+    after = instruction.end() if (instruction := _INSTRUCTION.match(said)) else 0  # its text may name the tags
+    parts = _tagged(said, "code", "update", after)
+    if parts is None and (swapped := _tagged(said, "update", "code", after)) is not None:
+        parts = (swapped[1], swapped[0])
+    if parts is None:
         raise invalid(
             f"{APPLY_MODEL} takes a user message holding <code>THE FILE</code> and <update>THE EDIT</update>",
             param="messages",
         )
+    code, update = map(_inside, parts)
     try:
         return RewriteRequest(original=code, sketch=update, sampling=sampling, max_new_tokens=max_tokens)
     except ValueError as error:
         raise invalid(str(error), param="messages") from None
 
 
-def _tag(name: str, text: str) -> str | None:
-    """The text between `<name>` and `</name>`, a newline right inside either tag left out (tags on lines
-    of their own); of the code, the file's last newline kept (`<code>x = 1\n</code>` is "x = 1\n")."""
-    found = re.search(_TAG.format(name), text, flags=re.DOTALL)
-    if found is None:
+def _tagged(said: str, first: str, second: str, start: int) -> tuple[str, str] | None:
+    """The texts of `<first>...</first>` and `<second>...</second>` after `start`. The first runs to the
+    last `</first>` that `<second>` follows, the second to the last `</second>`: either may hold the tags
+    themselves (gson's Javadoc writes `<code>null</code>`). Found in one pass, whatever the texts hold."""
+    opening, closing = said.find(f"<{first}>", start), said.rfind(f"</{second}>")
+    if opening < 0 or closing < 0:
         return None
-    inner = found.group(1)
-    if name == "code" and found.group(0).endswith("\n</code>") and inner and not inner.endswith("\n"):
-        inner += "\n"
-    return inner
+    found = list(re.compile(rf"</{first}>\s*<{second}>").finditer(said, opening, closing))
+    if not found:
+        return None
+    between = found[-1]
+    return said[opening + len(first) + 2 : between.start()], said[between.end() : closing]
+
+
+def _inside(text: str) -> str:
+    """A tag's text as the file or sketch it holds: as it is (`<code>{file}</code>`, the form Morph and
+    Continue send), unless the tags stand on lines of their own around it (`<code>\nx = 1\n\n</code>`
+    is "x = 1\n"). A file that starts with a blank line keeps it, as the command line reads it."""
+    found = _OWN_LINES.fullmatch(text)
+    return found[1] if found is not None else text

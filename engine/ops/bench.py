@@ -49,17 +49,19 @@ from typing import Any
 
 import torch
 
+from specedit.engine.chat_answer import AnswerSketch, ChatAnswerError, sketch_from_answer
 from specedit.engine.errors import ContextLengthError
 from specedit.engine.events import Step
 from specedit.engine.loop.generate import Engine
 from specedit.engine.loop.rewrite import PreparedRewrite, prepare_rewrite, run_rewrite
-from specedit.engine.merge import merge_sketch
-from specedit.engine.merge_checks import check_merge, counts
+from specedit.engine.merge import SketchMerge, merge_sketch
+from specedit.engine.merge_checks import check_merge, counts, is_elision, is_fence
 from specedit.engine.model.invariant import stock_kernels
 from specedit.engine.model.model_thread import on_model_thread
 from specedit.engine.ops.llama_server import LlamaServerRunner
 from specedit.engine.ops.method_run import MethodRun, Timer
 from specedit.engine.ops.openai_door import OpenAIDoor
+from specedit.engine.patches import SYNTAX
 from specedit.engine.prompts import extract_code
 from specedit.engine.requests import DraftMethod, RewriteRequest
 from specedit.engine.serving.local import LocalBackend
@@ -116,10 +118,13 @@ class BenchCase:
     def request(self, max_new_tokens: int | None) -> RewriteRequest:
         """The request every method answers; a sketch is merged by the model (its lines' merge is the
         draft), and the merge by lines alone is measured apart (`merge_record`)."""
+        sketch = self.sketch
+        if sketch is not None:  # a chat answer's code, as the session takes it (`chat_answer`)
+            sketch = sketch_from_answer(sketch, self.before, language=self.language).sketch
         return RewriteRequest(
             self.before,
             self.instruction,
-            self.sketch,
+            sketch,
             language=self.language,
             max_new_tokens=max_new_tokens,
             merge="model",
@@ -264,7 +269,11 @@ def merge_record(case: BenchCase, runs: dict[str, MethodRun]) -> dict[str, Any]:
     the checks before writing (`merge_checks`) or let through."""
     assert case.sketch is not None and case.after is not None
     started = time.perf_counter()
-    lines = merge_sketch(case.before, case.sketch)
+    try:  # a chat answer's code, as the session takes it
+        answer = sketch_from_answer(case.sketch, case.before, language=case.language)
+        lines = merge_sketch(case.before, answer.sketch)
+    except ChatAnswerError as error:
+        answer, lines = AnswerSketch(case.sketch), SketchMerge(case.before, (str(error),))
     seconds = time.perf_counter() - started
     answers: dict[str, tuple[str, float]] = {m: (r.text, r.wall_seconds) for m, r in runs.items()}
     if lines.resolved:
@@ -273,11 +282,12 @@ def merge_record(case: BenchCase, runs: dict[str, MethodRun]) -> dict[str, Any]:
         answers["auto"] = answers["lines"] if lines.resolved else answers["specedit"]
     record: dict[str, Any] = {"resolved_by_lines": lines.resolved, "unresolved": list(lines.unresolved)}
     for name, (text, wall) in answers.items():
-        check = check_merge(case.before, case.sketch, text)
+        check = check_merge(case.before, answer.sketch, text, left_out=answer.left_out)
         record[name] = {
             "exact": text == case.after,
             "whitespace_only": text != case.after and text.split() == case.after.split(),
             "loses_code": _loses_code(case.before, case.after, text),
+            "writes_answer_lines": _writes_answer_lines(case, text),
             "check": "ok" if check.ok else check.describe(),
             "seconds": round(wall, 4),
         }
@@ -292,6 +302,20 @@ def _loses_code(before: str, after: str, answer: str) -> bool:
         return Counter(line.strip() for line in text.splitlines() if counts(line))
 
     return bool((said(before) & said(after)) - said(answer))
+
+
+def _writes_answer_lines(case: BenchCase, answer: str) -> bool:
+    """Whether `answer` holds a line of the case's sketch that neither the original nor the real edit has
+    (a fence, or one that says something; no marker or patch syntax): a chat answer's prose or fence
+    written into the file. Told from the case alone, whatever the extraction took."""
+    assert case.sketch is not None and case.after is not None
+    kept = {line.strip() for line in (case.before + "\n" + case.after).splitlines()}
+    wrapping = {
+        line.strip()
+        for line in case.sketch.splitlines()
+        if (counts(line) or is_fence(line)) and not is_elision(line) and not SYNTAX.match(line)
+    } - kept
+    return any(line.strip() in wrapping for line in answer.splitlines())
 
 
 def summarise_merges(cases: list[dict[str, Any]]) -> dict[str, Any]:
@@ -312,6 +336,7 @@ def summarise_merges(cases: list[dict[str, Any]]) -> dict[str, Any]:
             "caught": sum(v["check"] != "ok" for v in verdicts),
             "let_through": sum(v["check"] == "ok" and not v["exact"] and not v["whitespace_only"] for v in verdicts),
             "let_through_losing_code": sum(v["check"] == "ok" and v.get("loses_code", False) for v in verdicts),
+            "writes_answer_lines": sum(v.get("writes_answer_lines", False) for v in verdicts),
             "median_seconds": _median(v["seconds"] for v in verdicts),
         }
     resolved = [

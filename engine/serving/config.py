@@ -85,6 +85,8 @@ def check_own_folder(folder: Path) -> None:
 def check_own_socket(path: Path) -> None:
     """A socket a client may send code to: in a folder of this user's (`check_own_folder`), and itself
     this user's. The peer's uid is checked again once connected (`peer_uid`)."""
+    if not path.parent.exists():
+        return  # no daemon ever started there: connecting fails with its own message, "no daemon answers"
     check_own_folder(path.parent)
     try:
         info = path.lstat()

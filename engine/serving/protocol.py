@@ -56,9 +56,10 @@ import msgpack
 
 from specedit.engine.wire import ProtocolError, conforms
 
-PROTOCOL_VERSION = 8  # 2: requests, steps and outcomes as their dataclasses (`to_wire`); 3: warm, document;
+PROTOCOL_VERSION = 9  # 2: requests, steps and outcomes as their dataclasses (`to_wire`); 3: warm, document;
 # 4: a request's `merge`; 5: `queued` says whether the model is loading; 6: TCP's challenge-response (no token);
-# 7: a request's `sketch_format`; 8: one `event` message for a rewrite's events (`events`), judged outcomes
+# 7: a request's `sketch_format`; 8: one `event` message for a rewrite's events (`events`), judged outcomes;
+# 9: a request's `path`
 # A request holds at most MAX_INPUT_BYTES (1 MB) each of original, instruction and sketch (`requests`).
 DEFAULT_MAX_FRAME_SIZE = 4 * 1024 * 1024
 HELLO_MAX_FRAME_SIZE = 64 * 1024  # before the hello is accepted (TCP: until the client's proof checks out)
