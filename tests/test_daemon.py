@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from specedit.cli.serve_command import add_serve_parser, config_from_args, serve_command
-from specedit.engine.errors import ContextLengthError, EngineUnavailableError
+from specedit.engine.errors import ContextLengthError, EngineUnavailableError, InputError
 from specedit.engine.events import Event, Phase, Step
 from specedit.engine.loop.generate import Engine
 from specedit.engine.loop.rewrite import rewrite
@@ -1012,3 +1012,80 @@ class SlowForward:
             self.prefilling.set()
             time.sleep(0.05)
         return self._loaded.forward(ids, *args, **kwargs)
+
+
+# --- sketch work: off the event loop, and bounded in its turn ------------------------------------------
+
+
+def test_a_sketchs_check_does_not_stall_the_socket(
+    short_dir: Path, random_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finding a long sketch's format takes a while (a diff's): the request is checked off the event loop,
+    and other clients are answered meanwhile."""
+    from specedit.engine import requests as requests_module
+
+    checking, checked = threading.Event(), threading.Event()
+    detect = requests_module.detect
+
+    def slow_detect(sketch: str, original: str = "") -> Any:
+        checking.set()
+        time.sleep(3.0)
+        checked.set()
+        return detect(sketch, original)
+
+    config = DaemonConfig(socket_path=short_dir / "engine.sock", options=ONE_THREAD)
+    wire = to_wire(RewriteRequest(ADD, sketch="def add(a, b):\n    return a - b\n"))
+    with daemon_thread(config, random_engine):
+        monkeypatch.setattr(requests_module, "detect", slow_detect)
+        sock = raw_connect(config.address)
+        sock.sendall(encode_frame(hello()))
+        receive(sock)
+        sock.sendall(encode_frame({"type": "rewrite", "id": "r1", "request": wire}))
+        assert checking.wait(TIMEOUT)
+        assert status_of(config.address)["state"] == "ready"
+        assert not checked.is_set(), "the daemon waited for the sketch's check"
+        assert event_of(receive_until(sock, ends)[-1])["type"] == "done"
+        sock.close()
+
+
+def test_a_heavy_sketchs_merge_is_cut_off_and_its_turn_given_up(
+    random_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A merge by lines that runs far longer than such a merge takes (a case the merge handles badly)
+    is stopped at `MERGE_SECONDS`, with a clear error: the next client waits no longer than that."""
+    from specedit.engine import session as session_module
+
+    stop = threading.Event()
+    spun: list[int] = []
+
+    def endless_merge(request: RewriteRequest, sketch: str) -> Any:
+        while not stop.is_set():  # pure Python: stopped at its next instruction
+            spun.append(1)
+            spun.clear()
+        return None
+
+    monkeypatch.setattr(session_module, "merged_by_lines", endless_merge)
+    monkeypatch.setattr(session_module, "MERGE_SECONDS", 0.5)
+    session = Session(LocalBackend(engine=random_engine))
+    original = "".join(f"value_{n} = {n}\n" for n in range(8_000))
+    heavy = RewriteRequest(original, sketch="# ... existing code ...\nvalue_5 = 55\n# ... existing code ...\n")
+    assert heavy.heavy
+    errors: list[BaseException] = []
+    waiting = threading.Thread(target=lambda: errors.append(_raised(lambda: session.run(heavy, client="a"))))
+    try:
+        waiting.start()
+        waiting.join(TIMEOUT)
+        assert not waiting.is_alive(), "the merge held its turn"
+        assert isinstance(errors[0], InputError) and "took over" in str(errors[0])
+        wait_for(lambda: not any(t.name == "specedit-merge" for t in threading.enumerate()), "the merge to stop")
+        assert session.run(random_model_request(3), client="b").stats["generated_tokens"] == 3  # the turn is free
+    finally:
+        stop.set()
+
+
+def _raised(work: Callable[[], Any]) -> BaseException | None:
+    try:
+        work()
+    except BaseException as error:
+        return error
+    return None

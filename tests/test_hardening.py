@@ -602,6 +602,195 @@ def test_a_nil_frame_is_malformed_not_a_hang_up(short_dir: Path, tiny_model_dir:
         thread.join(10)
 
 
+# --- idle and slow peers: a budget of connections at every door -------------------------------------------
+
+
+@contextlib.contextmanager
+def daemon_in_thread(config: DaemonConfig, engine: Engine) -> Iterator[Any]:
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+
+    def on_ready(daemon: Any) -> None:
+        box["daemon"] = daemon
+        ready.set()
+
+    thread = threading.Thread(
+        target=lambda: serve(config, backend=LocalBackend(engine=engine), on_ready=on_ready), daemon=True
+    )
+    thread.start()
+    assert ready.wait(20), "the daemon did not start"
+    try:
+        yield box["daemon"]
+    finally:
+        box["daemon"].stop()
+        thread.join(20)
+
+
+def closed_by_the_daemon(peers: list[socket.socket]) -> int:
+    closed = 0
+    for peer in peers:
+        peer.setblocking(False)
+        try:
+            closed += peer.recv(1) == b""
+        except BlockingIOError:
+            pass
+        except OSError:
+            closed += 1
+    return closed
+
+
+def test_idle_peers_on_the_tcp_port_are_few_and_the_owner_is_served(short_dir: Path, tiny_model_dir: Path) -> None:
+    """1,100 connections that never say hello: the daemon holds few of them (the oldest closed to make
+    room), and a client with the token is served beside them."""
+    engine = Engine(load_model(str(tiny_model_dir), dtype="float32", device="cpu"))
+    token = short_dir / "token"
+    token.write_text(TCP_TOKEN + "\n")
+    token.chmod(0o600)
+    config = DaemonConfig(host="127.0.0.1", port=0, token_file=token)
+    with daemon_in_thread(config, engine) as daemon:
+        port = int(daemon.address.rsplit(":", 1)[1])
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(1100)]
+        try:
+            started = time.monotonic()
+            with EngineClient.connect(daemon.address, token_file=token) as client:
+                assert client.rewrite(RewriteRequest("x = 1\n", "Rename x.", max_new_tokens=3)).text
+                assert client.status()["unproven"] <= 32
+            assert time.monotonic() - started < 10.0  # seconds at most, under any load
+            deadline = time.monotonic() + 10  # the door may be accepting the last ones still
+            while closed_by_the_daemon(idle) < 1000 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert closed_by_the_daemon(idle) >= 1000
+        finally:
+            for peer in idle:
+                peer.close()
+
+
+def test_the_tcp_handshake_has_one_deadline_for_all_of_it(
+    short_dir: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A peer that sends each handshake frame just within the deadline is still cut off: the deadline is
+    for the whole handshake, not for each frame."""
+    from specedit.engine.serving.protocol import handshake_proof
+
+    monkeypatch.setattr(daemon_module, "HELLO_TIMEOUT", 1.0)
+    engine = Engine(load_model(str(tiny_model_dir), dtype="float32", device="cpu"))
+    token = short_dir / "token"
+    token.write_text(TCP_TOKEN + "\n")
+    token.chmod(0o600)
+    config = DaemonConfig(host="127.0.0.1", port=0, token_file=token)
+    with daemon_in_thread(config, engine) as daemon:
+        port = int(daemon.address.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as peer:
+            nonce = os.urandom(32)
+            time.sleep(0.8)
+            peer.sendall(encode_frame({"type": "hello", "version": PROTOCOL_VERSION, "nonce": nonce, "client": "slow"}))
+            buffer = FrameBuffer(1 << 16)
+            buffer.feed(peer.recv(1 << 16))
+            challenge = decode_payload(buffer.next_payload() or b"")
+            assert isinstance(challenge, dict) and challenge["type"] == "challenge"
+            time.sleep(0.8)
+            proof = handshake_proof(TCP_TOKEN, "client", nonce, challenge["nonce"])
+            with contextlib.suppress(OSError):
+                peer.sendall(encode_frame({"type": "proof", "proof": proof}))
+            replies = []
+            while chunk := peer.recv(1 << 16):
+                buffer.feed(chunk)
+                while (payload := buffer.next_payload()) is not None:
+                    replies.append(decode_payload(payload))
+        assert [reply["type"] for reply in replies] == ["error"] and replies[0]["code"] == "hello_required"
+
+
+def test_the_daemon_raises_its_limit_of_open_files(short_dir: Path, tiny_model_dir: Path) -> None:
+    """A process often starts with a soft limit of 1,024 open files and a hard one far above: the daemon
+    takes the hard one."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= 1024:
+        pytest.skip(f"the hard limit of open files is {hard}: nothing to raise")
+    engine = Engine(load_model(str(tiny_model_dir), dtype="float32", device="cpu"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    try:
+        with daemon_in_thread(DaemonConfig(socket_path=short_dir / "engine.sock"), engine) as daemon:
+            assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] > 1024
+            assert daemon.status_info()["door_limit"] > (1024 - 128) // 2
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_at_a_limit_of_1024_files_idle_peers_leave_the_owner_served(short_dir: Path, tiny_model_dir: Path) -> None:
+    """The real daemon with a hard limit of 1,024 open files (as on many machines): 1,100 idle connections
+    to its HTTP door cost it few descriptors; the owner's requests through HTTP and the socket are
+    answered; a 20 MB head costs it little memory."""
+    import http.client
+    import resource
+    import subprocess
+    import sys
+
+    token = short_dir / "token"
+    token.write_text(TCP_TOKEN + "\n")
+    token.chmod(0o600)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    socket_path = short_dir / "engine.sock"
+    command = [sys.executable, "-m", "specedit.cli.main", "serve", "--socket", str(socket_path), "--model"]
+    command += [str(tiny_model_dir), "--dtype", "float32", "--threads", "1", "--http", f"127.0.0.1:{port}"]
+    command += ["--token-file", str(token)]
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+    with open(short_dir / "log", "w") as log:
+        daemon = subprocess.Popen(command, preexec_fn=low_limit, stdout=subprocess.DEVNULL, stderr=log)
+    idle: list[socket.socket] = []
+
+    def owner_over_http() -> int:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
+        body = {"model": "specedit", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        connection.request("POST", "/v1/chat/completions", json.dumps(body), {"Authorization": f"Bearer {TCP_TOKEN}"})
+        status = connection.getresponse().status
+        connection.close()
+        return status
+
+    def rss_kb() -> int:
+        status = Path(f"/proc/{daemon.pid}/status").read_text()
+        return int(status.split("VmRSS:")[1].split()[0])
+
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(EngineUnavailableError), EngineClient.connect(socket_path) as client:
+                if client.status()["state"] == "ready":
+                    break
+            assert time.monotonic() < deadline and daemon.poll() is None, (short_dir / "log").read_text()
+            time.sleep(0.3)
+        assert owner_over_http() == 200
+        for _ in range(1100):
+            peer = socket.socket()
+            peer.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                peer.connect(("127.0.0.1", port))
+            idle.append(peer)
+        time.sleep(1.0)
+        started = time.monotonic()
+        assert owner_over_http() == 200
+        with EngineClient.connect(socket_path, timeout=15) as client:
+            assert client.rewrite(RewriteRequest("x = 1\n", "Rename x.", max_new_tokens=3)).text
+        assert time.monotonic() - started < 10.0  # 15 s time-outs, both, before
+        assert len(os.listdir(f"/proc/{daemon.pid}/fd")) < 300
+        before = rss_kb()
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as peer, contextlib.suppress(OSError):
+            peer.sendall(b"GET /v1/models?" + b"x" * (20 << 20))
+        assert owner_over_http() == 200
+        assert rss_kb() - before < 8 * 1024  # KB: the daemon grew by 65 MB before
+    finally:
+        for peer in idle:
+            peer.close()
+        daemon.terminate()
+        daemon.wait(30)
+
+
 def test_a_flood_of_loop_errors_is_logged_once_a_while(caplog: pytest.LogCaptureFixture) -> None:
     handler = daemon_module.QuietLoopErrors(interval=60.0)
     loop = asyncio.new_event_loop()
@@ -660,3 +849,12 @@ def test_random_requests_are_requests_or_clean_refusals(fields: dict[str, Any], 
         return
     assert isinstance(request, RewriteRequest) and to_wire(request) == {**wire, "sampling": to_wire(request.sampling)}
     json.dumps(to_wire(request))  # what went through is plain data
+
+
+def test_the_connection_budgets_examples_hold() -> None:
+    import doctest
+
+    from specedit.engine.serving import listening
+
+    result = doctest.testmod(listening)
+    assert result.attempted > 0 and result.failed == 0

@@ -12,6 +12,7 @@ import contextlib
 import http.client
 import json
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 import torch
 
+from specedit.engine import requests as requests_module
 from specedit.engine.http.openai import DEFAULT_TEMPERATURE
 from specedit.engine.loop.completion import prompt_text
 from specedit.engine.loop.generate import Engine
@@ -62,9 +64,11 @@ def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @contextlib.contextmanager
-def http_daemon(engine: Engine, token_file: Path, folder: Path) -> Iterator[Daemon]:
+def http_daemon(engine: Engine, token_file: Path, folder: Path, **config_fields: Any) -> Iterator[Daemon]:
     """A daemon on a unix socket with the HTTP door on a free port, serving `engine`."""
-    config = DaemonConfig(socket_path=folder / "engine.sock", http="127.0.0.1:0", token_file=token_file)
+    config = DaemonConfig(
+        socket_path=folder / "engine.sock", http="127.0.0.1:0", token_file=token_file, **config_fields
+    )
     ready = threading.Event()
     box: dict[str, Any] = {}
 
@@ -288,3 +292,267 @@ def test_the_apply_model_refuses_what_is_no_merge(memorising_model_dir: Path, to
             client.chat.completions.create(model="specedit-apply", messages=apply_message(original, sketch))
         with pytest.raises(openai.BadRequestError, match="<code>"):
             client.chat.completions.create(model="specedit-apply", messages=[{"role": "user", "content": "hi"}])
+
+
+# --- the door's budget: idle, slow and oversized peers cost little, and the owner is served ----------------
+
+
+def address_of(daemon: Daemon) -> tuple[str, int]:
+    host, port = daemon.http_address.removeprefix("http://").rsplit(":", 1)  # type: ignore[union-attr]
+    return host, int(port)
+
+
+def ask(
+    daemon: Daemon, method: str, path: str, body: Any = None, *, token: str | None = TOKEN
+) -> tuple[http.client.HTTPResponse, dict[str, Any]]:
+    """One request on a connection of its own: the response (read) and its JSON body."""
+    connection = http.client.HTTPConnection(*address_of(daemon), timeout=TIMEOUT)
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    connection.request(method, path, json.dumps(body) if body is not None else None, headers)
+    response = connection.getresponse()
+    answer = json.loads(response.read() or b"{}")
+    connection.close()
+    return response, answer
+
+
+def closed_by_the_door(peers: list[socket.socket]) -> int:
+    """How many of these connections the other side has closed (nothing sent on them)."""
+    closed = 0
+    for peer in peers:
+        peer.setblocking(False)
+        try:
+            closed += peer.recv(1) == b""
+        except BlockingIOError:
+            pass
+        except OSError:  # reset
+            closed += 1
+    return closed
+
+
+def test_idle_connections_without_the_token_are_few_and_the_owner_is_served(door: Daemon) -> None:
+    """1,100 connections that send nothing: the door holds few of them (the oldest are closed to make
+    room), and the owner's requests, through HTTP and the socket, are answered beside them."""
+    idle = [socket.create_connection(address_of(door), timeout=TIMEOUT) for _ in range(1100)]
+    try:
+        started = time.monotonic()
+        response, answer = ask(
+            door, "POST", "/v1/chat/completions", {"model": "specedit", "messages": MESSAGES, "max_tokens": 3}
+        )
+        assert response.status == 200 and answer["choices"][0]["finish_reason"] == "length"
+        assert door.config.socket_path is not None
+        with EngineClient.connect(door.config.socket_path) as engine_client:
+            assert engine_client.rewrite(RewriteRequest("x = 1\n", "Rename x.", max_new_tokens=3)).complete is False
+        assert time.monotonic() - started < 10.0  # seconds at most, under any load; 15 s time-outs before
+        deadline = time.monotonic() + 10  # the door may be accepting the last ones still
+        while closed_by_the_door(idle) < 1000 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert closed_by_the_door(idle) >= 1000
+    finally:
+        for peer in idle:
+            peer.close()
+
+
+@pytest.mark.parametrize("where", ["url", "header"])
+def test_a_huge_head_is_refused_after_a_bounded_read(door: Daemon, where: str) -> None:
+    """A 20 MB URL or header line without the token: the door stops reading it after a bounded part
+    (h11's head limit), so the client cannot send it whole; the door serves on."""
+    head = (
+        b"GET /v1/models?" + b"x" * (20 << 20)
+        if where == "url"
+        else b"GET /v1/models HTTP/1.1\r\nX-Big: " + b"x" * (20 << 20)
+    )
+    peer = socket.create_connection(address_of(door), timeout=5.0)
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)
+    sent = 0
+    try:
+        while sent < len(head):
+            sent += peer.send(head[sent : sent + (1 << 16)])
+    except OSError:  # a broken pipe, a reset, or nothing read any more (time-out)
+        pass
+    finally:
+        peer.close()
+    assert sent < len(head) // 2  # what the kernel's buffers take, at most; all 20 MB before
+    assert ask(door, "GET", "/v1/models")[0].status == 200
+
+
+def test_a_slow_head_is_dropped_at_its_deadline(
+    random_engine: Engine, token_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A head sent a byte at a time is dropped once its deadline passes (and a silent connection too)."""
+    monkeypatch.setattr("specedit.engine.http.server.HEAD_SECONDS", 1.0)
+    with http_daemon(random_engine, token_file, tmp_path) as daemon:
+        silent = socket.create_connection(address_of(daemon), timeout=TIMEOUT)
+        slow = socket.create_connection(address_of(daemon), timeout=TIMEOUT)
+        started = time.monotonic()
+        head = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: " + b"y" * 1000
+        try:
+            for byte in head:
+                slow.send(bytes([byte]))
+                time.sleep(0.1)
+                if time.monotonic() - started > 15:
+                    break
+        except OSError:
+            pass
+        assert time.monotonic() - started < 15, "the slow head was read on and on"
+        assert closed_by_the_door([silent]) == 1
+        silent.close()
+        slow.close()
+
+
+def test_a_request_without_the_token_closes_its_connection(door: Daemon) -> None:
+    """Unproven connections are short-lived: a request without the token is answered, then closed."""
+    for token in (None, "not-the-token"):
+        response, answer = ask(door, "GET", "/v1/models", token=token)
+        assert response.status == 401 and response.will_close and answer["error"]["code"] == "invalid_api_key"
+    response, _ = ask(door, "GET", "/v1/models")
+    assert response.status == 200 and not response.will_close  # the owner's connection is kept
+
+
+def test_unknown_paths_and_methods_get_the_doors_error_shapes(door: Daemon) -> None:
+    response, answer = ask(door, "GET", "/v1/no-such-thing")
+    assert response.status == 404
+    assert answer["error"]["type"] == "invalid_request_error" and "/v1/no-such-thing" in answer["error"]["message"]
+    response, answer = ask(door, "DELETE", "/v1/chat/completions")
+    assert (
+        response.status == 405
+        and answer["error"]["code"] == "unknown_url"
+        and "POST" in response.getheader("allow", "")
+    )
+    response, answer = ask(door, "GET", "/rewrite")  # the cluster's own route: its own shape
+    assert response.status == 405 and answer["error_code"] == "unknown_type"
+    with pytest.raises(openai.NotFoundError, match="Invalid URL"):
+        openai.OpenAI(base_url=f"{door.http_address}/v2", api_key=TOKEN, max_retries=0).models.list()
+
+
+def test_a_body_over_the_limit_gets_a_413_the_client_reads(door: Daemon) -> None:
+    """A body far over 4 MiB, sent whole by a client that reads only then and asks to close the connection
+    after the answer (as `urllib` does): a 413 in OpenAI's shape, not a reset."""
+    for size in (5 << 20, 20 << 20):
+        body = b'{"model": "specedit", "messages": [], "x": "' + b"y" * size + b'"}'
+        connection = http.client.HTTPConnection(*address_of(door), timeout=TIMEOUT)
+        headers = {"Authorization": f"Bearer {TOKEN}", "Connection": "close"}
+        connection.request("POST", "/v1/chat/completions", body, headers)
+        response = connection.getresponse()
+        assert response.status == 413 and json.loads(response.read())["error"]["code"] == "request_too_large"
+        connection.close()
+
+
+def test_each_connection_takes_its_turns_as_a_client_of_its_own(door: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fair turns are kept per client; every OpenAI client sends the same key (the token), so each
+    connection is a client, as each of the socket's is: one busy program does not take the others' turns."""
+    backend = door._backend
+    clients: list[str] = []
+    run = backend.run
+    monkeypatch.setattr(
+        backend,
+        "run",
+        lambda request, emit, cancel, client: (clients.append(client), run(request, emit, cancel, client))[1],
+    )
+    body = json.dumps({"model": "specedit", "messages": MESSAGES, "max_tokens": 2})
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    first, second = (http.client.HTTPConnection(*address_of(door), timeout=TIMEOUT) for _ in range(2))
+    for connection in (first, first, second):
+        connection.request("POST", "/v1/chat/completions", body, headers)
+        assert connection.getresponse().read()
+    first.close()
+    second.close()
+    assert clients[0] == clients[1] != clients[2]
+
+
+def test_requests_through_http_keep_an_idle_timed_daemon_alive(
+    random_engine: Engine, token_file: Path, tmp_path: Path
+) -> None:
+    with http_daemon(random_engine, token_file, tmp_path, idle_timeout=2.0) as daemon:
+        started = time.monotonic()
+        while time.monotonic() - started < 5.0:  # well past the idle timeout
+            assert ask(daemon, "GET", "/v1/models")[0].status == 200, "the daemon stopped while used"
+            time.sleep(0.25)
+        # Unused, it goes (the idle timeout counted from the last request).
+        deadline = time.monotonic() + TIMEOUT
+        while daemon.status_info()["state"] != "stopping" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert daemon.status_info()["state"] == "stopping"
+
+
+# --- the same limits as at the socket, refused before the turn -----------------------------------------
+
+
+@contextlib.contextmanager
+def model_held(daemon: Daemon) -> Iterator[None]:
+    """The engine's turn held by other work (as by a long rewrite) until the block ends."""
+    released, holding = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        holding.set()
+        released.wait(TIMEOUT)
+
+    holder = threading.Thread(
+        target=daemon._backend.in_turn, args=(hold, lambda event: None, threading.Event(), "holder"), daemon=True
+    )
+    holder.start()
+    assert holding.wait(TIMEOUT)
+    try:
+        yield
+    finally:
+        released.set()
+        holder.join(TIMEOUT)
+
+
+def test_a_prediction_longer_than_the_context_is_refused_before_the_turn(door: Daemon) -> None:
+    """A 0.99 MB prediction (far over the tiny model's 2,048 positions) is refused at once while another
+    request holds the model: never tokenized whole in a turn the others wait for."""
+    prediction = "".join(f"value_{n} = {n * 7919 % 10007}\n" for n in range(60_000))[:990_000]
+    asked = {
+        "model": "specedit",
+        "messages": MESSAGES,
+        "max_tokens": 3,
+        "prediction": {"type": "content", "content": prediction},
+    }
+    with model_held(door):
+        response, answer = ask(door, "POST", "/v1/chat/completions", asked)
+    assert response.status == 400 and answer["error"]["code"] == "context_length_exceeded"
+    assert "prediction" in answer["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("stop", ["x" * 990_000]),
+        ("seed", 2**70),
+        ("messages", [{"role": "user", "content": "x"}] * 3000),
+        ("model", "m" * 10_000),
+    ],
+    ids=["long-stop", "huge-seed", "many-messages", "long-model"],
+)
+def test_every_field_is_bounded_and_refused_before_the_turn(door: Daemon, field: str, value: Any) -> None:
+    served = dict(door.status_info()["served"])
+    asked = {"model": "specedit", "messages": MESSAGES, "max_tokens": 3, field: value}
+    with model_held(door):
+        response, answer = ask(door, "POST", "/v1/chat/completions", asked)
+    assert response.status == 400 and answer["error"]["param"] == field
+    assert door.status_info()["served"] == served
+
+
+def test_a_sketchs_check_does_not_stall_the_event_loop(door: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding a long sketch's format takes a while (a diff's); meanwhile both doors answer."""
+    checking, checked = threading.Event(), threading.Event()
+    detect = requests_module.detect
+
+    def slow_detect(sketch: str, original: str = "") -> Any:
+        checking.set()
+        time.sleep(3.0)
+        checked.set()
+        return detect(sketch, original)
+
+    monkeypatch.setattr(requests_module, "detect", slow_detect)
+    original, sketch, _ = LINES_SKETCH
+    asked = {"model": "specedit-apply", "messages": apply_message(original, sketch)}
+    applying = threading.Thread(target=ask, args=(door, "POST", "/v1/chat/completions", asked), daemon=True)
+    applying.start()
+    assert checking.wait(TIMEOUT)
+    assert ask(door, "GET", "/v1/models")[0].status == 200
+    assert door.config.socket_path is not None
+    with EngineClient.connect(door.config.socket_path) as engine_client:
+        assert engine_client.status()["state"] == "ready"
+    assert not checked.is_set(), "the doors waited for the sketch's check"
+    applying.join(TIMEOUT)

@@ -49,7 +49,10 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     add_engine_arguments(serve_parser.add_argument_group("engine"))
     serve_parser.add_argument(
-        "--idle-timeout", type=float, metavar="SECONDS", help="exit after this long without any client (default: never)"
+        "--idle-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="exit after this long without a client or a request through any door (default: never)",
     )
     serve_parser.add_argument(
         "--max-frame-size", type=int, default=DEFAULT_MAX_FRAME_SIZE, metavar="BYTES", help=argparse.SUPPRESS

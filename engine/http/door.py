@@ -10,10 +10,13 @@ uvicorn), and each cluster replica under Ray Serve (`cluster_deploy`), so a team
     GET  /status               the engine's state
 
 Every route takes the token as a bearer header (what every OpenAI client sends as its API key, compared
-in constant time); without it nothing runs. A body is read no further than `MAX_BODY_BYTES`, and checked
-(`openai`, `wire`) before anything reaches the engine; each text holds at most `MAX_INPUT_BYTES`. Requests
-take their turns fairly across clients in the engine (`serving.local.Turns`), and one whose client hangs
-up is cancelled within a step. Errors come in OpenAI's shape on `/v1`, in the cluster's on its own routes.
+in constant time); without it nothing runs. A body is read no further than `MAX_BODY_BYTES` (a 413 the
+client can read), and checked (`openai`, `wire`) before anything reaches the engine, off the event loop
+where that takes a while (a sketch's format is found in its text); each text holds at most
+`MAX_INPUT_BYTES`. Requests take their turns fairly across clients in the engine (`serving.local.Turns`),
+each connection a client of its own, as each of the socket's is; one whose client hangs up is cancelled
+within a step. Errors come in OpenAI's shape on `/v1` and on unknown paths, in the cluster's on its own
+routes. The server and its budget of connections are `http.server`'s.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ import hmac
 import json
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -56,6 +61,9 @@ log = logging.getLogger(__name__)
 
 ENGINE_MODEL = "specedit"  # the engine's own model, whichever it loaded
 DISCONNECT_POLL = 0.1  # s between checks that a client still waits for a whole (unstreamed) answer
+# A body over the limit is read on (and dropped) up to this many bytes, so that the client, still sending,
+# reads the 413 rather than a reset; past it, the connection closes after the answer.
+DRAIN_BYTES = 64 * 1024 * 1024
 
 
 class Door:
@@ -82,7 +90,8 @@ class Door:
         self._session_for = session_for
         self._status = status or (lambda: {})
         self._stamp = stamp or {}  # added to every answer's stats (a replica's pid)
-        self._running = 0  # requests in the engine now
+        self.running = 0  # requests in the engine now
+        self.last_request = time.monotonic()  # when a request with the token came or ended (the idle timeout)
         self._cancelled = 0  # requests the engine stopped because their client went away
         self.routes = [
             Route("/v1/models", self.models, methods=["GET"]),
@@ -91,7 +100,7 @@ class Door:
             Route("/rewrite", self.rewrite, methods=["POST"]),
             Route("/status", self.status, methods=["GET"]),
         ]
-        self.app = Starlette(routes=self.routes)
+        self.app = Starlette(routes=self.routes, exception_handlers={404: self._no_route, 405: self._no_route})
 
     async def handle(self, http: Request) -> Response:
         """One request, for a host that hands over a Starlette request (Ray Serve's replica), routed by the
@@ -101,9 +110,15 @@ class Door:
             if path.endswith(route.path) and http.method in (route.methods or ()):
                 response: Response = await route.endpoint(http)
                 return response
-        if path.endswith("/rewrite") or path.endswith("/status"):
-            return _cluster_error(405, "unknown_type", f"no {http.method} {path}")
-        return _openai_error(OpenAIError(404, f"no {http.method} {path}", code="not_found"))
+        return _no_such_route(http.method, path, 405 if path.endswith(("/rewrite", "/status")) else 404)
+
+    async def _no_route(self, http: Request, error: Exception) -> Response:
+        """Starlette's 404 (no such path) and 405 (not with this method), in the door's error shapes."""
+        status = error.status_code if isinstance(error, HTTPException) else 404
+        response = _no_such_route(http.method, http.url.path, status)
+        if isinstance(error, HTTPException) and error.headers:
+            response.headers.update(error.headers)  # 405's `Allow`
+        return response
 
     # -- OpenAI's API
 
@@ -118,7 +133,10 @@ class Door:
             body = openai.chat_completions_body(await _json_body(http))
             asked = body.generation
             if is_apply_model(asked.model):
-                request: EngineRequest = apply_request(body.messages, asked.sampling, asked.max_tokens)
+                # On a thread: the sketch's format is found in its text, which takes a while for a long one.
+                request: EngineRequest = await asyncio.to_thread(
+                    apply_request, body.messages, asked.sampling, asked.max_tokens
+                )
                 return await self._answer(http, self._session, request, asked, chat=True, whole=True)
             session = await self._session_named(asked.model)
             request = _completion(asked, messages=body.messages, prediction=body.prediction)
@@ -152,8 +170,7 @@ class Door:
         """Run `request` for the client: streamed as server-sent events, or whole. `whole`: nothing goes out
         before the answer is judged (the apply model: a file with code missing is never sent)."""
         request_id = openai.new_id("chatcmpl" if chat else "cmpl")
-        client = f"http {http.client.host if http.client else '?'}"
-        events = self._start(session, request, client)
+        events = self._start(session, request, _client(http))
         if asked.stream and not whole:
             return StreamingResponse(
                 self._events(events, request_id, asked, chat=chat, predicted=predicted), media_type="text/event-stream"
@@ -232,14 +249,14 @@ class Door:
         # `_json_object` turns every way JSON can be bad into a `ProtocolError`, and `from_wire` checks the
         # shape against `RewriteRequest` (its own validation raises ValueError).
         try:
-            body = await _body_within(http, MAX_BODY_BYTES)
-            request = from_wire(RewriteRequest, json_object(body).get("request"))
+            # No drain: Serve's proxy, not the client, is on the other end, and answers the client itself.
+            body = await _body_within(http, MAX_BODY_BYTES, drain=MAX_BODY_BYTES)
+            request = await asyncio.to_thread(_rewrite_request, body)  # a sketch's format is found in it
             model = self._other_model(http.headers.get(MODEL_HEADER, ""))
         except (ProtocolError, ValueError, TypeError) as error:
             code = error.code if isinstance(error, ProtocolError) else "bad_request"
             return _cluster_error(413 if code == "frame_too_large" else 400, code, str(error))
-        client = f"http {http.client.host if http.client else '?'}"
-        return StreamingResponse(self._lines(model, request, client), media_type="application/x-ndjson")
+        return StreamingResponse(self._lines(model, request, _client(http)), media_type="application/x-ndjson")
 
     async def _lines(self, model: str | None, request: RewriteRequest, client: str) -> AsyncIterator[str]:
         """The rewrite's events as JSON lines (`events.event_to_wire`); when the client goes away (the
@@ -275,10 +292,11 @@ class Door:
     def _start(self, session: Session, request: EngineRequest, client: str) -> EventStream:
         """The request's events, counted while the engine runs it (read to the end or not)."""
         events = session.stream(request, client=client)
-        self._running += 1
+        self.running += 1
 
         def ended(done: asyncio.Future[RewriteOutcome | None]) -> None:
-            self._running -= 1
+            self.running -= 1
+            self.last_request = time.monotonic()  # the idle timeout counts from the end of a long one
             self._cancelled += int(getattr(done.result(), "status", "") == "cancelled")
 
         events.ended.add_done_callback(ended)
@@ -302,17 +320,41 @@ class Door:
     async def status(self, http: Request) -> Response:
         if not self._authorized(http):
             return _cluster_error(401, "unauthorized", "a wrong or missing token")
-        return JSONResponse({**self._status(), "running": self._running, "cancelled": self._cancelled})
+        return JSONResponse({**self._status(), "running": self.running, "cancelled": self._cancelled})
 
     # -- the token
 
+    def authorizes(self, header: bytes) -> bool:
+        """Whether an `Authorization` header's value is the token as a bearer (in constant time)."""
+        scheme, _, token = header.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._token)
+
     def _authorized(self, http: Request) -> bool:
-        scheme, _, token = http.headers.get("authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self._token)
+        if not self.authorizes(http.headers.get("authorization", "").encode("latin-1")):
+            return False
+        self.last_request = time.monotonic()  # any request with the token keeps an idle-timed daemon alive
+        return True
 
     def _check_token(self, http: Request) -> None:
         if not self._authorized(http):
             raise _unauthorized()
+
+
+def _client(http: Request) -> str:
+    """Who asks, for fair turns: each connection (a peer's address and port) is a client of its own, as
+    each of the socket's is; every OpenAI client sends the same key (the token), so the key cannot say."""
+    return f"http {http.client.host}:{http.client.port}" if http.client else "http ?"
+
+
+def _rewrite_request(body: bytes) -> RewriteRequest:
+    return from_wire(RewriteRequest, json_object(body).get("request"))
+
+
+def _no_such_route(method: str, path: str, status: int) -> JSONResponse:
+    """An unknown path (404) or method (405): in the cluster's error shape on its routes, else OpenAI's."""
+    if path.rstrip("/").endswith(("/rewrite", "/status")):
+        return _cluster_error(status, "unknown_type", f"no {method} {path}")
+    return _openai_error(OpenAIError(status, f"Invalid URL ({method} {path})", code="unknown_url"))
 
 
 def _completion(asked: openai.Generation, **prompt: Any) -> CompletionRequest:
@@ -381,32 +423,49 @@ def _unauthorized() -> OpenAIError:
 
 
 def _openai_error(error: OpenAIError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
+    return JSONResponse(error.body(), status_code=error.status, headers=_closing(error.status))
 
 
 def _cluster_error(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"error_code": code, "error_message": message}, status_code=status)
+    return JSONResponse({"error_code": code, "error_message": message}, status_code=status, headers=_closing(status))
+
+
+def _closing(status: int) -> dict[str, str] | None:
+    """A 413's connection closes after it: what is left of an outsized body is not read on."""
+    return {"Connection": "close"} if status == 413 else None
 
 
 async def _json_body(http: Request) -> dict[str, Any]:
     """The request's JSON object, read no further than `MAX_BODY_BYTES` (`OpenAIError` for anything else)."""
     try:
-        return json_object(await _body_within(http, MAX_BODY_BYTES))
+        return await asyncio.to_thread(json_object, await _body_within(http, MAX_BODY_BYTES))
     except ProtocolError as error:
         if error.code == "frame_too_large":
             raise OpenAIError(413, str(error), code="request_too_large") from None
         raise invalid(str(error), code="invalid_json") from None
 
 
-async def _body_within(http: Request, limit: int) -> bytes:
+async def _body_within(http: Request, limit: int, *, drain: int = DRAIN_BYTES) -> bytes:
     """The request's body, read no further than `limit` bytes (`ProtocolError("frame_too_large")` past it):
-    a client that declares or sends more costs the engine no more memory than the limit."""
+    a client that declares or sends more costs the engine no more memory than the limit. The rest is read
+    and dropped, up to `drain` bytes: a client still sending its body (one that asked to close the
+    connection after the answer, as `urllib` does) reads the 413 rather than a reset. A client that waits
+    to be asked for its body (`Expect: 100-continue`) is refused before it sends any."""
     declared = http.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    waits = "100-continue" in http.headers.get("expect", "").lower()
+    if declared.isdigit() and int(declared) > (limit if waits else drain):
         raise ProtocolError("frame_too_large", f"a request of {int(declared)} bytes (at most {limit})")
     body = bytearray()
+    read = 0
     async for chunk in http.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ProtocolError("frame_too_large", f"a request of more than {limit} bytes")
+        read += len(chunk)
+        if read <= limit:
+            body += chunk
+        elif read > drain:
+            break
+        else:
+            body.clear()
+    if read > limit:
+        size = f"of {int(declared)} bytes" if declared.isdigit() else f"of more than {limit} bytes"
+        raise ProtocolError("frame_too_large", f"a request {size} (at most {limit})")
     return bytes(body)

@@ -6,7 +6,9 @@ door runs (`model`, `messages` / `prompt`, `stream`, `stream_options.include_usa
 `seed`, `max_tokens` / `max_completion_tokens`, `stop`, `prediction`); the ones that change nothing when
 they hold their default (`n` 1, `presence_penalty` 0, `logprobs` false, `tools` empty, ...) or are the
 client's own bookkeeping (`user`, `metadata`); anything else is an `invalid_request_error` that names it.
-Parsing never touches the engine: a request over the limits is refused before anything is tokenized.
+Parsing never touches the engine: a request over the limits is refused before anything is tokenized,
+with the socket's limits (`requests`: each text, the stop strings, the messages) and a few of its own
+(a model's name, a seed that fits 64 bits).
 """
 
 from __future__ import annotations
@@ -16,7 +18,15 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from specedit.engine.requests import MIN_TEMPERATURE, ChatMessage, RewriteOutcome, SamplingConfig
+from specedit.engine.requests import (
+    MAX_MESSAGES,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MIN_TEMPERATURE,
+    ChatMessage,
+    RewriteOutcome,
+    SamplingConfig,
+)
 
 # OpenAI's own default: a client that says nothing samples at temperature 1.
 DEFAULT_TEMPERATURE = 1.0
@@ -39,6 +49,8 @@ NO_OP_DEFAULTS: dict[str, tuple[Any, ...]] = {
     "suffix": (None, ""),
 }
 CLIENT_BOOKKEEPING = ("user", "metadata")  # the client's own labels; they change nothing in the answer
+MAX_MODEL_CHARS = 256  # a model's name (it is said back in an error)
+MAX_SEED = 2**63 - 1  # a seed the sampler's generator takes
 TEXT_PART = "text"
 
 
@@ -97,6 +109,8 @@ def chat_completions_body(body: dict[str, Any]) -> ChatCompletionsBody:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("`messages` must be a non-empty list", param="messages")
+    if len(messages) > MAX_MESSAGES:
+        raise invalid(f"`messages` holds at most {MAX_MESSAGES:,} messages", param="messages")
     return ChatCompletionsBody(generation, tuple(_message(m, i) for i, m in enumerate(messages)), _prediction(body))
 
 
@@ -122,7 +136,7 @@ def _generation(body: dict[str, Any], own: set[str]) -> Generation:
         what = f"`{name}` = {value!r}" if name in NO_OP_DEFAULTS else f"`{name}`"
         raise invalid(f"{what} is not supported by this engine", param=name, code="unsupported_parameter")
     model = body.get("model")
-    if not isinstance(model, str) or not model:
+    if not isinstance(model, str) or not model or len(model) > MAX_MODEL_CHARS:
         raise invalid("`model` must name a model (see /v1/models)", param="model")
     stream = _typed(body, "stream", bool, False)
     options = body.get("stream_options") or {}
@@ -134,6 +148,8 @@ def _generation(body: dict[str, Any], own: set[str]) -> Generation:
     temperature = float(_typed(body, "temperature", (int, float), DEFAULT_TEMPERATURE))
     top_p = float(_typed(body, "top_p", (int, float), 1.0))
     seed = _typed(body, "seed", int, 0)
+    if abs(seed) > MAX_SEED:
+        raise invalid(f"`seed` must be within ±{MAX_SEED}", param="seed")
     if not 0 <= temperature <= 2:
         raise invalid("`temperature` must be between 0 and 2", param="temperature")
     if 0 < temperature < MIN_TEMPERATURE:
@@ -148,8 +164,16 @@ def _generation(body: dict[str, Any], own: set[str]) -> Generation:
         raise invalid("`max_tokens` must be at least 1", param="max_tokens")
     stop = body.get("stop")
     stops = (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, list) else ()
-    if stop is not None and (not stops or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4):
-        raise invalid("`stop` is a string or a list of up to 4 non-empty strings", param="stop")
+    if stop is not None and (
+        not stops
+        or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stops)
+        or len(stops) > MAX_STOP_STRINGS
+    ):
+        raise invalid(
+            f"`stop` is a string or a list of up to {MAX_STOP_STRINGS} non-empty strings of at most "
+            f"{MAX_STOP_CHARS:,} characters",
+            param="stop",
+        )
     return Generation(model, stream, include_usage, sampling, max_tokens, stops)
 
 

@@ -76,6 +76,27 @@ def complete(
     return Completion(stops.text if request.stop else generation.text, generation, len(prompt_ids))
 
 
+def refuse_early_if_too_long(engine: Engine, request: CompletionRequest, *, bound: int = 8) -> None:
+    """`ContextLengthError` when the prompt, or the prediction (the answer it stands for), alone takes more
+    positions than the model's context holds: each tokenized no further than `bound` characters a
+    position, from two on. Cheap enough to run before the request takes its turn (0.1 s for 1 MB; as a
+    rewrite's, `rewrite.refuse_early_if_too_long`): an outsized request holds no one up."""
+    limit = engine.max_positions
+    said = request.prompt if request.prompt is not None else "\n".join(m.content for m in request.messages)
+    texts = {"the prompt": said, "the prediction": request.prediction or ""}
+    for what, text in texts.items():
+        if limit is None or len(text) <= limit:  # a token is at least one character
+            continue
+        for per_position in (per for per in (2, 4, 8) if per <= bound):
+            tokens = len(engine.tokenize(text[: limit * per_position]))
+            if tokens > limit:
+                raise ContextLengthError(
+                    f"the input is too long for the model: {what} takes over {limit} tokens, all the context"
+                )
+            if len(text) <= limit * per_position:
+                break
+
+
 def prompt_text(tokenizer: object, request: CompletionRequest) -> str:
     """The text the model reads: the chat template applied to the messages (with the assistant's turn
     opened), or the raw prompt. A last message of the assistant's is the start of its answer, which the

@@ -5,6 +5,13 @@ over a `serving.local.LocalBackend`, which runs one rewrite at a time in turns f
 and warms the documents editors said are open between them): its events go back as `event` frames, its
 phases first, then text and steps, and last its judged `done` (or an error).
 
+Every door keeps a budget of connections (`listening`): the soft limit of open files is raised to the
+hard one at start; over TCP, peers that have not proven they hold the token are few (the oldest closed
+to make room) and short-lived (`PROVE_SECONDS` for the whole handshake); the HTTP door keeps the same
+budget (`http.server`); and the descriptors a network door may take leave a reserve for the owner's unix
+socket. A request's text is checked off the event loop (a sketch's format is found in it), so one request
+never stalls the others' doors. Any request through any door keeps an idle-timed daemon alive.
+
 Cancelling (a `cancel` message, or the client disconnecting) sets a flag that the speculative loop checks
 before every step, so the engine is free within one step; a request still waiting leaves the line at once.
 
@@ -63,7 +70,7 @@ from specedit.engine.wire import ErrorCode, ProtocolError, error_code_for, from_
 
 log = logging.getLogger(__name__)
 
-HELLO_TIMEOUT = 10.0  # seconds a new connection has to say hello
+HELLO_TIMEOUT = listening.PROVE_SECONDS  # seconds a new connection has for its hello (and over TCP, its proof)
 STOP_GRACE = 30.0  # seconds to wait for the running request to notice its cancel flag when stopping
 RECENT_REQUESTS = 16  # finished requests kept for `status`
 _SHUTTING_DOWN: tuple[ErrorCode, str] = ("shutting_down", "the engine daemon is stopping")
@@ -87,6 +94,7 @@ def serve(
     loaded); from then on `Daemon.stop` works from any thread.
     """
     prepare_state_dir(config)
+    descriptors = listening.raise_descriptor_limit()
     token = read_token(config.token_file) if config.token_file is not None else None
     # Port 0 asks for a fresh port, which nobody else can be serving: no lock needed.
     lock_fd = listening.acquire_lock(config.lock_path) if not (config.tcp and config.port == 0) else None
@@ -104,7 +112,9 @@ def serve(
             listener, socket_id = listening.bind_unix(config.socket_path)
         else:
             listener = listening.bind_tcp(config)
-        daemon = Daemon(config, listener, backend=backend or LocalBackend(config.options), token=token)
+        daemon = Daemon(
+            config, listener, backend=backend or LocalBackend(config.options), token=token, descriptors=descriptors
+        )
         info_path = config._state_file(".json", port=listener.getsockname()[1]) if config.tcp else config.info_path
         listening.write_info(info_path, daemon.address, config)
         log.info("serving on %s (pid %d)", daemon.address, os.getpid())
@@ -128,7 +138,7 @@ def serve(
 class _Job:
     id: str
     connection: Connection
-    request: RewriteRequest
+    wire: dict[str, Any]  # the request as it came (`RewriteRequest`, checked off the event loop)
     cancel: threading.Event = field(default_factory=threading.Event)
     started_at: float | None = None  # when its turn came
     steps: int = 0
@@ -141,8 +151,16 @@ class Daemon:
     event loop."""
 
     def __init__(
-        self, config: DaemonConfig, listener: socket.socket, *, backend: LocalBackend, token: str | None
+        self,
+        config: DaemonConfig,
+        listener: socket.socket,
+        *,
+        backend: LocalBackend,
+        token: str | None,
+        descriptors: int = 1024,
     ) -> None:
+        """`descriptors`: the process's limit of open files, which the network doors' budgets leave a
+        reserve of (`listening.door_connections`)."""
         self.config = config
         self._listener = listener
         self._backend = backend
@@ -152,6 +170,9 @@ class Daemon:
         self._failure: tuple[ErrorCode, str] | None = None
         self._exit_code = 0
         self._connections: set[Connection] = set()
+        self.door_limit = listening.door_connections(descriptors)  # connections each network door holds at most
+        self._unproven = listening.Unproven()  # TCP peers not through the handshake yet
+        self._refused = 0  # TCP connections closed at once: the door was full of proven ones
         self._handlers: set[asyncio.Task[Any]] = set()
         self._jobs: set[asyncio.Task[None]] = set()
         self._numbers = itertools.count(1)
@@ -164,6 +185,7 @@ class Daemon:
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._http_task: asyncio.Task[None] | None = None
+        self._door: Any = None  # the HTTP door (`http.door.Door`), once it listens
         self.http_address: str | None = None  # the HTTP door's http://HOST:PORT, once it listens
         self._stop_requested: asyncio.Event | None = None
         if config.tcp:
@@ -238,10 +260,12 @@ class Daemon:
 
     async def _open_http(self) -> Any:
         """The HTTP door (`http.door`: OpenAI's API and the cluster's wire) on the same session, served by
-        uvicorn on this event loop; its server (to stop). Signals stay the daemon's: it stops the server."""
+        uvicorn on this event loop within the door's budget of connections (`http.server`); its server (to
+        stop). Signals stay the daemon's: it stops the server."""
         import uvicorn
 
         from specedit.engine.http.door import Door
+        from specedit.engine.http.server import server_config
         from specedit.engine.model.store import DEFAULT_MODEL
 
         assert self.config.http is not None and self.config.token_file is not None
@@ -252,7 +276,7 @@ class Daemon:
             raise EngineUnavailableError(f"cannot listen on {self.config.http} for HTTP: {error}") from error
         bound = listener.getsockname()[1]
         self.http_address = f"http://{f'[{host}]' if ':' in host else host}:{bound}"
-        door = Door(
+        door = self._door = Door(
             self._session,
             token=read_token(self.config.token_file),
             model=self.config.options.model or DEFAULT_MODEL.name,
@@ -264,7 +288,8 @@ class Daemon:
             def capture_signals(self) -> Iterator[None]:
                 yield  # the daemon's own handlers stop everything, this server with it
 
-        server = Server(uvicorn.Config(door.app, log_level="warning", lifespan="off", access_log=False))
+        config = server_config(door.app, authorized=door.authorizes, connections=self.door_limit)
+        server = Server(config)
         self._http_task = asyncio.create_task(server.serve(sockets=[listener]))
         log.info("the HTTP door (OpenAI's API) on %s", self.http_address)
         return server
@@ -293,15 +318,24 @@ class Daemon:
             return
         while not self._stopping:
             await asyncio.sleep(min(1.0, timeout / 4))
-            if not self._clients() and time.monotonic() - self._idle_since >= timeout:
+            door = self._door
+            if self._clients() or self._jobs or (door is not None and door.running):
+                continue
+            last = max(self._idle_since, door.last_request if door is not None else 0.0)
+            if time.monotonic() - last >= timeout:
                 log.info("no client for %.0f s: exiting", timeout)
                 self._begin_stop()
 
     # -- connections
 
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.config.tcp and not self._admitted(writer):
+            return
         connection = Connection(next(self._numbers), writer)
         self._connections.add(connection)
+        if self.config.tcp:
+            peer = writer.get_extra_info("peername")
+            self._unproven.admit(connection, str(peer[0]) if peer else "?", writer.transport.abort)
         handler = asyncio.current_task()
         if handler is not None:
             self._handlers.add(handler)
@@ -321,6 +355,17 @@ class Daemon:
             self._drop(connection)
             await connection.close()
 
+    def _admitted(self, writer: asyncio.StreamWriter) -> bool:
+        """Whether the TCP door has room for one more connection: an unproven one closes to make it, if
+        need be; with none, the new one is closed at once (its descriptor is the owner's reserve)."""
+        if len(self._connections) < self.door_limit or self._unproven.make_room():
+            return True
+        self._refused += 1
+        if self._refused in (1, 10, 100) or self._refused % 1000 == 0:
+            log.warning("the TCP door is full (%d connections): %d refused so far", self.door_limit, self._refused)
+        writer.transport.abort()
+        return False
+
     def _peer_allowed(self, writer: asyncio.StreamWriter) -> bool:
         """Unix sockets: the peer must run as our user (the 0600 file mode already says so; this is
         a second check). TCP peers prove they hold the token in the handshake (`Connection.prove`)."""
@@ -331,15 +376,16 @@ class Daemon:
         return uid is None or uid in (os.getuid(), 0)
 
     async def _converse(self, connection: Connection, reader: asyncio.StreamReader) -> None:
+        # Until the hello is accepted, frames are small and the whole handshake must be over soon: an
+        # unauthenticated peer can make the daemon neither allocate much nor stay alive by lingering.
+        deadline = asyncio.get_running_loop().time() + HELLO_TIMEOUT
         while not self._stopping:
-            # Until the hello is accepted, frames are small and must come soon: an unauthenticated peer
-            # can make the daemon neither allocate much nor stay alive (idle timeout) by lingering.
             try:
                 if connection.greeted:
                     payload = await read_payload(reader, self.config.max_frame_size)
                 else:
                     limit = min(HELLO_MAX_FRAME_SIZE, self.config.max_frame_size)
-                    async with asyncio.timeout(HELLO_TIMEOUT):
+                    async with asyncio.timeout_at(deadline):
                         payload = await read_payload(reader, limit)
                 if payload is END_OF_STREAM:
                     return
@@ -365,10 +411,14 @@ class Daemon:
 
     def _dispatch(self, connection: Connection, message: ClientMessage) -> bool:
         """Act on one message; False to close the connection."""
-        if message["type"] == "hello":
-            return connection.hello(message["nonce"], message["client"], self._token)
-        if message["type"] == "proof":
-            return connection.prove(message["proof"], self._token)
+        if message["type"] in ("hello", "proof"):
+            if message["type"] == "hello":
+                going_on = connection.hello(message["nonce"], message["client"], self._token)
+            else:
+                going_on = connection.prove(message["proof"], self._token)
+            if connection.greeted:
+                self._unproven.proven(connection)
+            return going_on
         if not connection.greeted:
             connection.error("hello_required", "the first message must be hello")
             return False
@@ -393,6 +443,7 @@ class Daemon:
         """A connection closed: cancel what it asked for."""
         connection.dropped = True
         self._connections.discard(connection)
+        self._unproven.proven(connection)  # gone: no longer held
         for job in list(connection.jobs.values()):
             job.cancel.set()
         if connection.greeted and not self._clients():
@@ -410,15 +461,10 @@ class Daemon:
         if request_id in connection.jobs:
             connection.error("duplicate_id", f"request {request_id!r} is already queued or running", request_id)
             return
-        try:
-            request = from_wire(RewriteRequest, message["request"])
-        except (ProtocolError, ValueError) as error:
-            connection.send(_error_event(request_id, ProtocolError("bad_request", str(error))))
-            return
         if self._failure is not None or self._stopping:
             connection.send(_error_event(request_id, ProtocolError(*(self._failure or _SHUTTING_DOWN))))
             return
-        job = _Job(request_id, connection, request)
+        job = _Job(request_id, connection, message["request"])
         connection.jobs[request_id] = job
         log.info("connection %d: request %s", connection.number, request_id)
         task = asyncio.create_task(self._serve_job(job))
@@ -426,9 +472,22 @@ class Daemon:
         task.add_done_callback(self._jobs.discard)
 
     async def _serve_job(self, job: _Job) -> None:
-        """Stream one rewrite's events to its connection (nothing, once it is refused or gone)."""
+        """Stream one rewrite's events to its connection (nothing, once it is refused or gone). The request
+        is checked on a thread first: finding a sketch's format takes a while for a long one (`patches`),
+        and the event loop serves every door."""
         connection = job.connection
-        events = self._session.stream(job.request, cancel=job.cancel, client=f"connection {connection.number}")
+        try:
+            request = await asyncio.to_thread(from_wire, RewriteRequest, job.wire)
+        except (ProtocolError, ValueError) as error:
+            connection.jobs.pop(job.id, None)
+            if not job.refused:
+                connection.send(_error_event(job.id, ProtocolError("bad_request", str(error))))
+            return
+        if job.refused:  # the daemon began to stop meanwhile: it said so
+            connection.jobs.pop(job.id, None)
+            self._remember(job, None, None)
+            return
+        events = self._session.stream(request, cancel=job.cancel, client=f"connection {connection.number}")
         outcome: RewriteOutcome | None = None
         failure: Exception | None = None
         try:
@@ -521,6 +580,9 @@ class Daemon:
             "recent": list(self._recent),
             "idle_timeout": self.config.idle_timeout,
             "max_frame_size": self.config.max_frame_size,
+            "http": self.http_address,
+            "door_limit": self.door_limit,  # connections each network door holds at most
+            "unproven": len(self._unproven),  # TCP connections not through the handshake yet
         }
 
 

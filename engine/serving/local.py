@@ -363,6 +363,7 @@ class LocalBackend:
             emit(Phase("loading"))  # torch's import included
         engine = self.load()  # torch imported there, not before: see `load_target`
         from specedit.engine.loop.completion import complete
+        from specedit.engine.loop.completion import refuse_early_if_too_long as refuse_early_completion
         from specedit.engine.loop.rewrite import refuse_early_if_too_long, rewrite
         from specedit.engine.model.memory import release_freed_memory
 
@@ -370,6 +371,8 @@ class LocalBackend:
             # Before its turn, cheaply (a fraction of a second for 1 MB): an outsized request holds no one
             # up; the whole bound is counted in its turn (`prepare_rewrite`).
             refuse_early_if_too_long(engine, request, bound=2)
+        else:
+            refuse_early_completion(engine, request)
         turn = _Turn(self, client, emit, cancel)
         if not turn.take(told=loading):
             return RewriteOutcome.cancelled_before_start({"queue_seconds": round(turn.waited, 4)})
