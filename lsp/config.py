@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from specedit.engine.errors import EngineUnavailableError
+from specedit.engine.model.fetch import ProgressCallback
 from specedit.engine.options import EngineOptions, setting_names
 from specedit.engine.requests import DRAFT_METHODS, DraftMethod
 from specedit.engine.serving.config import INPROCESS
@@ -145,14 +148,41 @@ def section(values: Any) -> Mapping[str, Any]:
     return inner if isinstance(inner, Mapping) else values
 
 
-def open_session(settings: Settings) -> Session:
+def open_session(settings: Settings, progress: ProgressCallback | None = None) -> Session:
     """Where this server's rewrites run: in process, in the daemon at `settings.engine`, or in the shared
-    daemon (started with this server's engine options when none runs; it exits by itself once idle)."""
+    daemon (started with this server's engine options when none runs; it exits by itself once idle).
+    `progress` hears how the model's fetch goes, where it is fetched here (in process)."""
     if settings.engine == INPROCESS:
-        return local_session(settings.engine_options)
+        return local_session(settings.engine_options, progress=progress)
     return remote_session(
         settings.engine,
         token_file=settings.engine_token_file,
         spawn=settings.engine_options,
         client_name=f"specedit lsp pid {os.getpid()}",
     )
+
+
+LOAD_POLL_INTERVAL = 0.5  # s between two looks at a loading daemon's state
+LOAD_WAIT_LIMIT = 1800.0  # s: a first fetch of the 1.5B on a slow link, and more
+
+
+def wait_until_loaded(
+    session: Session, *, interval: float = LOAD_POLL_INTERVAL, limit: float = LOAD_WAIT_LIMIT
+) -> None:
+    """Block until the session's model is loaded. `Session.start` returns once a daemon answers, which is
+    before its model has loaded: the daemon's status says when it has. Other backends are loaded by then.
+    Raises `EngineUnavailableError` when the daemon's model did not load."""
+    from specedit.engine.serving.remote import DaemonBackend
+
+    backend = getattr(session, "backend", None)  # (a test's stand-in session may have none)
+    if not isinstance(backend, DaemonBackend):
+        return
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        with backend.connect() as daemon:
+            state = daemon.status().get("state")
+        if state == "failed":
+            raise EngineUnavailableError("the engine's model did not load (see the daemon's log)")
+        if state != "loading":
+            return
+        time.sleep(interval)

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from specedit.lsp.documents import TextIndex
 from specedit.lsp.hunks import Hunk, HunkTracker, SettleConfig
 from specedit.lsp.protocol import Delivery
 from specedit.lsp.region import HunkState, RegionTracker, apply_edits
@@ -116,6 +117,7 @@ class Intent:
     hunk_ids: list[int] | None = None
     live: bool = False  # keep a live job's document in step: its pending hunks and its provisional text
     confirm: bool = False  # ask the user to confirm it, where the client can (a `final` rewrite's edit)
+    offer: bool = False  # a revert that leaves its hunks pending, offered to accept (a live job turned preview)
     attempts: int = 0
     result: IntentResult | None = None
 
@@ -158,6 +160,19 @@ class DocumentState:
     _held: HeldChange | None = None  # the first part of an edit's echo, Neovim's way, not read yet
     _ours: deque[tuple[int, str, list[Edit]]] = field(default_factory=lambda: deque(maxlen=OWN_VERSIONS))
     _ids: itertools.count[int] = field(default_factory=itertools.count)
+    _index: TextIndex | None = None  # the line starts of the text last indexed (see `index`)
+
+    def index(self, text: str | None = None) -> TextIndex:
+        """The positions of `text` (default: the document's), kept for as long as it is the text indexed
+        last: a big document's line starts are found once, then carried through its changes (`remember`)."""
+        text = self.text if text is None else text
+        if self._index is None or (self._index.text is not text and self._index.text != text):
+            self._index = TextIndex(text)
+        return self._index
+
+    def remember(self, index: TextIndex) -> None:
+        """`index` is of the text as the client has it now (each change applied to the one before)."""
+        self._index = index
 
     # ---------------------------------------------------------------------------------------- intents
 
@@ -274,9 +289,9 @@ class DocumentState:
         notification's positions are in it)."""
         return self._held.text if self._held is not None else self.text
 
-    def did_change(self, version: int, changes: Sequence[Edit]) -> None:
+    def did_change(self, version: int, changes: Sequence[Edit], text_after: str | None = None) -> None:
         """A `didChange`: its changes, each in the coordinates left by the one before (the first in
-        `client_text`'s)."""
+        `client_text`'s); `text_after`, if known, the text they make of `client_text`."""
         held, self._held = self._held, None
         if held is not None:
             changes = [*held.changes, *changes]  # one notification, as far as the echo goes
@@ -307,9 +322,12 @@ class DocumentState:
         if first_user < len(changes):
             self._ours.clear()  # the user's: a request made before it is stale
         for start, end, new_text in changes[first_user:]:
-            self.text = self.text[:start] + new_text + self.text[end:]
+            if text_after is None:
+                self.text = self.text[:start] + new_text + self.text[end:]
             for write_out in self.write_outs:
                 write_out.region.user_edit(start, end, new_text)
+        if text_after is not None:  # what the changes make of it, known already: a 5 MB text built once
+            self.text = text_after
         self.version = version
 
     def on_response(self, edit: PlannedEdit, applied: bool) -> None:
@@ -359,7 +377,7 @@ class DocumentState:
             if edit.intent.kind == "apply":
                 write_out.region.mark_applied(hunk_id)
             else:
-                write_out.region.mark_reverted(hunk_id)
+                write_out.region.mark_reverted(hunk_id, offered=edit.intent.offer)
         if edit.provisional is not None:
             write_out.region.mark_provisional(*edit.provisional)
         for other in self.write_outs:

@@ -38,6 +38,39 @@ class TextIndex:
     def _starts(self) -> list[int]:
         return [0, *(match.end() for match in _LINE_BREAK.finditer(self.text))]
 
+    def edited(self, start: int, end: int, new_text: str, *, text: str | None = None) -> TextIndex:
+        """The index of the text with `text[start:end]` replaced by `new_text` (that text: `text`, where the
+        caller has it already). Line starts already found are carried over: only those near the change are
+        found again, the later ones shifted, so a small change in a 5 MB document does not scan it whole.
+
+        >>> index = TextIndex("a\\rb\\nc"); index.line_count
+        3
+        >>> edited = index.edited(2, 3, "\\n"); (edited.text, edited.line_count)   # "\\r\\n": one break
+        ('a\\r\\n\\nc', 3)
+        """
+        if text is None:
+            text = self.text[:start] + new_text + self.text[end:]
+        index = TextIndex(text)
+        if "_starts" not in self.__dict__:
+            return index  # never needed here: found when needed there
+        starts, shift = self._starts, len(new_text) - (end - start)
+        # A break may end just before the change ("\r" + an inserted "\n") or just after it: the old starts
+        # from start - 1 to end + 1 are found again, in the new text.
+        head = starts[: bisect.bisect_right(starts, max(start - 1, 0))]
+        limit = start + len(new_text) + 1
+        found = [
+            match.end()
+            for match in _LINE_BREAK.finditer(text, max(start - 1, 0), min(len(text), limit + 1))
+            if match.end() <= limit
+        ]
+        tail = starts[bisect.bisect_right(starts, end + 1) :]
+        index.__dict__["_starts"] = [*head, *found, *map(shift.__add__, tail)]
+        return index
+
+    @property
+    def line_count(self) -> int:
+        return len(self._starts)
+
     def _line_bounds(self, line: int) -> tuple[int, int]:
         """Start and end (before the line break) of a line."""
         start = self._starts[line]
@@ -87,12 +120,41 @@ def minimal_change(before: str, after: str) -> tuple[int, int, str]:
 
     >>> minimal_change("hello world", "hello, world")
     (5, 5, ',')
+    >>> minimal_change("aaa", "aa")
+    (2, 3, '')
     """
     limit = min(len(before), len(after))
-    prefix = 0
-    while prefix < limit and before[prefix] == after[prefix]:
-        prefix += 1
-    suffix = 0
-    while suffix < limit - prefix and before[-1 - suffix] == after[-1 - suffix]:
-        suffix += 1
+    prefix = _common_length(before, after, limit, from_end=False)
+    suffix = _common_length(before, after, limit - prefix, from_end=True)
     return prefix, len(before) - suffix, after[prefix : len(after) - suffix]
+
+
+def _common_length(a: str, b: str, limit: int, *, from_end: bool) -> int:
+    """How many characters `a` and `b` share at their start (or end), at most `limit`. Slices are compared
+    in doubling chunks (C speed, a few times the shared length in all), and the chunk that differs is halved
+    down to the character: a 5 MB document's change costs milliseconds, not a Python loop over it.
+
+    >>> _common_length("abcdef", "abcxef", 6, from_end=False), _common_length("abcdef", "abcxef", 6, from_end=True)
+    (3, 2)
+    """
+
+    def same(start: int, end: int) -> bool:  # the characters start..end (counted from the chosen side)
+        if from_end:
+            return a[len(a) - end : len(a) - start] == b[len(b) - end : len(b) - start]
+        return a[start:end] == b[start:end]
+
+    done, chunk = 0, 64
+    while done < limit:
+        size = min(chunk, limit - done)
+        if not same(done, done + size):
+            while size > 1:  # the first difference is in done..done+size
+                half = size // 2
+                if same(done, done + half):
+                    done += half
+                    size -= half
+                else:
+                    size = half
+            return done
+        done += size
+        chunk *= 2
+    return done

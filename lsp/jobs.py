@@ -1,7 +1,8 @@
 """The rewrite jobs of the language server: started from a call, run on the server's session in a worker
 thread, their text turned into settled hunks on the event loop and handed to the document's writer
 (live), reported as partial results (preview), or written at the end (final); then accept, reject and
-cancel act on them.
+cancel act on them. A live rewrite becomes a preview when its answer removes most of its region
+(`guard.py`) or when the user cancels it: what it wrote is taken out, and its hunks are offered.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ from specedit.lsp import protocol
 from specedit.lsp.config import Settings
 from specedit.lsp.delivery import DocumentState, Intent, IntentResult, Rebase, WriteOut
 from specedit.lsp.documents import TextIndex
+from specedit.lsp.engine_status import EngineStatus
 from specedit.lsp.errors import InvalidRequestError, StaleVersionError, error_payload
-from specedit.lsp.hunks import line_end
+from specedit.lsp.guard import removed_lines, too_destructive
+from specedit.lsp.hunks import Hunk, line_end
 from specedit.lsp.params import JobSelector, RewriteCall
-from specedit.lsp.region import HunkState
+from specedit.lsp.region import HunkState, RegionTracker
 from specedit.lsp.waiting import Waiting
 from specedit.lsp.writer import EditWriter
 
@@ -42,6 +45,7 @@ log = logging.getLogger("specedit.lsp")
 REPORT_INTERVAL = 0.1  # s between progress reports
 TICK_INTERVAL = 0.5  # s between reports while nothing is written yet (the elapsed time moves on)
 RETAINED_JOBS = 16  # finished jobs kept per document for accept / reject
+KEEP, DROP = "Keep", "Drop"  # what a client without a plugin is asked, where a rewrite became a preview
 
 
 @dataclass
@@ -95,16 +99,26 @@ class RewriteJob:
     reported: int = 0  # hunks sent as partial results so far
     last_report: float = 0.0
     final_intent: Intent | None = None
+    offer_on_stop: bool = False  # the user cancelled: what a live rewrite wrote is offered, not kept
+    previewed: str | None = None  # a live rewrite shown as a preview instead (the guard, a cancel): why
+    removed_lines: int = 0  # by its hunks so far, net (`guard.removed_lines`)
 
     @cached_property
     def asked_index(self) -> TextIndex:
         return TextIndex(self.asked.text)
 
-    def stop(self, reason: protocol.Status) -> None:
-        """Ask the engine to stop (it checks before every step) and stop writing live."""
+    @property
+    def delivery(self) -> protocol.Delivery:
+        """The delivery as the client sees it now: a live rewrite shown as a preview is one."""
+        return "preview" if self.previewed is not None else self.write_out.delivery
+
+    def stop(self, reason: protocol.Status, *, offer: bool = False) -> None:
+        """Ask the engine to stop (it checks before every step) and stop writing live. `offer`: the user
+        cancelled, and a live rewrite's hunks become a preview (`Rewrites.run`)."""
         if self.running and self.stop_reason is None:
             log.info("%s: %s", self.id, reason)
             self.stop_reason = reason
+            self.offer_on_stop = offer
             self.cancel.set()
         self.write_out.stopped = True
 
@@ -125,6 +139,7 @@ class Rewrites:
         waiting: Waiting,
         settings: Callable[[], Settings],
         session: Callable[[], Session],
+        engine: EngineStatus | None = None,
     ) -> None:
         self._lsp = lsp
         self._documents = documents
@@ -132,6 +147,8 @@ class Rewrites:
         self._waiting = waiting
         self._settings = settings
         self._session = session
+        self._engine = engine or EngineStatus(lambda params: None)
+        self._asking: set[asyncio.Future[None]] = set()  # questions to clients without a plugin (`_ask_to_keep`)
         self.jobs: dict[str, RewriteJob] = {}
         self._numbers = itertools.count(1)
         self._engine_error_shown = False
@@ -201,6 +218,7 @@ class Rewrites:
                 language=language_for_path(unquote(urlparse(call.uri).path)),
                 draft=settings.draft,
                 max_new_tokens=call.max_new_tokens or settings.max_new_tokens,
+                path=unquote(urlparse(call.uri).path) if call.uri.startswith("file:") else None,  # (`chat_answer`)
             )
         except ValueError as error:
             raise InvalidRequestError(str(error)) from None
@@ -256,7 +274,7 @@ class Rewrites:
                 event = await anext(events)
             except asyncio.CancelledError:  # $/cancelRequest (or shutdown): end the job, still answer
                 _uncancel()
-                job.stop("cancelled")
+                job.stop("cancelled", offer=True)
                 continue
             except Exception as error:  # reported to the client; the server carries on
                 ending = error
@@ -264,16 +282,24 @@ class Rewrites:
             if isinstance(event, Text):
                 self._on_text(job, event.delta)
             elif isinstance(event, Step):
+                if job.stats.last is None:
+                    self._engine.ready()
                 job.stats.step(event)
                 self._report(job)
             elif isinstance(event, Phase):
+                if event.name == "loading":
+                    self._engine.loading()
+                else:
+                    self._engine.ready()
                 job.stats.phase = event
                 self._report(job, force=True)
             else:
                 ending = event.outcome
         job.running = False
         ticker.cancel()
-        if not isinstance(ending, RewriteOutcome) or not ending.complete or job.stop_reason is not None:
+        if job.offer_on_stop and job.write_out.delivery == "live" and job.previewed is None:
+            self._to_preview(job, "cancelled")  # what it wrote is taken out, and offered
+        elif not isinstance(ending, RewriteOutcome) or not ending.complete or job.stop_reason is not None:
             self._stop_writing(job)  # its provisional text goes; a complete one's is replaced by its end
         while True:
             try:
@@ -284,7 +310,26 @@ class Rewrites:
                 job.stop("cancelled")
         self._end_progress(job, result)
         log.info("%s: %s %s", job.id, result["status"], result.get("message", ""))
+        if server_progress and result.get("offered", {}).get("hunks"):
+            asking = asyncio.ensure_future(self._ask_to_keep(job, result.get("message", "")))
+            self._asking.add(asking)
+            asking.add_done_callback(self._asking.discard)
         return result
+
+    async def _ask_to_keep(self, job: RewriteJob, message: str) -> None:
+        """A client without a plugin (the command) cannot show a preview: it is asked to keep or drop it."""
+        params = types.ShowMessageRequestParams(
+            type=types.MessageType.Warning,
+            message=f"specedit: {message}. Keep it?",
+            actions=[types.MessageActionItem(title=KEEP), types.MessageActionItem(title=DROP)],
+        )
+        try:
+            chosen = await self._lsp.window_show_message_request_async(params)
+            if chosen is not None and chosen.title in (KEEP, DROP) and job.id in self.jobs:
+                act = self.accept if chosen.title == KEEP else self.reject
+                await act(JobSelector(job.id))
+        except Exception as error:  # no answer, or the client cannot ask: the hunks stay offered
+            log.info("%s: not asked to keep it: %s", job.id, error)
 
     async def _tick(self, job: RewriteJob) -> None:
         """Until the first step, a report every TICK_INTERVAL: the user sees the model load, not a stall."""
@@ -296,6 +341,8 @@ class Rewrites:
     def _on_text(self, job: RewriteJob, text: str) -> None:
         doc = self._documents.get(job.uri)
         hunks = job.write_out.feed(text)
+        if hunks:
+            self._guard(job, hunks)  # before they are written
         if doc is not None:
             doc.settled(job.write_out, hunks)
             self._writer.kick(doc)
@@ -316,6 +363,7 @@ class Rewrites:
                 hunks = job.write_out.finish(outcome.text)
             except ValueError as error:  # the stream and the final text disagree: a bug, never written
                 return self._error_result(job, error)
+            self._guard(job, hunks)  # before the last hunks are written
             if doc is not None:
                 doc.settled(job.write_out, hunks)
                 if job.write_out.delivery == "final" and not job.write_out.region.conflict:
@@ -335,13 +383,22 @@ class Rewrites:
             status, message = "conflict", "the document was edited where the rewrite had not written yet"
         if job.final_intent is not None and job.final_intent.result is IntentResult.REFUSED:
             status, message = "error", "the editor did not apply the edit"
-        result: protocol.RewriteResult = {"jobId": job.id, "status": status, "stats": outcome.stats}
+        result: protocol.RewriteResult = {
+            "jobId": job.id,
+            "status": status,
+            "stats": outcome.stats,
+            "delivery": job.delivery,
+        }
+        if job.previewed is not None and status in ("complete", "cancelled"):
+            message = self._preview_message(job)
         if message:
             result["message"] = message
         if job.partial_token is None:
             result["hunks"] = [self._hunk_payload(job, hunk_id) for hunk_id in sorted(job.write_out.region.hunks)]
         if doc is not None and job.write_out.region.ids(HunkState.APPLIED):
             result["written"] = self._written(job, doc)
+        if doc is not None and job.previewed is not None:
+            result["offered"] = self._offered(job, doc)
         if job.stop_reason is not None:
             result["stepsAfterCancel"] = outcome.stats.get("steps_after_cancel", 0)
         if job.uri not in self._documents:
@@ -359,6 +416,43 @@ class Rewrites:
             await self._drop(job, doc, sorted(job.write_out.region.hunks))
             await self._waiting.until(lambda: not doc.pending_intents(job.write_out) or job.uri not in self._documents)
         return {"jobId": job.id, "status": "error", "message": str(error), "stats": outcome.stats}
+
+    # ----------------------------------------------------------------------------- live to preview
+
+    def _guard(self, job: RewriteJob, settled: list[Hunk]) -> None:
+        """A live rewrite whose settled hunks remove most of its region, on an instruction that asks for no
+        removal (`guard.too_destructive`), is shown as a preview instead: it runs on to its end."""
+        job.removed_lines += removed_lines(settled)
+        if not job.write_out.writes_live:
+            return
+        why = too_destructive(job.request.instruction, job.removed_lines, job.write_out.tracker.lines_total)
+        if why is not None:
+            self._to_preview(job, why)
+
+    def _to_preview(self, job: RewriteJob, why: str) -> None:
+        """The live rewrite writes no more: what it wrote is taken out (its hunks pending again, offered to
+        `accept`), its provisional text too; its hunks are reported as a preview's from now on."""
+        log.info("%s: shown as a preview: %s", job.id, why)
+        job.previewed = why
+        job.write_out.stopped = True
+        doc = self._documents.get(job.uri)
+        if doc is not None:
+            doc.queue(Intent(job.write_out, "revert", offer=True))
+            doc.settled(job.write_out, [])
+            self._writer.kick(doc)
+        self._report(job, force=True)
+
+    def _preview_message(self, job: RewriteJob) -> str:
+        """One line on why a live rewrite ended as a preview, with its final count."""
+        region = job.write_out.region
+        if job.previewed == "cancelled":
+            count = len(region.ids(HunkState.PENDING))
+            return (
+                "cancelled" if not count else f"cancelled: {count} hunk{'s' if count != 1 else ''} shown as a preview"
+            )
+        lines = job.write_out.tracker.lines_total
+        why = too_destructive(job.request.instruction, job.removed_lines, lines) or job.previewed
+        return f"shown as a preview: {why}"
 
     def _stop_writing(self, job: RewriteJob) -> None:
         """The job writes no more into its document: what it wrote provisionally is taken out."""
@@ -385,17 +479,29 @@ class Rewrites:
         hunk = job.write_out.region.hunks[hunk_id]
         start, end = job.asked.back(job.request_start + hunk.start, job.request_start + hunk.end)
         where = job.asked_index.range_payload(start, end, self._lsp.workspace.position_codec)
-        return {"id": hunk.id, "range": where, "newText": hunk.new_text}
+        return {"id": hunk.id, "range": where, "newText": hunk.new_text, "oldText": job.asked.text[start:end]}
 
     def _written(self, job: RewriteJob, doc: DocumentState) -> protocol.WrittenHunks:
         """Where the job's written hunks are now, for the editor to mark them (each can still be undone)."""
-        index, codec, region = TextIndex(doc.text), self._lsp.workspace.position_codec, job.write_out.region
+        region = job.write_out.region
+        return self._placed(doc, region, [(i, region.applied_range(i)) for i in region.ids(HunkState.APPLIED)])
+
+    def _offered(self, job: RewriteJob, doc: DocumentState) -> protocol.WrittenHunks:
+        """Where the old text of the job's pending hunks is now (those the user has not touched), for the
+        editor to show them as a preview, each one `accept`able."""
+        region = job.write_out.region
+        return self._placed(doc, region, [(i, region.pending_range(i)) for i in region.ids(HunkState.PENDING)])
+
+    def _placed(
+        self, doc: DocumentState, region: RegionTracker, places: list[tuple[int, tuple[int, int] | None]]
+    ) -> protocol.WrittenHunks:
+        index, codec = doc.index(), self._lsp.workspace.position_codec
         hunks: list[protocol.HunkPayload] = []
-        for hunk_id in region.ids(HunkState.APPLIED):
-            where = region.applied_range(hunk_id)
-            assert where is not None
-            hunk = region.hunks[hunk_id]
-            hunks.append({"id": hunk_id, "range": index.range_payload(*where, codec), "newText": hunk.new_text})
+        for hunk_id, where in places:
+            if where is not None:
+                hunk = region.hunks[hunk_id]
+                where_now = index.range_payload(*where, codec)
+                hunks.append({"id": hunk_id, "range": where_now, "newText": hunk.new_text, "oldText": hunk.old_text})
         return {"version": doc.version, "hunks": hunks}
 
     def _report(self, job: RewriteJob, *, force: bool = False) -> None:
@@ -405,6 +511,8 @@ class Rewrites:
             return
         job.last_report = now
         stats = job.live_stats()
+        if stats["phase"] == "loading" and self._engine.state == "loading":  # what the load is at, if known
+            stats["message"] = f"{self._engine.message} · {stats['seconds']:.0f} s"
         lsp = self._lsp
         if job.partial_token is not None:
             hunk_ids = sorted(job.write_out.region.hunks)[job.reported :]
@@ -413,7 +521,11 @@ class Rewrites:
                 "jobId": job.id,
                 "hunks": [self._hunk_payload(job, hunk_id) for hunk_id in hunk_ids],
                 "stats": stats,
+                "delivery": job.delivery,
             }
+            doc = self._documents.get(job.uri)
+            if job.write_out.delivery == "live" and doc is not None:
+                partial["written"] = self._written(job, doc)
             lsp.protocol.notify(types.PROGRESS, types.ProgressParams(token=job.partial_token, value=partial))
         if job.progress_token is not None and job.running:
             total = max(stats["lines_total"], 1)
@@ -444,7 +556,9 @@ class Rewrites:
     def _end_progress(self, job: RewriteJob, result: protocol.RewriteResult) -> None:
         if job.progress_token is not None:
             progress = self._lsp.work_done_progress
-            progress.end(job.progress_token, types.WorkDoneProgressEnd(message=f"{result['status']}: {job.id}"))
+            said = (result.get("message", "").splitlines() or [job.id])[0]
+            ending = said if said.startswith(result["status"]) else f"{result['status']}: {said}"
+            progress.end(job.progress_token, types.WorkDoneProgressEnd(message=ending))
             progress.tokens.pop(job.progress_token, None)
 
     # ------------------------------------------------------------------------- accept, reject, cancel
@@ -503,13 +617,13 @@ class Rewrites:
         elif selector.uri is not None:
             running = [job for job in running if job.uri == selector.uri]
         for job in running:
-            job.stop("cancelled")
+            job.stop("cancelled", offer=True)
         return {"cancelled": [job.id for job in running]}
 
     def cancel_progress(self, token: int | str) -> None:
         for job in self.jobs.values():
             if job.progress_token == token:
-                job.stop("cancelled")
+                job.stop("cancelled", offer=True)
 
     def close_document(self, uri: str) -> None:
         """The document closed: its running jobs stop, its finished ones are forgotten."""

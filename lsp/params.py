@@ -109,14 +109,22 @@ class JobSelector:
         return candidates if self.hunks is None else [i for i in candidates if i in self.hunks]
 
 
+UINTEGER_MAX = 2**31 - 1  # the LSP's `uinteger`: positions are 0 to this
+
+
 def _range(value: Any) -> types.Range:
     try:
-        return types.Range(
-            start=types.Position(line=value["start"]["line"], character=value["start"]["character"]),
-            end=types.Position(line=value["end"]["line"], character=value["end"]["character"]),
-        )
+        return types.Range(start=_position(value["start"], "start"), end=_position(value["end"], "end"))
     except (KeyError, TypeError):
         raise InvalidRequestError("range must be {start: {line, character}, end: {line, character}}") from None
+
+
+def _position(value: Any, name: str) -> types.Position:
+    line, character = value["line"], value["character"]
+    for field, number in (("line", line), ("character", character)):
+        if not isinstance(number, int) or isinstance(number, bool) or not 0 <= number <= UINTEGER_MAX:
+            raise InvalidRequestError(f"range.{name}.{field} must be an integer from 0 to {UINTEGER_MAX}")
+    return types.Position(line=line, character=character)
 
 
 def _token(value: Any) -> int | str | None:

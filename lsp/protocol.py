@@ -15,10 +15,26 @@ the ones here (`NAMES`).
     where the hunks a live rewrite wrote are in the document now (for the editor to mark them, each with a
     way to undo it: `specedit.reject` with its id).
 
+    Every hunk carries `oldText`, the lines it replaces, so an editor can show them as deleted. A live
+    rewrite's partial results also carry `written`: where its hunks are now, redrawn by the editor on
+    each report whose `version` it is at.
+
+    A live rewrite becomes a preview in two cases. Its answer removes most of the region on an
+    instruction that asks for no removal (the guard), or the user cancels it. The server then takes out
+    what it wrote and writes no more. The result says `delivery: "preview"`, and `offered` says where each
+    hunk's old text is in the document now. `specedit.accept` writes them; `specedit.reject` drops them.
+    `message` says why, in one line ("it removes 45 of 49 lines", "cancelled").
+
 `specedit/provisional` (notification, server -> client)
     params: `ProvisionalParams`: where a live rewrite's provisional text is in the document at `version`
     (the output not settled yet, which the server writes just before the lines it has not reached), or
     `range: null` once there is none. Clients mark it as pending; the server replaces it as hunks settle.
+
+`specedit/engine` (notification, server -> client)
+    params: `EngineParams`: the engine's state, for an editor's status item. `loading`: the model is being
+    fetched or loaded (`message` says which: "loading the model", "fetching the model 120/491 MB");
+    `ready`; `failed` (`message`: the error). Sent when it changes: from the editor's start where the
+    server starts the engine with it (the setting `loadOnStart`), else from the first rewrite.
 
 Hunks are whole-line replacements of the region; their `id`s are what `specedit.accept` and
 `specedit.reject` take to act on some hunks only.
@@ -30,6 +46,7 @@ from typing import Any, Literal, TypedDict
 
 REWRITE_METHOD = "specedit/rewrite"
 PROVISIONAL_NOTIFICATION = "specedit/provisional"
+ENGINE_NOTIFICATION = "specedit/engine"
 
 COMMAND_REWRITE = "specedit.rewrite"  # arguments: [RewriteParams]; returns RewriteResult
 COMMAND_ACCEPT = "specedit.accept"  # arguments: [] or [JobSelector]; returns EditResult
@@ -45,16 +62,20 @@ Delivery = Literal["live", "preview", "final"]
 DELIVERIES: tuple[Delivery, ...] = ("live", "preview", "final")
 Status = Literal["complete", "cancelled", "superseded", "conflict", "error"]
 STATUSES: tuple[Status, ...] = ("complete", "cancelled", "superseded", "conflict", "error")
+EngineState = Literal["loading", "ready", "failed"]
+ENGINE_STATES: tuple[EngineState, ...] = ("loading", "ready", "failed")
 
 # Every name a client needs, for the test that checks the TypeScript and Lua copies.
 NAMES: dict[str, Any] = {
     "rewriteMethod": REWRITE_METHOD,
     "provisionalNotification": PROVISIONAL_NOTIFICATION,
+    "engineNotification": ENGINE_NOTIFICATION,
     "commands": list(COMMANDS),
     "configurationSection": CONFIGURATION_SECTION,
     "codeActionKind": CODE_ACTION_KIND,
     "deliveries": list(DELIVERIES),
     "statuses": list(STATUSES),
+    "engineStates": list(ENGINE_STATES),
 }
 
 
@@ -86,19 +107,22 @@ class RewriteParams(TypedDict, total=False):
 
 class HunkPayload(TypedDict):
     id: int
-    range: Range  # in the coordinates of the request's version
+    range: Range  # in the coordinates of the request's version (in `written`, `offered`: of theirs)
     newText: str
-
-
-class RewritePartialResult(TypedDict):
-    jobId: str
-    hunks: list[HunkPayload]
-    stats: dict[str, Any]  # generated_tokens, tokens_per_second, acceptance_rate, lines_done, lines_total
+    oldText: str  # the whole lines the hunk replaces, as they were at the request's version
 
 
 class WrittenHunks(TypedDict):
     version: int  # the document's version the ranges are in
-    hunks: list[HunkPayload]  # `range`: where the hunk's new text is now
+    hunks: list[HunkPayload]  # `range`: where the hunk's new text (`offered`: old text) is now
+
+
+class RewritePartialResult(TypedDict, total=False):
+    jobId: str  # required
+    hunks: list[HunkPayload]  # required
+    stats: dict[str, Any]  # required: generated_tokens, tokens_per_second, acceptance_rate, lines_done, ...
+    delivery: Delivery  # required: the job's delivery now ("preview" once a live rewrite became one)
+    written: WrittenHunks  # a live rewrite's hunks written so far, where they are now
 
 
 class RewriteResult(TypedDict, total=False):
@@ -107,6 +131,8 @@ class RewriteResult(TypedDict, total=False):
     stats: dict[str, Any]  # the engine's stats (as `specedit rewrite --stats` writes them)
     hunks: list[HunkPayload]
     written: WrittenHunks  # the hunks written into the document (a live rewrite), each one `reject`able
+    offered: WrittenHunks  # a live rewrite that became a preview: its hunks, each one `accept`able
+    delivery: Delivery  # the delivery the job ended with ("preview" where a live rewrite became one)
     message: str  # for conflict and error
     error: dict[str, Any]  # for error: {code, message, data}
     stepsAfterCancel: int  # engine steps completed after cancellation was requested (at most 1)
@@ -117,6 +143,11 @@ class ProvisionalParams(TypedDict):
     version: int
     jobId: str
     range: Range | None
+
+
+class EngineParams(TypedDict):
+    state: EngineState
+    message: str  # one line, for a status item's text or tooltip
 
 
 class JobSelector(TypedDict, total=False):

@@ -183,8 +183,9 @@ class RegionTracker:
             ]
         self._normalise()
 
-    def mark_reverted(self, hunk_id: int) -> None:
-        """Our edit reverting an applied hunk came back: the original text is back."""
+    def mark_reverted(self, hunk_id: int, *, offered: bool = False) -> None:
+        """Our edit reverting an applied hunk came back: the original text is back. `offered`: the hunk is
+        pending again (it may be written later), else rejected."""
         hunk = self.hunks[hunk_id]
         for index, piece in enumerate(self._pieces):
             if piece.kind is PieceKind.HUNK and piece.hunk_id == hunk_id:
@@ -192,7 +193,7 @@ class RegionTracker:
                 break
         else:
             raise AssertionError(f"reverting hunk {hunk_id}, which has no piece")
-        self.states[hunk_id] = HunkState.REJECTED
+        self.states[hunk_id] = HunkState.PENDING if offered else HunkState.REJECTED
         self._normalise()
 
     def mark_provisional(self, at: int, text: str) -> None:

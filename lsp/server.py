@@ -2,37 +2,44 @@
 
 `SpeceditServer` holds the state: the settings, the documents (its own copies, see `documents.py`), the
 session rewrites run on, the jobs (`jobs.Rewrites`), the edit writer (`writer.EditWriter`), the conditions
-they wait on (`waiting.Waiting`, woken by every `didChange`), and the offers of open documents to the
-engine to prefill before a request comes (`warming.Warmer`).
+they wait on (`waiting.Waiting`, woken by every `didChange`), the offers of open documents to the
+engine to prefill before a request comes (`warming.Warmer`), and what the editor hears of the engine's
+load (`engine_status.EngineStatus`).
 The handlers below parse their params once (`params.py`), call into those, and map errors to JSON-RPC
-in one place (`_answers_errors`); `build_server` registers them and `run_lsp` serves on stdio. Logs go to
-stderr: stdout is the LSP channel.
+in one place (`_answers_errors`); `build_server` registers them and `run_lsp` serves on stdio, through
+a reader that answers malformed messages too (`channel.py`). Logs go to stderr: stdout is the LSP
+channel.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, TypeVar
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
 from pygls.protocol.language_server import lsp_method
+from pygls.workspace.position_codec import PositionCodec
 
 from specedit.engine.errors import SpeceditError
+from specedit.engine.model.fetch import ProgressCallback
 from specedit.engine.session import Session
 from specedit.lsp import protocol
+from specedit.lsp.channel import stdio
 from specedit.lsp.code_actions import code_actions
-from specedit.lsp.config import ENGINE_KEYS, Settings, open_session, section
-from specedit.lsp.delivery import DocumentState
+from specedit.lsp.config import ENGINE_KEYS, Settings, open_session, section, wait_until_loaded
+from specedit.lsp.delivery import DocumentState, Edit
 from specedit.lsp.documents import TextIndex, minimal_change
+from specedit.lsp.engine_status import EngineStatus
 from specedit.lsp.errors import to_jsonrpc
 from specedit.lsp.jobs import Rewrites
 from specedit.lsp.params import JobSelector, RewriteCall
@@ -71,7 +78,13 @@ class OwnDocumentsProtocol(LanguageServerProtocol):
 
 
 class SpeceditServer(LanguageServer):
-    def __init__(self, overrides: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        overrides: Mapping[str, Any] | None = None,
+        sessions: Callable[[Settings, ProgressCallback], Session] = open_session,
+    ) -> None:
+        """`overrides`: settings that win over the editor's; `sessions`: where rewrites run for given
+        settings (tests give a scripted engine), told how the model's fetch goes."""
         super().__init__(
             "specedit",
             VERSION,
@@ -85,8 +98,12 @@ class SpeceditServer(LanguageServer):
         self.documents: dict[str, DocumentState] = {}
         self.waiting = Waiting()
         self.writer = EditWriter(self, self.waiting)
-        self.rewrites = Rewrites(self, self.documents, self.writer, self.waiting, lambda: self.settings, self.session)
+        self.engine_status = EngineStatus(self._notify_engine)
+        self.rewrites = Rewrites(
+            self, self.documents, self.writer, self.waiting, lambda: self.settings, self.session, self.engine_status
+        )
         self.warmer = Warmer(self.documents, self.session, lambda: self.settings.warm)
+        self._sessions = sessions
         self._session: Session | None = None
         self._session_settings: tuple[Any, ...] | None = None
         self._keeper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specedit-keep")
@@ -106,8 +123,15 @@ class SpeceditServer(LanguageServer):
         if self._session is None or key != self._session_settings:
             if self._session is not None:
                 self._session.close()
-            self._session, self._session_settings = open_session(settings), key
+            self._session, self._session_settings = self._sessions(settings, self.engine_status.provisioning), key
         return self._session
+
+    def _notify_engine(self, params: protocol.EngineParams) -> None:
+        """`specedit/engine`, from any thread (the engine starts on the keeper's, fetches on its own)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # closed meanwhile: no one to tell
+                loop.call_soon_threadsafe(self.protocol.notify, protocol.ENGINE_NOTIFICATION, params)
 
     # ------------------------------------------------------------------------------------ documents
 
@@ -123,18 +147,10 @@ class SpeceditServer(LanguageServer):
         doc = self.documents.get(params.text_document.uri)
         if doc is None:
             return
-        codec = self.workspace.position_codec
-        text, changes = doc.client_text, []
-        for change in params.content_changes:
-            if isinstance(change, types.TextDocumentContentChangePartial):
-                index = TextIndex(text)
-                start, end = index.offset_at(change.range.start, codec), index.offset_at(change.range.end, codec)
-                edit = (min(start, end), max(start, end), change.text)
-            else:
-                edit = minimal_change(text, change.text)
-            changes.append(edit)
-            text = text[: edit[0]] + edit[2] + text[edit[1] :]
-        doc.did_change(params.text_document.version, changes)
+        index = doc.index(doc.client_text)
+        changes, index = read_changes(index, params.content_changes, self.workspace.position_codec)
+        doc.did_change(params.text_document.version, changes, index.text)
+        doc.remember(index)
         self.waiting.notify()
         self.warmer.touch(doc.uri)
 
@@ -171,14 +187,37 @@ class SpeceditServer(LanguageServer):
 
     def _keep_engine(self, session: Session, start: bool, wanted: bool) -> None:
         if start and session is not self._started:
+            self.engine_status.loading()
             try:
                 session.start()
+                wait_until_loaded(session)
             except SpeceditError as error:  # the first rewrite meets it again, and says it (or the next open)
                 log.warning("the engine did not start: %s", error)
+                self.engine_status.failed(error)
             else:
                 self._started = session
+                self.engine_status.ready()
                 self.warmer.touch_all()  # offers made while it started found no one
         session.keep_alive(wanted)
+
+
+def read_changes(
+    index: TextIndex, content_changes: Sequence[types.TextDocumentContentChangeEvent], codec: PositionCodec
+) -> tuple[list[Edit], TextIndex]:
+    """A `didChange`'s changes as offsets (each in the text the one before left), and the index of the
+    text after them all. A whole-text change becomes the smallest edit that makes it (for the echo of our
+    own edits, and the regions); its text is taken as it came, not built again."""
+    changes: list[Edit] = []
+    for change in content_changes:
+        if isinstance(change, types.TextDocumentContentChangePartial):
+            start, end = index.offset_at(change.range.start, codec), index.offset_at(change.range.end, codec)
+            edit = (min(start, end), max(start, end), change.text)
+            index = index.edited(*edit)
+        else:
+            edit = minimal_change(index.text, change.text)
+            index = index.edited(*edit, text=change.text)
+        changes.append(edit)
+    return changes, index
 
 
 # --------------------------------------------------------------------------------------- handlers
@@ -215,6 +254,7 @@ def on_initialize(ls: SpeceditServer, params: types.InitializeParams) -> None:
 
 
 async def on_initialized(ls: SpeceditServer, params: types.InitializedParams) -> None:
+    ls._loop = asyncio.get_running_loop()
     await fetch_configuration(ls)
     ls.keep_engine(start=True)  # with the editor: loaded by the time the user asks
 
@@ -290,7 +330,7 @@ async def command_rewrite(ls: SpeceditServer, *arguments: Any) -> protocol.Rewri
     future = ls.protocol._request_futures.get(ls.protocol.msg_id) if ls.protocol.msg_id is not None else None
     job = await ls.rewrites.start(RewriteCall.parse(arguments[0] if arguments else {}))
     if future is not None:
-        future.add_done_callback(lambda done: job.stop("cancelled") if done.cancelled() else None)
+        future.add_done_callback(lambda done: job.stop("cancelled", offer=True) if done.cancelled() else None)
     try:
         return await ls.rewrites.run(job, server_progress=True)
     finally:
@@ -312,9 +352,12 @@ def command_cancel(ls: SpeceditServer, *arguments: Any) -> dict[str, list[str]]:
     return ls.rewrites.cancel(JobSelector.parse(arguments))
 
 
-def build_server(overrides: Mapping[str, Any] | None = None) -> SpeceditServer:
-    """A server with every handler registered; `overrides` are settings that win over the editor's."""
-    server = SpeceditServer(overrides)
+def build_server(
+    overrides: Mapping[str, Any] | None = None,
+    sessions: Callable[[Settings, ProgressCallback], Session] = open_session,
+) -> SpeceditServer:
+    """A server with every handler registered (for the arguments, see `SpeceditServer`)."""
+    server = SpeceditServer(overrides, sessions)
     server.feature(types.INITIALIZE)(on_initialize)
     server.feature(types.INITIALIZED)(on_initialized)
     server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)(on_did_change_configuration)
@@ -355,28 +398,5 @@ def run_lsp(args: argparse.Namespace) -> int:
     )
     logging.getLogger("pygls").setLevel(logging.WARNING if verbose < 3 else logging.DEBUG)
     server = build_server(overrides_from_args(args))
-    # stdout is the LSP channel: pygls gets it, and a stray print() anywhere lands on stderr instead.
-    channel = sys.stdout.buffer
-    sys.stdout = sys.stderr
-    server.start_io(_ClientInput(sys.stdin.buffer, server.client_gone), channel)  # type: ignore[arg-type]
+    stdio(server, server.client_gone)
     return 0
-
-
-class _ClientInput:
-    """The client's end of the channel, as pygls reads it (on its threads). When it ends without an `exit`
-    (the editor was killed), `on_end` runs before pygls sees the end and cancels what is still running."""
-
-    def __init__(self, stream: BinaryIO, on_end: Callable[[], None]) -> None:
-        self._stream = stream
-        self._on_end = on_end
-
-    def readline(self) -> bytes:
-        return self._seen(self._stream.readline())
-
-    def read(self, size: int) -> bytes:
-        return self._seen(self._stream.read(size))
-
-    def _seen(self, data: bytes) -> bytes:
-        if not data:
-            self._on_end()
-        return data

@@ -13,7 +13,6 @@ from pygls.lsp.server import LanguageServer
 
 from specedit.lsp import protocol
 from specedit.lsp.delivery import DocumentState, IntentResult, PlannedEdit
-from specedit.lsp.documents import TextIndex
 from specedit.lsp.waiting import Waiting
 
 log = logging.getLogger("specedit.lsp")
@@ -76,12 +75,12 @@ class EditWriter:
             "uri": doc.uri,
             "version": doc.version,
             "jobId": edit.intent.write_out.id,
-            "range": None if where is None else TextIndex(doc.text).range_payload(where[0], where[1], codec),
+            "range": None if where is None else doc.index().range_payload(where[0], where[1], codec),
         }
         self._lsp.protocol.notify(protocol.PROVISIONAL_NOTIFICATION, params)
 
     def _params(self, doc: DocumentState, edit: PlannedEdit) -> types.ApplyWorkspaceEditParams:
-        index, codec = TextIndex(doc.text), self._lsp.workspace.position_codec
+        index, codec = doc.index(), self._lsp.workspace.position_codec
         confirm = edit.intent.confirm and _supports_annotations(self._lsp.client_capabilities)
         edits: list[types.TextEdit | types.AnnotatedTextEdit] = []
         for start, end, new_text in edit.edits:

@@ -17,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import re
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -32,6 +34,8 @@ from pygls.exceptions import JsonRpcContentModified, JsonRpcException
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 from pytest_lsp.client import DEFAULT_CLIENT_FEATURES, progress, register_lsp_features
 
+from specedit.engine.events import Phase, Step, Text
+from specedit.engine.requests import RewriteOutcome
 from specedit.lsp import protocol
 from specedit.lsp.params import plain
 
@@ -103,6 +107,7 @@ class EditorClient(LanguageClient):
         self.skipped_edits = 0
         self.typing_before_next_edit: list[tuple[str, int, str]] = []  # (uri, offset, text)
         self.provisional: list[tuple[str, str | None]] = []  # (uri, the text marked pending, or None)
+        self.engine: list[dict[str, Any]] = []  # `specedit/engine` notifications, in order
 
     def open(self, uri: str, text: str) -> EditorDocument:
         document = EditorDocument(uri, text)
@@ -221,6 +226,10 @@ def client_provisional(client: EditorClient, params: Any) -> None:
     client.provisional.append((value["uri"], document.text[start:end]))
 
 
+def client_engine(client: EditorClient, params: Any) -> None:
+    client.engine.append(plain(params))
+
+
 def client_progress(client: EditorClient, params: types.ProgressParams) -> None:
     value = plain(params.value)
     if isinstance(value, dict) and "kind" not in value and str(params.token) in client.partials:
@@ -254,6 +263,7 @@ def make_client(kind: Kind) -> EditorClient:
             types.WORKSPACE_APPLY_EDIT: client_apply_edit,
             types.PROGRESS: client_progress,
             protocol.PROVISIONAL_NOTIFICATION: client_provisional,
+            protocol.ENGINE_NOTIFICATION: client_engine,
         },
     )
     return client
@@ -904,3 +914,399 @@ async def test_load_on_start_false_leaves_the_engine_to_the_first_rewrite(
         await rewrite_final(client, uri, instruction)
         assert (await settle(client, uri)) == expected(original, instruction)
         assert daemon_status(socket)["state"] == "ready"
+
+
+# ------------------------------------------------------------------------------ a scripted engine
+# The guard and a cancel that offers what was written need answers no tiny model writes on demand (a
+# rename answered with a stub). Here the real server runs over stdio with a scripted engine: each
+# instruction's answer is given, and streamed a line at a time.
+
+SCRIPT_LINE_SECONDS = 0.02  # between two lines of an answer: the editor sees them come one by one
+PAUSE = "\x00pause\n"  # a line of an answer that is not written: the engine waits, so edits can land
+ENDLESS_AFTER = "\x00endless"  # an answer ending so keeps stepping, writing nothing, until cancelled
+LOAD_SECONDS = 0.5  # the scripted model's load
+
+
+class ScriptedBackend:
+    """A `session.Backend` that answers each instruction with the text the test gave for it, a `Step`
+    after each line; the first rewrite (or `start`) waits for its load, saying `Phase("loading")`."""
+
+    def __init__(self, answers: dict[str, str]) -> None:
+        self.answers = answers
+        self._load_lock = threading.Lock()
+        self.loaded = False
+
+    def _load(self, emit: Any) -> None:
+        if not self.loaded:
+            emit(Phase("loading"))
+        with self._load_lock:
+            if not self.loaded:
+                time.sleep(LOAD_SECONDS)
+                self.loaded = True
+
+    def run(self, request: Any, emit: Any, cancel: threading.Event, client: str) -> RewriteOutcome:
+        self._load(emit)
+        emit(Phase("started"))
+        answer = self.answers[request.instruction]
+        endless = answer.endswith(ENDLESS_AFTER)
+        text = answer.removesuffix(ENDLESS_AFTER)
+        written: list[str] = []
+        steps = 0
+
+        def step() -> None:
+            nonlocal steps
+            steps += 1
+            generated = len("".join(written))
+            emit(Step(steps, 100 + generated, 99 + generated, 4, 3, generated, 4 * steps, 3 * steps, 0.01 * steps))
+
+        for line in text.splitlines(keepends=True):
+            if cancel.is_set():
+                break
+            if line == PAUSE:
+                time.sleep(0.6)  # more than an echo takes (Neovim's debounce is 150 ms)
+                continue
+            written.append(line)
+            emit(Text(line))
+            step()
+            time.sleep(SCRIPT_LINE_SECONDS)
+        while endless and not cancel.is_set():
+            step()
+            time.sleep(0.01)
+        stats = {"generated_tokens": len("".join(written)), "target_forwards": steps}
+        if cancel.is_set():
+            return RewriteOutcome("".join(written), "cancelled", "cancelled", stats)
+        return RewriteOutcome.finished("".join(written), "stop", stats)
+
+    def in_turn(self, work: Any, emit: Any, cancel: threading.Event, client: str) -> Any:
+        return work()
+
+    def warm(self, request: Any) -> bool:
+        return False
+
+    def keep_alive(self, wanted: bool) -> None:
+        pass
+
+    def start(self) -> None:
+        self._load(lambda event: None)
+
+    def close(self) -> None:
+        pass
+
+
+def serve_scripted(answers: dict[str, str]) -> None:
+    """The language server on stdio, its rewrites answered by a `ScriptedBackend` (run in a subprocess)."""
+    import logging
+
+    from specedit.engine.session import Session
+    from specedit.lsp.channel import stdio
+    from specedit.lsp.server import build_server
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="specedit-lsp: %(levelname)s: %(message)s")
+    backend = ScriptedBackend(answers)
+    server = build_server({"engine": "inprocess"}, lambda settings, progress: Session(backend))
+    stdio(server, server.client_gone)
+
+
+GUARDED = (
+    "import os\n"
+    "import re  # patterns\n"
+    "import sys  # argv\n"
+    "\n"
+    "def append_msg(history, msg):\n"
+    + "".join(f"    step_{i} = history.get({i}, 0) + len(msg)\n" for i in range(16))
+    + "    return history\n"
+    "\n"
+    "def other(x):\n"
+    "    return x * 2  # unchanged\n"
+)  # 25 lines
+STUB = "def add_message(history, msg):\n    pass\n"
+OTHER = "\ndef other(x):\n    return x * 2  # unchanged\n"
+IMPORTS = "import re  # patterns\nimport sys  # argv\n\n"
+ANSWERS = {
+    # A rename answered with a stub; `other` kept: its hunk settles while the answer is still being written.
+    "Rename append_msg to add_message.": "import os\n" + IMPORTS + STUB + OTHER,
+    # The same, `other` dropped too: the hunk settles only at the end.
+    "Rename append_msg to add_message, please.": "import os\n" + IMPORTS + STUB,
+    # A first hunk written live, then the stub: what was written is taken out again.
+    "Use json, and rename append_msg to add_message.": "import json\n" + IMPORTS + PAUSE + STUB + OTHER,
+    # The same stub, asked for.
+    "Remove the body of append_msg.": "import os\n" + IMPORTS + STUB + OTHER,
+    # A hunk, then no end: cancelled by the user.
+    "Use json.": "import json\n" + IMPORTS + ENDLESS_AFTER,
+}
+
+
+def scripted_config(kind: Kind) -> ClientServerConfig:
+    tests = str(Path(__file__).parent)
+    script = (
+        f"import json, sys; sys.path.insert(0, {tests!r}); "
+        "import test_lsp_e2e; test_lsp_e2e.serve_scripted(json.loads(sys.argv[1]))"
+    )
+    return ClientServerConfig(
+        server_command=[sys.executable, "-c", script, json.dumps(ANSWERS)],
+        client_factory=lambda: make_client(kind),
+    )
+
+
+async def start_scripted(kind: Kind, options: dict[str, Any] | None = None) -> EditorClient:
+    client = await scripted_config(kind).start()
+    assert isinstance(client, EditorClient)
+    result = await client.initialize_session(
+        types.InitializeParams(
+            capabilities=client_capabilities(CAPABILITIES[kind]),
+            initialization_options={"specedit": {"delivery": "live", **(options or {})}},
+        )
+    )
+    client.encoding = str(result.capabilities.position_encoding or "utf-16")
+    return client
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["vscode", "nvim"])
+async def scripted(request: pytest.FixtureRequest) -> AsyncIterator[EditorClient]:
+    client = await start_scripted(request.param)
+    yield client
+    await client.shutdown_session()
+    await client.stop()
+
+
+def _text_at(text: str, where: dict[str, Any], encoding: str) -> str:
+    start = offset_of(text, types.Position(**where["start"]), encoding)
+    end = offset_of(text, types.Position(**where["end"]), encoding)
+    return text[start:end]
+
+
+async def _live_rewrite(client: EditorClient, instruction: str, token: str) -> tuple[str, dict[str, Any]]:
+    uri = new_uri("guarded")
+    client.open(uri, GUARDED)
+    client.partials[token] = []
+    params = {
+        "textDocument": {"uri": uri, "version": 1},
+        "instruction": instruction,
+        "delivery": "live",
+        "partialResultToken": token,
+    }
+    return uri, await send_rewrite(client, params)
+
+
+@pytest.mark.parametrize("when", ["mid-stream", "at the end"])
+async def test_a_live_rewrite_that_removes_most_of_its_region_becomes_a_preview(
+    scripted: EditorClient, when: str
+) -> None:
+    """A rename answered with a stub is not written: the result offers its hunks, each with its old text
+    where it is now, and says what it removes; accept writes them, reject restores."""
+    client = scripted
+    instruction = {
+        "mid-stream": "Rename append_msg to add_message.",
+        "at the end": "Rename append_msg to add_message, please.",
+    }[when]
+    answer = ANSWERS[instruction]
+    uri, result = await _live_rewrite(client, instruction, f"guard-{when}-{client.kind}")
+    assert result["status"] == "complete" and result["delivery"] == "preview", result
+    removed = GUARDED.count("\n") - answer.count("\n")
+    assert result["message"] == f"shown as a preview: it removes {removed} of 25 lines"
+    assert "written" not in result
+    assert await settle(client, uri) == GUARDED  # its provisional text taken out, nothing else written
+    offered = result["offered"]
+    assert offered["version"] == client.documents[uri].version and offered["hunks"]
+    for hunk in offered["hunks"]:
+        assert _text_at(GUARDED, hunk["range"], client.encoding) == hunk["oldText"]
+    partials = client.partials[f"guard-{when}-{client.kind}"]
+    turned = next(i for i, partial in enumerate(partials) if partial["delivery"] == "preview")
+    assert all(partial["delivery"] == "live" for partial in partials[:turned])
+    if when == "mid-stream":  # seen as a preview before the answer's last line was
+        assert partials[turned]["stats"]["lines_done"] < partials[turned]["stats"]["lines_total"]
+    hunks = [hunk for partial in partials for hunk in partial["hunks"]]
+    assert all(_text_at(GUARDED, hunk["range"], client.encoding) == hunk["oldText"] for hunk in hunks)
+    assert _apply_payload(GUARDED, hunks, client.encoding) == answer
+
+    accepted = await command(client, protocol.COMMAND_ACCEPT, {"jobId": result["jobId"]})
+    assert accepted["skipped"] == [] and accepted["applied"]
+    assert await settle(client, uri) == answer
+    await command(client, protocol.COMMAND_REJECT, {"jobId": result["jobId"]})
+    assert await settle(client, uri) == GUARDED
+    client.close(uri)
+
+
+async def test_what_a_live_rewrite_wrote_before_the_guard_is_taken_out_and_offered(scripted: EditorClient) -> None:
+    """A first hunk is written live (the partial results say where: `written`), then the stub settles: the
+    first hunk is taken out again, and both are offered."""
+    client = scripted
+    instruction = "Use json, and rename append_msg to add_message."
+    uri, result = await _live_rewrite(client, instruction, f"guard-written-{client.kind}")
+    partials = client.partials[f"guard-written-{client.kind}"]
+    written = [partial["written"] for partial in partials if partial.get("written", {}).get("hunks")]
+    assert written and written[0]["hunks"][0]["newText"] == "import json\n"
+    assert written[0]["hunks"][0]["oldText"] == "import os\n"
+    assert result["delivery"] == "preview" and "it removes" in result["message"], result
+    assert await settle(client, uri) == GUARDED
+    first, _ = result["offered"]["hunks"]
+    assert first["oldText"] == "import os\n"
+    await command(client, protocol.COMMAND_ACCEPT, {"jobId": result["jobId"], "hunks": [0]})  # the import only
+    assert await settle(client, uri) == GUARDED.replace("import os\n", "import json\n")
+    await command(client, protocol.COMMAND_REJECT, {"jobId": result["jobId"]})
+    assert await settle(client, uri) == GUARDED
+    client.close(uri)
+
+
+async def test_a_removal_that_was_asked_for_is_written_live(scripted: EditorClient) -> None:
+    client = scripted
+    instruction = "Remove the body of append_msg."
+    uri, result = await _live_rewrite(client, instruction, f"asked-{client.kind}")
+    assert result["status"] == "complete" and result["delivery"] == "live" and "offered" not in result
+    assert await settle(client, uri) == ANSWERS[instruction]
+    assert all(partial["delivery"] == "live" for partial in client.partials[f"asked-{client.kind}"])
+    client.close(uri)
+
+
+@pytest.mark.parametrize("how", ["cancelRequest", "command", "progress"])
+async def test_a_cancelled_live_rewrite_restores_and_offers_what_it_wrote(scripted: EditorClient, how: str) -> None:
+    """Cancel takes out what a live rewrite wrote; its settled hunks stay offered: accept keeps them."""
+    client = scripted
+    uri = new_uri("cancelled")
+    client.open(uri, GUARDED)
+    token = msg_id = f"cancel-offer-{how}-{client.kind}"
+    client.partials[token] = []
+    client.progress_reports[token] = []
+    params = {
+        "textDocument": {"uri": uri, "version": 1},
+        "instruction": "Use json.",
+        "partialResultToken": token,
+        "workDoneToken": token,
+    }
+    pending = asyncio.ensure_future(
+        _plain_later(client.protocol.send_request_async(protocol.REWRITE_METHOD, params, msg_id=msg_id))
+    )
+    for _ in range(400):  # the hunk is written, the rewrite still runs
+        if any(partial.get("written", {}).get("hunks") for partial in client.partials[token]):
+            break
+        await asyncio.sleep(0.025)
+    assert (await settle(client, uri)).startswith("import json\n") and not pending.done()
+    if how == "cancelRequest":
+        client.cancel_request(types.CancelParams(id=msg_id))
+    elif how == "command":
+        await command(client, protocol.COMMAND_CANCEL, {"uri": uri})
+    else:
+        client.window_work_done_progress_cancel(types.WorkDoneProgressCancelParams(token=token))
+    result = await asyncio.wait_for(pending, 10)
+    assert result["status"] == "cancelled" and result["delivery"] == "preview", result
+    assert result["message"] == "cancelled: 1 hunk shown as a preview"
+    assert await settle(client, uri) == GUARDED
+    [hunk] = result["offered"]["hunks"]
+    assert (hunk["oldText"], hunk["newText"]) == ("import os\n", "import json\n")
+    assert _text_at(GUARDED, hunk["range"], client.encoding) == "import os\n"
+    await command(client, protocol.COMMAND_ACCEPT, {"jobId": result["jobId"]})
+    assert await settle(client, uri) == GUARDED.replace("import os\n", "import json\n")
+    await command(client, protocol.COMMAND_REJECT, {"jobId": result["jobId"]})
+    assert await settle(client, uri) == GUARDED
+    client.close(uri)
+
+
+async def test_a_generic_client_gets_the_same_through_commands(scripted: EditorClient) -> None:
+    """No plugin: `specedit.rewrite` through executeCommand, its progress created by the server and
+    cancelled with its button. The client cannot show a preview: it is asked to keep what was offered."""
+    client = scripted
+    asked: list[types.ShowMessageRequestParams] = []
+
+    def keep(params: types.ShowMessageRequestParams) -> types.MessageActionItem:
+        asked.append(params)
+        return types.MessageActionItem(title="Keep")
+
+    client.feature(types.WINDOW_SHOW_MESSAGE_REQUEST)(keep)
+    uri = new_uri("generic")
+    client.open(uri, GUARDED)
+    arguments = {"textDocument": {"uri": uri, "version": 1}, "instruction": "Use json.", "delivery": "live"}
+    pending = asyncio.ensure_future(command(client, protocol.COMMAND_REWRITE, arguments))
+    kept = GUARDED.replace("import os\n", "import json\n")
+    for _ in range(400):
+        if client.documents[uri].text == kept:  # the hunk written
+            break
+        await asyncio.sleep(0.025)
+    [token] = [token for token in client.progress_reports if str(token).startswith("specedit-")]
+    client.window_work_done_progress_cancel(types.WorkDoneProgressCancelParams(token=token))
+    result = await asyncio.wait_for(pending, 10)
+    assert result["status"] == "cancelled" and result["delivery"] == "preview", result
+    assert [hunk["oldText"] for hunk in result["offered"]["hunks"]] == ["import os\n"]  # restored, offered
+    end = client.progress_reports[token][-1]
+    assert isinstance(end, types.WorkDoneProgressEnd) and end.message == "cancelled: 1 hunk shown as a preview"
+    for _ in range(400):  # restored, asked, kept
+        if asked and await settle(client, uri) == kept:
+            break
+        await asyncio.sleep(0.025)
+    assert [params.message for params in asked] == ["specedit: cancelled: 1 hunk shown as a preview. Keep it?"]
+    assert await settle(client, uri) == kept
+    client.close(uri)
+
+
+async def test_the_editor_hears_the_engine_load(scripted: EditorClient) -> None:
+    """Started with the editor (`loadOnStart`): `specedit/engine` says loading from the start, then ready."""
+    client = scripted
+    for _ in range(200):
+        if client.engine and client.engine[-1]["state"] == "ready":
+            break
+        await asyncio.sleep(0.025)
+    assert [notice["state"] for notice in client.engine][:2] == ["loading", "ready"], client.engine
+    assert client.engine[0]["message"] == "loading the model"
+
+
+async def test_a_rewrite_that_waits_for_the_load_says_so() -> None:
+    """`loadOnStart: false`: the first rewrite loads the model; its progress and `specedit/engine` say so."""
+    client = await start_scripted("vscode", {"loadOnStart": False})
+    try:
+        uri = new_uri("loading")
+        client.open(uri, GUARDED)
+        client.progress_reports["load"] = []
+        params = {
+            "textDocument": {"uri": uri, "version": 1},
+            "instruction": "Remove the body of append_msg.",
+            "delivery": "final",
+            "workDoneToken": "load",
+        }
+        assert (await send_rewrite(client, params))["status"] == "complete"
+        messages = [getattr(value, "message", None) or "" for value in client.progress_reports["load"]]
+        assert any(message.startswith("loading the model · ") for message in messages), messages
+        assert [notice["state"] for notice in client.engine] == ["loading", "ready"], client.engine
+    finally:
+        await client.shutdown_session()
+        await client.stop()
+
+
+# ----------------------------------------------------------------------------- malformed requests
+
+
+async def _raw_request(client: EditorClient, msg_id: str, body: bytes) -> Any:
+    """Send `body` as it is (the client's own encoder would never write it); the server's answer."""
+    import concurrent.futures
+
+    waiter: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    client.protocol._request_futures[msg_id] = waiter
+    server = client._server
+    assert server is not None and server.stdin is not None
+    server.stdin.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    return await asyncio.wait_for(asyncio.wrap_future(waiter), 10)
+
+
+async def test_malformed_requests_are_answered_with_their_json_rpc_errors(scripted: EditorClient) -> None:
+    from pygls.exceptions import JsonRpcInvalidParams
+
+    client = scripted
+    uri = new_uri("malformed")
+    client.open(uri, GUARDED)
+    negative = {"start": {"line": -1, "character": 0}, "end": {"line": 0, "character": 0}}
+    with pytest.raises(JsonRpcException, match=r"range\.start\.line") as raised:
+        await send_rewrite(client, {"textDocument": {"uri": uri}, "instruction": "Use json.", "range": negative})
+    assert raised.value.code == JsonRpcInvalidParams.CODE  # not -32603, an internal error
+    action = {"textDocument": {"uri": uri}, "range": negative, "context": {"diagnostics": []}}
+    message = {"jsonrpc": "2.0", "id": "bad-action", "method": "textDocument/codeAction", "params": action}
+    with pytest.raises(JsonRpcException, match=r"Position\.line") as raised:  # pygls dropped it: no answer
+        await _raw_request(client, "bad-action", json.dumps(message).encode())
+    assert raised.value.code == JsonRpcInvalidParams.CODE
+    body = b'{"jsonrpc":"2.0","id":"bad-utf8","method":"specedit/rewrite","params":{"instruction":"caf\xe9"}}'
+    with pytest.raises(JsonRpcException, match="not valid UTF-8") as raised:
+        await _raw_request(client, "bad-utf8", body)
+    assert raised.value.code == -32700
+    # The server reads on.
+    answer = await send_rewrite(
+        client, {"textDocument": {"uri": uri, "version": 1}, "instruction": "Remove the body of append_msg."}
+    )
+    assert answer["status"] == "complete"
+    client.close(uri)
