@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -76,8 +77,10 @@ def server_command(model_dir: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def nvim_env(tmp_path: Path, settings: dict[str, Any]) -> dict[str, str]:
+def nvim_env(tmp_path: Path, settings: dict[str, Any], path: Path | None = None) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith(("XDG_", "NVIM", "VIM"))}
+    if path is not None:
+        env["PATH"] = f"{path}{os.pathsep}{env.get('PATH', '')}"
     for name in ("CONFIG", "DATA", "STATE", "CACHE"):
         folder = tmp_path / "xdg" / name.lower()
         folder.mkdir(parents=True, exist_ok=True)
@@ -96,12 +99,13 @@ def nvim_env(tmp_path: Path, settings: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-def run_spec(spec: str, tmp_path: Path, settings: dict[str, Any]) -> str:
-    """Run one spec file in a fresh headless Neovim; fail with its output (and the LSP log) unless it passes."""
+def run_spec(spec: str, tmp_path: Path, settings: dict[str, Any], path: Path | None = None) -> str:
+    """Run one spec file in a fresh headless Neovim; fail with its output (and the LSP log) unless it passes.
+    `path`: a folder put first on the PATH."""
     assert NVIM is not None
     workdir = tmp_path / "work"
     workdir.mkdir(exist_ok=True)
-    env = nvim_env(tmp_path, {**settings, "workdir": str(workdir)})
+    env = nvim_env(tmp_path, {**settings, "workdir": str(workdir)}, path)
     command = [
         NVIM, "--headless", "-i", "NONE", "-u", str(PLUGIN / "tests" / "minimal_init.lua"),
         "-c", f"lua require('runner').main({json.dumps(str(PLUGIN / 'tests' / spec))})",
@@ -201,6 +205,23 @@ def test_cancel_leaves_the_buffer(tmp_path: Path, endless_model_dir: Path) -> No
     run_spec("cancel_spec.lua", tmp_path, settings)
 
 
+def test_rendering_against_a_scripted_server(tmp_path: Path) -> None:
+    """diff_spec.lua: what the server says is scripted in Lua (tests/fake_server.lua), no server runs."""
+    run_spec("diff_spec.lua", tmp_path, {})
+
+
+def test_commands_work_without_setup(tmp_path: Path, memorised_settings: dict[str, Any]) -> None:
+    """The plugin on the runtimepath only: the default command `specedit lsp` is a script on the PATH that
+    starts the test's server."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "specedit"
+    server = " ".join(shlex.quote(part) for part in memorised_settings["cmd"])
+    script.write_text(f'#!/bin/sh\n[ "$1" = lsp ] && shift\nexec {server} "$@"\n', encoding="utf-8")
+    script.chmod(0o755)
+    run_spec("nosetup_spec.lua", tmp_path, memorised_settings, path=bin_dir)
+
+
 def test_checkhealth_reports_a_missing_server(tmp_path: Path, tiny_model_dir: Path) -> None:
     settings = {
         "cmd": server_command(tiny_model_dir),
@@ -230,3 +251,24 @@ def test_help_tags(tmp_path: Path) -> None:
         [NVIM, "--clean", "--headless", "-l", str(tmp_path / "help.lua")], capture_output=True, text=True, timeout=60
     )
     assert process.returncode == 0 and process.stdout == "ok", process.stdout + process.stderr
+
+
+def test_help_tags_are_current(tmp_path: Path) -> None:
+    """doc/tags is shipped (`:help specedit` works with the plugin on the runtimepath) and is what
+    `:helptags` makes of doc/specedit.txt now."""
+    assert NVIM is not None
+    shipped = PLUGIN / "doc" / "tags"
+    assert shipped.exists(), "editors/nvim/doc/tags is missing: run :helptags editors/nvim/doc"
+    doc = tmp_path / "doc"
+    doc.mkdir()
+    shutil.copy(PLUGIN / "doc" / "specedit.txt", doc / "specedit.txt")
+    process = subprocess.run(
+        [NVIM, "--clean", "--headless", "-c", f"helptags {doc}", "-c", "qall!"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert process.returncode == 0, process.stdout + process.stderr
+    assert shipped.read_text(encoding="utf-8") == (doc / "tags").read_text(encoding="utf-8"), (
+        "editors/nvim/doc/tags is stale: run :helptags editors/nvim/doc"
+    )

@@ -57,6 +57,12 @@ t.it("live: :SpeceditCancel stops the rewrite, the buffer stays as it was", func
   t.truthy((result.stepsAfterCancel or 0) <= 1, "engine steps after cancel: " .. tostring(result.stepsAfterCancel))
   t.truthy(state.progress, "work-done progress in vim.lsp.status()")
   t.eq(settings.original, t.text(state.bufnr), "buffer after cancel")
+  -- What it had written is offered as a preview, not left in the buffer.
+  t.eq("preview", result.delivery, "delivery")
+  local offered = type(result.offered) == "table" and #result.offered.hunks or 0
+  local shown = #vim.api.nvim_buf_get_extmarks(state.bufnr, require("specedit.preview").ns, 0, -1, {})
+  t.eq(offered > 0, shown > 0, ("a preview shown (%d hunks offered, %d extmarks)"):format(offered, shown))
+  t.eq(0, vim.tbl_count(state.job.written or {}), "written hunks marked")
 end)
 
 t.it("preview: cancel() stops the rewrite and clears the preview", function()

@@ -389,3 +389,61 @@ t.it(":SpeceditApply! merges the sketch in a register; an answer that is not a m
   t.sleep(300)
   t.eq(settings.sketch_original, t.text(bufnr), "buffer after an echoed sketch")
 end)
+
+t.it("per-hunk actions on hunks at both ends of the buffer: each one done, none said to be left alone", function()
+  local original = "def a():\n    return 1\n\n\ndef b():\n    return 2\n\n\ndef c():\n    return 3\n"
+  local sketch = "def a():\n    return 10\n\n# ... existing code ...\n\ndef c():\n    return 30\n"
+  local told = {}
+  local notify = vim.notify
+  vim.notify = function(message)
+    told[#told + 1] = message
+  end
+  local function on_hunk(action, line)
+    vim.api.nvim_win_set_cursor(0, { line, 0 })
+    local answer
+    specedit[action]({
+      on_done = function(result)
+        answer = result
+      end,
+    })
+    t.wait(10000, function()
+      return answer ~= nil
+    end, action)
+    return answer
+  end
+  for _, bang in ipairs({ "", "!" }) do
+    specedit.setup({ cmd = settings.cmd, delivery = "live" })
+    local bufnr = t.open(("both_ends%s.py"):format(bang == "" and "" or "_live"), original)
+    vim.fn.setreg("s", sketch)
+    local done = next_done()
+    vim.cmd("SpeceditApply" .. bang .. " s")
+    t.eq("complete", done().status, "status")
+    local action = bang == "" and "accept_hunk" or "reject_hunk" -- write a preview's, undo a live one's
+    local want = bang == "" and "def a():\n    return 10\n\n\ndef b():\n    return 2\n\n\ndef c():\n    return 30\n"
+      or original
+    t.eq({ 0 }, on_hunk(action, 2).applied, action .. " on the first line's hunk")
+    t.eq({ 1 }, on_hunk(action, 10).applied, action .. " on the last line's hunk")
+    t.eq(want, t.text(bufnr), "buffer after " .. action)
+    t.eq(0, marks(bufnr), "extmarks left")
+  end
+  vim.notify = notify
+  for _, message in ipairs(told) do
+    t.truthy(not message:find("left alone", 1, true), "told: " .. message)
+  end
+end)
+
+t.it("live: the old lines of the written hunk show as deleted virtual lines, above the first line too", function()
+  local bufnr = t.open("live_diff.py", settings.original)
+  local result, job = rewrite({ instruction = settings.instruction, delivery = "live" })
+  t.eq("complete", result.status, "status")
+  local old = {}
+  local ns = require("specedit.preview").ns
+  for _, mark in ipairs(vim.api.nvim_buf_get_extmarks(bufnr, ns, 0, -1, { details = true })) do
+    for _, line in ipairs(mark[4].virt_lines or {}) do
+      old[#old + 1] = { mark[2], mark[4].virt_lines_above, line[1][1] }
+    end
+  end
+  t.eq({ { 0, true, "def add(a, b):" } }, old, "the deleted line (row, above, text)")
+  t.eq(1, vim.fn.winsaveview().topfill, "the window scrolled to show it above the first line")
+  t.truthy(next(job.written) ~= nil, "the written hunk marked")
+end)

@@ -4,8 +4,13 @@ local M = {}
 ---@class specedit.Options
 M.defaults = {
   --- The language server, started with `vim.lsp.start` (stdio). `specedit lsp` must be on the PATH, or give
-  --- the full command, e.g. { "/path/to/venv/bin/specedit", "lsp", "--model", "/models/coder" }.
+  --- the full command, e.g. { "/path/to/venv/bin/specedit", "lsp", "--model", "/models/coder" }. A function
+  --- is passed on as `vim.lsp.start` takes it, e.g. vim.lsp.rpc.connect("127.0.0.1", 2087).
   cmd = { "specedit", "lsp" },
+  --- The model the server runs: a known name ("qwen2.5-coder-1.5b-instruct"), a model folder or a .gguf
+  --- file. nil: the server's default (Qwen2.5-Coder-0.5B-Instruct). A known name is fetched on first use.
+  --- The same as `settings.model`; this one wins.
+  model = nil,
   --- Filetypes whose buffers get the server as soon as they open (its code actions then show up in
   --- `vim.lsp.buf.code_action()`). Empty: the server attaches to a buffer on its first rewrite, any filetype.
   filetypes = {},
@@ -33,10 +38,10 @@ M.defaults = {
     next_hunk = "]h", -- :SpeceditNextHunk
     prev_hunk = "[h", -- :SpeceditPrevHunk
   },
-  --- Highlight groups of the preview (linked to the Diff* groups unless you define them).
+  --- Highlight groups of previews and written hunks (linked to the Diff* groups unless you define them).
   highlights = {
-    added = "SpeceditAdded", -- the new lines (virtual lines)
-    removed = "SpeceditRemoved", -- the lines they replace
+    added = "SpeceditAdded", -- the new lines (virtual in a preview)
+    removed = "SpeceditRemoved", -- the lines they replace (virtual once a live rewrite wrote the new ones)
     hint = "SpeceditHint", -- the "accept / reject" hint
     pending = "SpeceditPending", -- a live rewrite's lines still being written (not settled yet)
   },
@@ -53,22 +58,38 @@ function M.set(opts)
   if opts.keymaps ~= nil and opts.keymaps ~= false and type(opts.keymaps) ~= "table" then
     error("specedit.setup: keymaps must be a table or false", 3)
   end
-  for _, key in ipairs({ "cmd", "filetypes", "settings", "highlights" }) do
+  for _, key in ipairs({ "filetypes", "settings", "highlights" }) do
     if opts[key] ~= nil and type(opts[key]) ~= "table" then
       error(("specedit.setup: %s must be a table"):format(key), 3)
     end
+  end
+  if opts.cmd ~= nil and type(opts.cmd) ~= "table" and type(opts.cmd) ~= "function" then
+    error("specedit.setup: cmd must be a list or a function", 3)
+  end
+  if opts.model ~= nil and type(opts.model) ~= "string" then
+    error("specedit.setup: model must be a string", 3)
   end
   if opts.delivery ~= nil and not vim.tbl_contains({ "live", "preview", "final" }, opts.delivery) then
     error("specedit.setup: delivery must be live, preview or final", 3)
   end
   M.options = vim.tbl_deep_extend("force", vim.deepcopy(M.defaults), opts)
   if opts.cmd then
-    M.options.cmd = vim.deepcopy(opts.cmd) -- a list: replaced, never merged index by index
+    M.options.cmd = type(opts.cmd) == "table" and vim.deepcopy(opts.cmd) or opts.cmd -- never merged by index
   end
   if opts.filetypes then
     M.options.filetypes = vim.deepcopy(opts.filetypes)
   end
   return M.options
+end
+
+--- The server's settings (the `specedit` section): `settings`, with `model` on top.
+---@return table
+function M.server_settings()
+  local values = vim.deepcopy(M.options.settings or {})
+  if M.options.model and M.options.model ~= "" then
+    values.model = M.options.model
+  end
+  return values
 end
 
 return M

@@ -13,6 +13,10 @@ function M.check()
   end
 
   local cmd = config.options.cmd
+  if type(cmd) == "function" then
+    health.info("server: cmd is a function (vim.lsp.start calls it): not checked from here")
+    return
+  end
   if type(cmd) ~= "table" or #cmd == 0 then
     health.error("no server command: set `cmd` in require('specedit').setup()")
     return
@@ -59,7 +63,7 @@ local function option(cmd, name, key)
       return cmd[i + 1]
     end
   end
-  local value = (require("specedit.config").options.settings or {})[key]
+  local value = require("specedit.config").server_settings()[key]
   return value ~= "" and value or nil
 end
 

@@ -6,31 +6,67 @@ local preview = require("specedit.preview")
 
 local M = {}
 
---- Mark the hunks a rewrite wrote (`written`: the server's { version, hunks }), with a sign and a hint.
-function M.mark_written(job, written)
-  local bufnr = job.bufnr
-  job.written = {}
-  if not written or written == vim.NIL or vim.lsp.util.buf_versions[bufnr] ~= written.version then
-    return -- the user typed since: the ranges are of another version
-  end
-  local count = vim.api.nvim_buf_line_count(bufnr)
-  for _, hunk in ipairs(written.hunks) do
-    local first, stop = preview.rows(hunk.range)
-    if first < count then
-      job.written[hunk.id] = vim.api.nvim_buf_set_extmark(bufnr, preview.ns, first, 0, {
-        end_row = math.min(math.max(stop, first + 1), count) - 1,
-        end_col = 0,
-        sign_text = "┃",
-        sign_hl_group = config.options.highlights.added,
-        virt_text = next(job.written) == nil and { { "  specedit: keep / undo this hunk", config.options.highlights.hint } }
-          or nil,
-        virt_text_pos = "eol",
-      })
+local HINT = "  specedit: keep / undo this hunk"
+
+-- Put the hint on the first written hunk still marked, or take it away.
+local function place_hint(job)
+  local first
+  for _, mark in pairs(job.written or {}) do
+    local at = vim.api.nvim_buf_get_extmark_by_id(job.bufnr, preview.ns, mark, {})
+    if at[1] and (not first or at[1] < first) then
+      first = at[1]
     end
   end
-  M.keymaps(bufnr, next(job.written) ~= nil)
-  if next(job.written) ~= nil then
-    M.unmark_on_undo(job)
+  if not first then
+    if job.written_hint then
+      pcall(vim.api.nvim_buf_del_extmark, job.bufnr, preview.ns, job.written_hint)
+      job.written_hint = nil
+    end
+    return
+  end
+  job.written_hint = vim.api.nvim_buf_set_extmark(job.bufnr, preview.ns, first, 0, {
+    id = job.written_hint,
+    virt_text = { { HINT, config.options.highlights.hint } },
+    virt_text_pos = "eol",
+  })
+end
+
+--- Mark the hunks a live rewrite wrote (`written`: the server's { version, hunks }, where each hunk's new
+--- text is now): a sign and the added highlight on the new lines, and the old lines above them as deleted
+--- virtual lines, until the hunk is kept or undone. While the rewrite runs, each report redraws them;
+--- `final` (its end) adds the hint and the keymaps.
+function M.mark_written(job, written, final)
+  local bufnr = job.bufnr
+  job.written = job.written or {}
+  if not written or written == vim.NIL then
+    M.unmark_written(job) -- nothing written (any more)
+  elseif vim.lsp.util.buf_versions[bufnr] == written.version then
+    M.unmark_written(job)
+    local count = vim.api.nvim_buf_line_count(bufnr)
+    local groups = config.options.highlights
+    for _, hunk in ipairs(written.hunks) do
+      local first, stop = preview.rows(hunk.range)
+      local old = preview.virt_lines(hunk.oldText, groups.removed)
+      local opts = { virt_lines = #old > 0 and old or nil, virt_lines_above = true }
+      if stop > first then -- new lines: marked, the old ones above them
+        opts.end_row, opts.end_col = math.min(stop, count) - 1, 0
+        opts.sign_text, opts.sign_hl_group, opts.line_hl_group = "┃", groups.added, groups.added
+      elseif first >= count then -- lines deleted at the end of the buffer: shown below its last line
+        first, opts.virt_lines_above = count - 1, false
+      end
+      if first < count and (opts.end_row or opts.virt_lines) then
+        job.written[hunk.id] = vim.api.nvim_buf_set_extmark(bufnr, preview.ns, first, 0, opts)
+      end
+    end
+    preview.reveal(bufnr)
+    preview.watch(bufnr)
+  end -- else the user typed since: the marks drawn before moved with the text, the next report redraws
+  if final then
+    place_hint(job)
+    M.keymaps(bufnr, next(job.written) ~= nil)
+    if next(job.written) ~= nil then
+      M.unmark_on_undo(job)
+    end
   end
 end
 
@@ -49,6 +85,7 @@ function M.unmark_on_undo(job)
           done = true
           M.unmark_written(job)
           M.keymaps(bufnr, false)
+          preview.redraw(bufnr)
         end
       end)
     end,
@@ -62,6 +99,9 @@ function M.unmark_written(job, ids)
       pcall(vim.api.nvim_buf_del_extmark, job.bufnr, preview.ns, job.written[id])
       job.written[id] = nil
     end
+  end
+  if job.written_hint then
+    place_hint(job)
   end
 end
 

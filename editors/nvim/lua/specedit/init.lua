@@ -8,6 +8,7 @@
 --- starts it, forwards requests, and renders.
 local client = require("specedit.client")
 local config = require("specedit.config")
+local follow = require("specedit.follow")
 local hunks = require("specedit.hunks")
 local jobs = require("specedit.jobs")
 local preview = require("specedit.preview")
@@ -15,9 +16,30 @@ local protocol = require("specedit.protocol")
 
 local M = {}
 
-local function notify(message, level)
-  if config.options.notify then
-    vim.notify(message, level or vim.log.levels.INFO, { title = "specedit" })
+-- Neovim's own vim.notify echoes in the command line, where a message wider than the room left there
+-- stops everything with "Press ENTER". A notifier plugin that replaced it shows the whole message.
+local function one_line(message)
+  message = message:gsub("%s*\n%s*", " ")
+  local source = debug.getinfo(vim.notify, "S").source
+  local room = vim.v.echospace
+  if not source:find("vim/_editor.lua", 1, true) or room <= 0 or vim.fn.strdisplaywidth(message) <= room then
+    return message
+  end
+  local kept, width = {}, 1 -- the room "…" takes
+  for _, char in ipairs(vim.fn.split(message, "\\zs")) do
+    width = width + vim.fn.strdisplaywidth(char)
+    if width > room then
+      break
+    end
+    kept[#kept + 1] = char
+  end
+  return table.concat(kept) .. "…"
+end
+
+-- One message, on one line. `always`: even with `notify = false` (the answer to something the user did).
+local function notify(message, level, always)
+  if config.options.notify or always then
+    vim.notify(one_line(message), level or vim.log.levels.INFO, { title = "specedit" })
   end
 end
 
@@ -25,28 +47,14 @@ local function fire(pattern, data)
   vim.api.nvim_exec_autocmds("User", { pattern = pattern, modeline = false, data = data })
 end
 
---- Set the options (see `:help specedit-options`); optional. Calling it again replaces the options.
+--- Set the options (see `:help specedit-options`); optional. Calling it again replaces the options, and a
+--- running server gets the new settings (the model included) for its next rewrite.
 ---@param opts? table
 function M.setup(opts)
   config.set(opts)
-  --- `:SpeceditApply[!] [register]`: merge the edit sketch a chat answered (in `register`, default the
---- clipboard `+`, else the unnamed register) into the range or the buffer; a preview, or live with !.
-function M._command_apply(args)
-  local register = args.args ~= "" and args.args or (vim.fn.has("clipboard") == 1 and "+" or '"')
-  local sketch = vim.fn.getreg(register)
-  if type(sketch) ~= "string" or vim.trim(sketch) == "" then
-    vim.notify(("specedit: register %s holds no edit sketch"):format(register), vim.log.levels.WARN)
-    return
-  end
-  local opts = { sketch = sketch, delivery = args.bang and "live" or "preview" }
-  if args.range > 0 then
-    opts.range = { args.line1, args.line2 }
-  end
-  return M.rewrite(opts)
-end
-
-preview.define_highlights()
+  preview.define_highlights()
   client.autostart()
+  client.configure()
   return M
 end
 
@@ -63,18 +71,77 @@ local function line_range(bufnr, first, last, encoding)
   local stop = { line = last, character = 0 }
   if last == count and not vim.bo[bufnr].eol then
     local text = vim.api.nvim_buf_get_lines(bufnr, last - 1, last, true)[1]
-    local units = #text
-    if encoding == "utf-16" or encoding == "utf-32" then
-      if vim.fn.has("nvim-0.11") == 1 then
-        units = vim.str_utfindex(text, encoding)
-      else
-        local utf32, utf16 = vim.str_utfindex(text)
-        units = encoding == "utf-16" and utf16 or utf32
-      end
-    end
-    stop = { line = last - 1, character = units }
+    stop = { line = last - 1, character = client.units(text, encoding) }
   end
   return { start = { line = first - 1, character = 0 }, ["end"] = stop }, first - 1, last - 1
+end
+
+-- "123 tokens · 45 tok/s · 98% accepted", or how a sketch was merged.
+local function summary(stats)
+  stats = stats or {}
+  if stats.merge == "lines" then
+    return "merged by its lines, without the model"
+  end
+  return ("%d tokens · %.0f tok/s · %.0f%% accepted"):format(
+    stats.generated_tokens or 0,
+    stats.tokens_per_second or 0,
+    100 * (stats.acceptance_rate or 0)
+  )
+end
+
+-- A live rewrite the server turned into a preview (its answer removes most of the region, or the user
+-- cancelled it): the server has taken out what it wrote; its hunks show as a preview, where their old
+-- text is now.
+local function become_preview(job, offered)
+  job.delivery, job.offered = "preview", true
+  follow.stop(job)
+  preview.pending(job.bufnr, nil)
+  hunks.unmark_written(job)
+  if type(offered) ~= "table" or not vim.api.nvim_buf_is_valid(job.bufnr) then
+    return
+  end
+  job.anchors = nil -- the ranges are in the document's coordinates now, not the request's
+  job.hunks = offered.hunks or {}
+  if vim.lsp.util.buf_versions[job.bufnr] == offered.version and #job.hunks > 0 then
+    preview.add(job, job.hunks)
+    hunks.keymaps(job.bufnr, true)
+  end
+end
+
+-- `message` with `hint` after it, if both fit the command line.
+local function with_hint(message, hint)
+  local room = vim.v.echospace
+  return (room <= 0 or vim.fn.strdisplaywidth(message .. hint) <= room) and message .. hint or message
+end
+
+-- What the end of a rewrite says, in one line.
+local function ending_message(job, result)
+  local status = result.status
+  if job.rejected then
+    return "specedit: rejected"
+  elseif job.offered then
+    if next(job.marks) == nil then
+      return ("specedit: %s"):format(status == "cancelled" and "cancelled" or result.message or status)
+    elseif status == "cancelled" then
+      return "specedit: cancelled, the buffer restored; :SpeceditAccept keeps it"
+    end
+    return with_hint(("specedit: %s"):format(result.message or "shown as a preview"), "; :SpeceditAccept writes it")
+  elseif status == "complete" then
+    if #job.hunks == 0 then
+      return "specedit: no changes · " .. summary(job.stats)
+    elseif job.delivery == "preview" and next(job.marks) ~= nil then
+      return "specedit: preview ready · " .. summary(job.stats)
+    end
+    return "specedit: done · " .. summary(job.stats)
+  elseif status == "conflict" then
+    local message = ("specedit: %s"):format(result.message or "conflict")
+    return with_hint(message, "; :SpeceditAccept writes the rest"), vim.log.levels.WARN
+  elseif status == "error" then
+    return ("specedit: error: %s"):format(result.message or "unknown"), vim.log.levels.ERROR
+  elseif status == "cancelled" and job.delivery == "live" and next(job.written or {}) ~= nil then
+    return "specedit: cancelled; :SpeceditReject restores what it wrote"
+  end
+  return ("specedit: %s"):format(status)
 end
 
 local function finish(job, result)
@@ -83,55 +150,31 @@ local function finish(job, result)
   end
   job.done, job.result = true, result
   job.stats = result.stats or job.stats
+  follow.stop(job)
   preview.pending(job.bufnr, nil)
   local status = result.status
-  local keeps_preview = job.delivery == "preview" and (status == "complete" or status == "conflict")
+  if result.delivery == "preview" and (job.delivery == "live" or job.offered) and not job.rejected then
+    become_preview(job, result.offered)
+  end
+  local keeps_preview = job.delivery == "preview"
+    and (job.offered or status == "complete" or status == "conflict")
+    and not job.rejected
   if not keeps_preview and not job.accepted then
     preview.clear(job)
   end
   if job.delivery ~= "preview" or job.rejected then
     jobs.undo_seq[job.bufnr] = nil
   end
-  if status == "complete" and job.delivery ~= "preview" and vim.api.nvim_buf_is_valid(job.bufnr) then
-    hunks.mark_written(job, result.written) -- each can be kept or undone until the next rewrite
+  if job.delivery == "live" and not job.rejected and vim.api.nvim_buf_is_valid(job.bufnr) then
+    hunks.mark_written(job, result.written, true) -- each can be kept or undone until the next rewrite
   end
-  if job.rejected then
-    notify("specedit: rejected")
-  elseif status == "complete" then
-    local stats = job.stats or {}
-    local summary = ("%d tokens · %.0f tok/s · %.0f%% accepted"):format(
-      stats.generated_tokens or 0,
-      stats.tokens_per_second or 0,
-      100 * (stats.acceptance_rate or 0)
-    )
-    if stats.merge == "lines" then
-      summary = "merged by its lines, without the model"
-    end
-    if #job.hunks == 0 then
-      notify(("specedit: no changes · %s"):format(summary))
-    elseif job.delivery == "preview" and next(job.marks) ~= nil then
-      notify(("specedit: preview ready (:SpeceditAccept / :SpeceditReject) · %s"):format(summary))
-    else
-      notify(("specedit: done · %s"):format(summary))
-    end
-  elseif status == "conflict" then
-    notify(
-      ("specedit: %s; :SpeceditAccept writes the rest, :SpeceditReject restores the original"):format(
-        result.message or "conflict"
-      ),
-      vim.log.levels.WARN
-    )
-  elseif status == "error" then
-    notify(("specedit: error: %s"):format(result.message or "unknown"), vim.log.levels.ERROR)
-  else
-    notify(("specedit: %s"):format(status))
-  end
+  notify(ending_message(job, result))
   fire("SpeceditDone", { bufnr = job.bufnr, result = result })
   vim.cmd.redrawstatus({ bang = true })
   if job.on_done then
     local ok, problem = pcall(job.on_done, result)
     if not ok then
-      vim.notify("specedit: on_done failed: " .. tostring(problem), vim.log.levels.ERROR)
+      notify("specedit: on_done failed: " .. tostring(problem), vim.log.levels.ERROR, true)
     end
   end
 end
@@ -141,24 +184,40 @@ function M._on_partial(job, value)
   job.id = job.id or value.jobId
   job.stats = value.stats or job.stats
   local new_hunks = value.hunks or {}
-  vim.list_extend(job.hunks, new_hunks)
-  if job.delivery == "preview" and not job.rejected and #new_hunks > 0 then
+  if value.delivery == "preview" and job.delivery == "live" and not job.done then
+    become_preview(job, nil) -- its hunks show once the result says where they are
+  end
+  if not job.offered then
+    vim.list_extend(job.hunks, new_hunks)
+  end
+  if job.delivery == "preview" and not job.offered and not job.rejected and #new_hunks > 0 then
     preview.add(job, new_hunks)
     hunks.keymaps(job.bufnr, true)
+  elseif job.delivery == "live" and value.written ~= nil and vim.api.nvim_buf_is_loaded(job.bufnr) then
+    follow.check(job.bufnr)
+    hunks.mark_written(job, value.written)
+    follow.settle(job.bufnr)
   end
   fire("SpeceditProgress", { bufnr = job.bufnr, job_id = job.id, hunks = new_hunks, stats = value.stats })
   vim.cmd.redrawstatus({ bang = true }) -- a statusline showing status() is stale otherwise
 end
 
 --- Where a live rewrite's provisional text now is (client.lua routes the notification here): marked as
---- pending, when the buffer is still at the version the server saw (otherwise the next one comes soon).
+--- pending, when the buffer is still at the version the server saw (otherwise the next one comes soon);
+--- the window that follows the rewrite goes there.
 function M._on_provisional(params)
   local bufnr = vim.uri_to_bufnr(params.uri)
   if not vim.api.nvim_buf_is_loaded(bufnr) then
     return
   end
-  local current = params.range ~= vim.NIL and vim.lsp.util.buf_versions[bufnr] == params.version
-  preview.pending(bufnr, current and params.range or nil)
+  local range = params.range ~= vim.NIL and params.range or nil
+  local current = range ~= nil and vim.lsp.util.buf_versions[bufnr] == params.version
+  preview.pending(bufnr, current and range or nil)
+  local job = jobs.for_buffer(bufnr)
+  if current and job and not job.done and job.delivery == "live" then
+    local first, stop = preview.rows(range)
+    follow.to(bufnr, math.max(first, stop - 1))
+  end
 end
 
 --- The server exited: its running rewrites end (as errors) here, if Neovim did not answer them already.
@@ -207,8 +266,12 @@ function M.rewrite(opts)
     preview.clear(previous) -- the server forgets it once the new one overlaps it
     hunks.unmark_written(previous)
     hunks.keymaps(bufnr, false)
+    preview.redraw(bufnr)
   end
   local job = jobs.new(bufnr, delivery, opts.instruction, opts.on_done)
+  if delivery == "live" then
+    follow.start(job)
+  end
   if vim.api.nvim_buf_get_name(bufnr) == "" then
     local message = "the buffer has no name: save it first (its name tells the server the language)"
     finish(job, { status = "error", message = message, stats = {} })
@@ -272,15 +335,16 @@ local function target(opts)
   return job, lsp_client, selector
 end
 
-local function report(job, what, err, result, on_done)
+-- The answer to accept or reject, in one message at most (`done`: what to say when all went well).
+local function report(job, what, err, result, on_done, done)
   jobs.undo_seq[job.bufnr] = nil -- whatever the server writes next is another undo step
+  preview.redraw(job.bufnr)
   if err then
-    notify(("specedit: %s failed: %s"):format(what, err.message), vim.log.levels.ERROR)
+    notify(("specedit: %s failed: %s"):format(what, err.message), vim.log.levels.ERROR, true)
   elseif result and #(result.skipped or {}) > 0 then
-    notify(
-      ("specedit: %s: %d hunk(s) left alone (edited since)"):format(what, #result.skipped),
-      vim.log.levels.WARN
-    )
+    notify(("specedit: %s: %d hunk(s) left alone (edited since)"):format(what, #result.skipped), vim.log.levels.WARN)
+  elseif done then
+    notify(done)
   end
   if on_done then
     on_done(result or { error = err })
@@ -303,6 +367,7 @@ function M.accept(opts)
     return
   end
   hunks.unmark_written(job, (opts or {}).hunks)
+  preview.redraw(job.bufnr)
   jobs.undo_seq[job.bufnr] = nil -- the accepted hunks: one undo step of their own
   client.execute(lsp_client, job.bufnr, protocol.COMMAND_ACCEPT, { selector }, function(err, result)
     if result then
@@ -328,11 +393,9 @@ function M.reject(opts)
   preview.clear(job, (opts or {}).hunks)
   hunks.unmark_written(job, (opts or {}).hunks)
   settle_keymaps(job)
+  preview.redraw(job.bufnr)
   client.execute(lsp_client, job.bufnr, protocol.COMMAND_REJECT, { selector }, function(err, result)
-    report(job, "reject", err, result, (opts or {}).on_done)
-    if was_done and job.rejected then
-      notify("specedit: rejected")
-    end
+    report(job, "reject", err, result, (opts or {}).on_done, was_done and job.rejected and "specedit: rejected" or nil)
   end)
 end
 
@@ -367,8 +430,8 @@ function M.jump(direction)
   end
 end
 
---- Stop the latest running rewrite (of this buffer, else of any). In live mode what it has written stays:
---- :SpeceditReject restores it.
+--- Stop the latest running rewrite (of this buffer, else of any). A live rewrite's buffer is restored by the
+--- server, and what it wrote is offered as a preview: :SpeceditAccept writes it, :SpeceditReject drops it.
 ---@param opts? { bufnr?: integer, on_done?: fun(result: table) }
 function M.cancel(opts)
   opts = opts or {}
@@ -417,11 +480,13 @@ function M.cancel(opts)
   end
 end
 
---- A short status of the current buffer's running rewrite, for a statusline ("" when none).
+--- A short status of the current buffer's running rewrite, for a statusline: else the model loading (or
+--- being fetched) before any rewrite, else "".
 function M.status(bufnr)
   local job = jobs.for_buffer(bufnr or vim.api.nvim_get_current_buf())
   if not job or job.done then
-    return ""
+    local engine = client.engine -- the model fetched or loaded before any rewrite (`loadOnStart`)
+    return engine and engine.state == "loading" and "specedit: " .. (engine.message or "loading the model") or ""
   end
   local stats = job.stats or {}
   if stats.phase and stats.phase ~= "writing" and stats.message then
@@ -445,6 +510,22 @@ function M._command_rewrite(args)
     opts.range = { args.line1, args.line2 }
   end
   M.rewrite(opts)
+end
+
+--- `:SpeceditApply[!] [register]`: merge the edit sketch a chat answered (in `register`, default the
+--- clipboard `+`, else the unnamed register) into the range or the buffer; a preview, or live with !.
+function M._command_apply(args)
+  local register = args.args ~= "" and args.args or (vim.fn.has("clipboard") == 1 and "+" or '"')
+  local sketch = vim.fn.getreg(register)
+  if type(sketch) ~= "string" or vim.trim(sketch) == "" then
+    notify(("specedit: register %s holds no edit sketch"):format(register), vim.log.levels.WARN, true)
+    return
+  end
+  local opts = { sketch = sketch, delivery = args.bang and "live" or "preview" }
+  if args.range > 0 then
+    opts.range = { args.line1, args.line2 }
+  end
+  return M.rewrite(opts)
 end
 
 preview.define_highlights()

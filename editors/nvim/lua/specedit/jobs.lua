@@ -13,12 +13,15 @@ local M = {}
 ---@field partial_token string   the partialResultToken: its $/progress goes to our renderer
 ---@field progress_token string  the workDoneToken: its $/progress goes to Neovim (vim.lsp.status())
 ---@field client_id integer?
----@field hunks table[]          every hunk reported so far ({id, range, newText}, request coordinates)
+---@field hunks table[]          every hunk reported so far ({id, range, newText, oldText}, request
+---                              coordinates; once `offered`: the offered ones, where their old text is)
 ---@field stats table?           the latest stats (partial results, then the final ones)
 ---@field done boolean
 ---@field result table?          the final response ({jobId, status, stats, message?})
 ---@field on_done fun(result: table)?
 ---@field marks table            preview extmarks (preview.lua)
+---@field written table?         hunk id -> the extmark of a hunk a live rewrite wrote (hunks.lua)
+---@field offered boolean?       a live rewrite the server turned into a preview (its hunks in `marks`)
 
 local next_key = 0
 

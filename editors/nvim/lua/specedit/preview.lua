@@ -79,8 +79,9 @@ local function row_of(job, line)
   return line
 end
 
-local function text_lines(text)
-  local lines = vim.split(text, "\n", { plain = true })
+--- The lines of a hunk's text (its last line end dropped, "\r" of CRLF too).
+function M.text_lines(text)
+  local lines = vim.split(text or "", "\n", { plain = true })
   if lines[#lines] == "" then
     table.remove(lines)
   end
@@ -88,6 +89,103 @@ local function text_lines(text)
     lines[i] = line:gsub("\r$", "")
   end
   return lines
+end
+local text_lines = M.text_lines
+
+--- `text` as virtual lines in the highlight `group`.
+function M.virt_lines(text, group)
+  local lines = {}
+  for _, line in ipairs(text_lines(text)) do
+    lines[#lines + 1] = { { line, group } }
+  end
+  return lines
+end
+
+-- --------------------------------------------------------------------------------------------- edges
+
+-- How many virtual lines of ours stand above the buffer's first line, and below its last.
+local function edge_fill(bufnr)
+  local above, below = 0, 0
+  local last = vim.api.nvim_buf_line_count(bufnr) - 1
+  for _, row in ipairs(last > 0 and { 0, last } or { 0 }) do
+    for _, mark in ipairs(vim.api.nvim_buf_get_extmarks(bufnr, M.ns, { row, 0 }, { row, -1 }, { details = true })) do
+      local details = mark[4]
+      if details.virt_lines and details.virt_lines_above and row == 0 then
+        above = above + #details.virt_lines
+      elseif details.virt_lines and not details.virt_lines_above and row == last then
+        below = below + #details.virt_lines
+      end
+    end
+  end
+  return above, below
+end
+
+-- Screen rows from `line` (1-based) to the end of the buffer, virtual lines below the last included.
+local function rows_from(win, line)
+  local all = vim.api.nvim_win_text_height(win, { start_row = line - 1 }).all
+  return all - vim.api.nvim_win_text_height(win, { start_row = line - 1, end_row = line - 1 }).fill
+end
+
+--- Bring into view the virtual lines at the buffer's edges, in the windows that show those edges. Neovim
+--- shows virtual lines above the first line only when the window is scrolled up into them ('topfill'),
+--- and those below the last line only when scrolled past it.
+function M.reveal(bufnr)
+  if not vim.api.nvim_buf_is_loaded(bufnr) then
+    return
+  end
+  local above, below = edge_fill(bufnr)
+  if above == 0 and below == 0 then
+    return
+  end
+  local count = vim.api.nvim_buf_line_count(bufnr)
+  for _, win in ipairs(vim.fn.win_findbuf(bufnr)) do
+    vim.api.nvim_win_call(win, function()
+      local view = vim.fn.winsaveview()
+      if above > 0 and view.topline == 1 and view.topfill < above then
+        vim.fn.winrestview({ topline = 1, topfill = above })
+        view = vim.fn.winsaveview()
+      end
+      if below > 0 and vim.fn.line("w$") == count then
+        local height, cursor, top = vim.api.nvim_win_get_height(win), vim.fn.line("."), view.topline
+        while top < cursor and rows_from(win, top) > height do
+          top = top + 1
+        end
+        if top ~= view.topline then
+          vim.fn.winrestview({ topline = top, topfill = 0 })
+        end
+      end
+    end)
+  end
+end
+
+--- Reveal the edges again whenever the cursor comes to the first or the last line (`gg`, `G`).
+function M.watch(bufnr)
+  local group = vim.api.nvim_create_augroup("specedit_edges_" .. bufnr, { clear = true })
+  vim.api.nvim_create_autocmd("CursorMoved", {
+    group = group,
+    buffer = bufnr,
+    callback = function()
+      local line = vim.fn.line(".")
+      if line == 1 or line == vim.api.nvim_buf_line_count(bufnr) then
+        M.reveal(bufnr)
+      end
+    end,
+  })
+  vim.api.nvim_create_autocmd("BufWipeout", {
+    group = group,
+    buffer = bufnr,
+    callback = function()
+      pcall(vim.api.nvim_del_augroup_by_id, group)
+    end,
+  })
+end
+
+--- Redraw the windows of `bufnr` from scratch. Taking away virtual lines and signs together with the
+--- lines they stood by can leave rows drawn twice in the terminal until a full redraw (Ctrl-L).
+function M.redraw(bufnr)
+  if vim.api.nvim_buf_is_valid(bufnr) then
+    pcall(vim.api.nvim__redraw, { buf = bufnr, valid = false })
+  end
 end
 
 --- Show the hunks (their ids become the keys of `job.marks`).
@@ -109,10 +207,7 @@ function M.add(job, hunks)
         })
       end
     end
-    local virt_lines = {}
-    for _, line in ipairs(text_lines(hunk.newText)) do
-      virt_lines[#virt_lines + 1] = { { line, groups.added } }
-    end
+    local virt_lines = M.virt_lines(hunk.newText, groups.added)
     if #virt_lines > 0 then
       local row, above
       if stop > first then
@@ -135,6 +230,8 @@ function M.add(job, hunks)
     end
     job.marks[hunk.id] = marks
   end
+  M.reveal(bufnr)
+  M.watch(bufnr)
 end
 
 --- Remove the preview of some hunks (ids), or of the whole job (nil), anchors included.
@@ -162,6 +259,31 @@ function M.clear(job, hunk_ids)
       delete(anchor)
     end
     job.anchors = nil
+  elseif job.hint and hunk_ids then
+    M.move_hint(job)
+  end
+  if hunk_ids then
+    M.redraw(bufnr)
+  end
+end
+
+--- Put the preview's hint on the first hunk still shown.
+function M.move_hint(job)
+  local first
+  for _, marks in pairs(job.marks) do
+    for _, mark in ipairs(marks) do
+      local at = vim.api.nvim_buf_get_extmark_by_id(job.bufnr, M.ns, mark, {})
+      if at[1] and (not first or at[1] < first) then
+        first = at[1]
+      end
+    end
+  end
+  if first then
+    vim.api.nvim_buf_set_extmark(job.bufnr, M.ns, first, 0, {
+      id = job.hint,
+      virt_text = { { "  specedit: :SpeceditAccept / :SpeceditReject", config.options.highlights.hint } },
+      virt_text_pos = "eol",
+    })
   end
 end
 
