@@ -187,6 +187,10 @@ ECHOED_SKETCH = (
 # A rewrite the model answers with nothing at all (its code block closed at once): what a damaged model
 # does, and what must never empty a file. (original, instruction, answer)
 EMPTY_ANSWER = ("total = 0\nfor x in xs:\n    total += x\n", "Explain this code.", "")
+# A live rewrite the language server's guard stops (lsp/guard.py): its answer removes 7 of the region's 8
+# lines, on an instruction that asks for no removal. (original, instruction, answer); memorised by the
+# editors' own model (`train_memorising_model(extra=...)`), whose tests carry copies.
+GUARDED_REWRITE = ("a = 1\nb = 2\nc = 3\nd = 4\ne = 5\nf = 6\ng = 7\nh = 8\n", "Rename a to first.", "first = 1\n")
 # An edit sketch its lines merge (`engine.merge`), with no model: (original, sketch, merged).
 LINES_SKETCH = (
     ECHOED_SKETCH[0],
@@ -195,13 +199,15 @@ LINES_SKETCH = (
 )
 
 
-def train_memorising_model(tokenizer: Any, *, steps: int = 200) -> Any:
+def train_memorising_model(tokenizer: Any, *, steps: int = 200, extra: Sequence[tuple[str, str, str]] = ()) -> Any:
+    """A tiny GPT-2 that writes MEMORISED_REWRITES' answers (and `extra`'s) exactly. `extra` changes the
+    weights, and a near-tie may fall the other way on another case: the shared model stays without it."""
     from specedit.engine.prompts import RewritePrompt, build_prompt
 
     sequences = []
     prompts = [
         (RewritePrompt(original.replace("\r\n", "\n"), instruction, None, "python"), answer)
-        for original, instruction, answer in [*MEMORISED_REWRITES, EMPTY_ANSWER]
+        for original, instruction, answer in [*MEMORISED_REWRITES, EMPTY_ANSWER, *extra]
     ]
     original, sketch, answer = ECHOED_SKETCH
     prompts.append((RewritePrompt(original, None, sketch, "python"), answer))

@@ -28,7 +28,19 @@ REPO = Path(__file__).resolve().parents[1]
 EXTENSION = REPO / "editors" / "vscode"
 CACHE = Path(os.environ.get("SPECEDIT_VSCODE_CACHE", REPO / "build" / "vscode-headless"))
 CODE_SERVER = CACHE / "code-server-4.100.3" / "node_modules" / "code-server" / "out" / "node" / "entry.js"
-RUN_TIMEOUT = 300  # s for the whole run in VS Code (measured: ~25 s on 2 idle cores, ~60 s busy)
+RUN_TIMEOUT = 480  # s for the whole run in VS Code (measured: ~100 s on 2 idle cores, ~190 s at load 8)
+
+
+@pytest.fixture(scope="session")
+def vscode_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """conftest's memorising model, with GUARDED_REWRITE memorised too (for the guard's test)."""
+    from conftest import GUARDED_REWRITE, build_tokenizer, train_memorising_model
+
+    path = tmp_path_factory.mktemp("memorising-gpt2-vscode")
+    tokenizer = build_tokenizer()
+    train_memorising_model(tokenizer, extra=[GUARDED_REWRITE]).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
 
 
 def typescript_names() -> dict[str, object]:
@@ -96,13 +108,13 @@ def test_the_server_takes_every_setting_the_extension_declares(caplog: pytest.Lo
     assert settings == Settings()  # the defaults are the server's own
 
 
-def test_the_extension_in_vscode(memorising_model_dir: Path, endless_model_dir: Path) -> None:
+def test_the_extension_in_vscode(vscode_model_dir: Path, endless_model_dir: Path) -> None:
     """editors/vscode/src/test/*.test.ts: live, preview accepted and rejected, cancel, in VS Code 1.100."""
     _require(CODE_SERVER, EXTENSION / "node_modules" / "vscode-languageclient")
     env = {
         **os.environ,
         "SPECEDIT_VSCODE_PYTHON": sys.executable,
-        "SPECEDIT_VSCODE_MODEL": str(memorising_model_dir),
+        "SPECEDIT_VSCODE_MODEL": str(vscode_model_dir),
         "SPECEDIT_VSCODE_ENDLESS_MODEL": str(endless_model_dir),
         "SPECEDIT_VSCODE_TIMEOUT": str(RUN_TIMEOUT),
         "SPECEDIT_VSCODE_CACHE": str(CACHE),
@@ -113,12 +125,12 @@ def test_the_extension_in_vscode(memorising_model_dir: Path, endless_model_dir: 
 
 
 def test_the_extensions_sketch_cases_are_conftests() -> None:
-    """rewrite.test.ts carries copies of ECHOED_SKETCH (the memorising model's echoed sketch) and
-    LINES_SKETCH (merged by its lines)."""
-    from conftest import ECHOED_SKETCH, LINES_SKETCH
+    """rewrite.test.ts carries copies of ECHOED_SKETCH (the memorising model's echoed sketch), LINES_SKETCH
+    (merged by its lines) and GUARDED_REWRITE."""
+    from conftest import ECHOED_SKETCH, GUARDED_REWRITE, LINES_SKETCH
 
     source = (EXTENSION / "src" / "test" / "rewrite.test.ts").read_text(encoding="utf-8")
-    for text in (*ECHOED_SKETCH[:2], *LINES_SKETCH):
+    for text in (*ECHOED_SKETCH[:2], *LINES_SKETCH, *GUARDED_REWRITE):
         assert f"'{text.encode('unicode_escape').decode()}'" in source
 
 

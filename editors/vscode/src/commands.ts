@@ -1,20 +1,23 @@
 /**
  * The extension's commands. Each takes optional arguments, so that keybindings and other extensions can
  * skip the input box: `specedit.rewriteSelection` with `{ "instruction": "...", "delivery": "preview" }`.
+ * The "(Preview)" rewrites are the same with `delivery` preview, whatever the setting says.
  */
 import * as vscode from 'vscode';
 import * as config from './config';
 import { ACCEPT_HUNK, REJECT_HUNK } from './preview';
 import { documentUri, PreviewDiffs, SHOW_DIFF } from './previewDiff';
-import { KEEP_HUNK, UNDO_HUNK } from './written';
+import { KEEP_HUNK, SHOW_REMOVED, UNDO_HUNK } from './written';
+import { WrittenDiffs } from './writtenDiff';
 import { RewriteArgs, Rewrites } from './rewrite';
 import { Server } from './server';
 
-export function registerCommands(rewrites: Rewrites, server: Server, diffs: PreviewDiffs): vscode.Disposable[] {
-  const rewrite = (whole: boolean) => async (args?: RewriteArgs) => {
+export function registerCommands(rewrites: Rewrites, server: Server, diffs: PreviewDiffs, writtenDiffs: WrittenDiffs): vscode.Disposable[] {
+  const rewrite = (whole: boolean, delivery?: 'preview') => async (args?: RewriteArgs) => {
     const editor = vscode.window.activeTextEditor;
     if (!editor) return undefined;
-    const request = args?.instruction !== undefined || args?.sketch !== undefined ? args : await askInstruction(editor, args);
+    const asked = delivery ? { ...args, delivery } : args;
+    const request = asked?.instruction !== undefined || asked?.sketch !== undefined ? asked : await askInstruction(editor, asked);
     if (!request) return undefined;
     return run(rewrites, editor, whole ? undefined : selectedLines(editor), request);
   };
@@ -33,6 +36,8 @@ export function registerCommands(rewrites: Rewrites, server: Server, diffs: Prev
   return [
     vscode.commands.registerCommand('specedit.rewriteSelection', rewrite(false)),
     vscode.commands.registerCommand('specedit.rewriteFile', rewrite(true)),
+    vscode.commands.registerCommand('specedit.rewriteSelectionPreview', rewrite(false, 'preview')),
+    vscode.commands.registerCommand('specedit.rewriteFilePreview', rewrite(true, 'preview')),
     vscode.commands.registerCommand('specedit.applySketch', (args?: RewriteArgs) => applySketch(rewrites, args)),
     vscode.commands.registerCommand('specedit.acceptRewrite', (uri?: vscode.Uri) => {
       const target = uri ?? activeUri();
@@ -57,6 +62,10 @@ export function registerCommands(rewrites: Rewrites, server: Server, diffs: Prev
     vscode.commands.registerCommand(UNDO_HUNK, (uri: string, _jobId: string, hunkId: number) =>
       rewrites.reject(vscode.Uri.parse(uri), [hunkId]),
     ),
+    vscode.commands.registerCommand(SHOW_REMOVED, (uri?: string) => {
+      const target = uri !== undefined ? vscode.Uri.parse(uri) : activeUri();
+      return target && writtenDiffs.open(target);
+    }),
     vscode.commands.registerCommand('specedit.acceptHunkAtCursor', () => actAtCursor(true)),
     vscode.commands.registerCommand('specedit.rejectHunkAtCursor', () => actAtCursor(false)),
     vscode.commands.registerCommand(SHOW_DIFF, (uri?: vscode.Uri) => {

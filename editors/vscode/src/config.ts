@@ -40,7 +40,8 @@ export function delivery(document: vscode.TextDocument): Delivery {
   return (NAMES.deliveries as readonly string[]).includes(value) ? (value as Delivery) : 'live';
 }
 
-/** Whether a preview opens its diff beside the document (`previewDiff.ts`). */
+/** Whether a preview (`previewDiff.ts`) and a live rewrite's written hunks (`writtenDiff.ts`) open their
+ * diff beside the document. */
 export function previewDiff(document: vscode.TextDocument): boolean {
   return settings(document).get<boolean>('previewDiff', true);
 }

@@ -3,8 +3,9 @@
  *
  * The server does the work (rewrite jobs, hunks, versioned edits); this extension starts it (server.ts),
  * applies its edits as one undo step per rewrite (editApplier.ts), marks the text a live rewrite is still
- * writing (provisional.ts), shows previews (preview.ts) and their diffs (previewDiff.ts), and
- * offers the commands (commands.ts), the progress (rewrite.ts) and the status bar item (statusBar.ts).
+ * writing (provisional.ts) and what it wrote as a diff (written.ts, writtenDiff.ts), shows previews
+ * (preview.ts) and their diffs (previewDiff.ts), and offers the commands (commands.ts), the progress
+ * (rewrite.ts) and the status bar item (statusBar.ts).
  */
 import * as vscode from 'vscode';
 import { registerCommands } from './commands';
@@ -14,6 +15,7 @@ import { Previews } from './preview';
 import { documentUri, PreviewDiffs } from './previewDiff';
 import { ProvisionalMarks } from './provisional';
 import { WrittenHunks } from './written';
+import { WrittenDiffs } from './writtenDiff';
 import { RewriteEvent, Rewrites } from './rewrite';
 import { Server } from './server';
 import { StatusBar } from './statusBar';
@@ -23,6 +25,10 @@ export interface SpeceditApi {
   readonly onDidChangeRewrite: vscode.Event<RewriteEvent>;
   readonly server: Server;
   readonly rewrites: Rewrites;
+  readonly previews: Previews;
+  readonly written: WrittenHunks;
+  readonly writtenDiffs: WrittenDiffs;
+  readonly status: StatusBar;
 }
 
 let server: Server | undefined;
@@ -36,6 +42,7 @@ export function activate(context: vscode.ExtensionContext): SpeceditApi {
   const previews = new Previews();
   const diffs = new PreviewDiffs(previews);
   const written = new WrittenHunks();
+  const writtenDiffs = new WrittenDiffs(written, provisional);
   const rewrites = new Rewrites(server, applier, previews, provisional, written, status);
   // A preview's diff (its right side) counts as the document it shows the proposal for.
   const shownUri = (editor = vscode.window.activeTextEditor) => editor && documentUri(editor.document.uri);
@@ -51,6 +58,7 @@ export function activate(context: vscode.ExtensionContext): SpeceditApi {
     diffs,
     provisional,
     written,
+    writtenDiffs,
     rewrites,
     vscode.languages.registerCodeLensProvider({ scheme: 'file' }, previews),
     vscode.languages.registerCodeLensProvider({ scheme: 'untitled' }, previews),
@@ -58,7 +66,7 @@ export function activate(context: vscode.ExtensionContext): SpeceditApi {
     vscode.languages.registerCodeLensProvider({ scheme: 'untitled' }, written),
     previews.onDidChangeCodeLenses(() => void hunksContext()),
     written.onDidChangeCodeLenses(() => void hunksContext()),
-    ...registerCommands(rewrites, server, diffs),
+    ...registerCommands(rewrites, server, diffs, writtenDiffs),
     vscode.workspace.onDidChangeConfiguration((event) => {
       if (needsRestart(event) && started.state !== 'stopped') void started.restart().catch(() => undefined);
     }),
@@ -73,7 +81,7 @@ export function activate(context: vscode.ExtensionContext): SpeceditApi {
   if (vscode.window.visibleTextEditors.some((editor) => ['file', 'untitled'].includes(editor.document.uri.scheme))) {
     server.ready().catch(() => undefined);
   }
-  return { onDidChangeRewrite: rewrites.onDidChange, server, rewrites };
+  return { onDidChangeRewrite: rewrites.onDidChange, server, rewrites, previews, written, writtenDiffs, status };
 }
 
 export async function deactivate(): Promise<void> {

@@ -27,7 +27,7 @@ export const REJECT_HUNK = 'specedit.rejectHunk';
 /** Per document, one rewrite's hunks, each with a pair of CodeLenses (`lenses`: title and command, its
  * arguments the document, the job and the hunk's id); the ranges follow the user's typing, and a session
  * ends with its last hunk. Subclasses draw the hunks (`render`) on every change. */
-export abstract class HunkSessions<S extends { jobId: string; hunks: Map<number, { range: vscode.Range }> }>
+export abstract class HunkSessions<H extends { range: vscode.Range }, S extends { jobId: string; hunks: Map<number, H> }>
   implements vscode.CodeLensProvider, vscode.Disposable
 {
   protected readonly sessions = new Map<string, S>();
@@ -72,10 +72,10 @@ export abstract class HunkSessions<S extends { jobId: string; hunks: Map<number,
   provideCodeLenses(document: vscode.TextDocument): vscode.CodeLens[] {
     const session = this.sessions.get(document.uri.toString());
     if (!session) return [];
-    return [...session.hunks].flatMap(([id, { range }]) => {
-      const at = new vscode.Range(range.start, range.start);
+    return [...session.hunks].flatMap(([id, hunk]) => {
+      const at = new vscode.Range(hunk.range.start, hunk.range.start);
       const args = [document.uri.toString(), session.jobId, id];
-      return this.lenses.map(([title, command]) => new vscode.CodeLens(at, { title, command, arguments: args }));
+      return this.lensesFor(session, hunk).map(([title, command]) => new vscode.CodeLens(at, { title, command, arguments: args }));
     });
   }
 
@@ -91,6 +91,11 @@ export abstract class HunkSessions<S extends { jobId: string; hunks: Map<number,
 
   protected abstract render(): void;
 
+  /** The CodeLenses above a hunk: the same for every hunk, unless a subclass says otherwise. */
+  protected lensesFor(_session: S, _hunk: H): [title: string, command: string][] {
+    return this.lenses;
+  }
+
   private follow(event: vscode.TextDocumentChangeEvent): void {
     const session = this.sessions.get(event.document.uri.toString());
     if (!session || event.contentChanges.length === 0) return;
@@ -100,7 +105,7 @@ export abstract class HunkSessions<S extends { jobId: string; hunks: Map<number,
   }
 }
 
-export class Previews extends HunkSessions<PreviewSession> {
+export class Previews extends HunkSessions<PreviewHunk, PreviewSession> {
   private readonly removed = vscode.window.createTextEditorDecorationType({
     isWholeLine: true,
     backgroundColor: new vscode.ThemeColor('diffEditor.removedLineBackground'),

@@ -13,6 +13,7 @@ import * as config from './config';
 import { ACCEPT_HUNK, Previews, PreviewHunk, REJECT_HUNK } from './preview';
 
 export const PROPOSED_SCHEME = 'specedit-proposed';
+export const ORIGINAL_SCHEME = 'specedit-original'; // writtenDiff.ts
 export const SHOW_DIFF = 'specedit.showPreviewDiff';
 
 /** The right side's address for a document: the document's own address rides in the query. */
@@ -20,9 +21,10 @@ export function proposedUri(document: vscode.Uri): vscode.Uri {
   return vscode.Uri.from({ scheme: PROPOSED_SCHEME, path: document.path, query: document.toString() });
 }
 
-/** The document a right side shows the proposal for (itself when it is not one). */
+/** The document a side of a diff shows (a preview's proposal, or what it was before a live rewrite); itself
+ * when it is not one. */
 export function documentUri(uri: vscode.Uri): vscode.Uri {
-  return uri.scheme === PROPOSED_SCHEME ? vscode.Uri.parse(uri.query) : uri;
+  return uri.scheme === PROPOSED_SCHEME || uri.scheme === ORIGINAL_SCHEME ? vscode.Uri.parse(uri.query) : uri;
 }
 
 /** `text` with each hunk's new text in place of its range, and the line of the result where each starts. */

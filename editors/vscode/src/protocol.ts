@@ -8,11 +8,13 @@
 export const NAMES = {
   rewriteMethod: 'specedit/rewrite',
   provisionalNotification: 'specedit/provisional',
+  engineNotification: 'specedit/engine',
   commands: ['specedit.rewrite', 'specedit.accept', 'specedit.reject', 'specedit.cancel'],
   configurationSection: 'specedit',
   codeActionKind: 'refactor.rewrite',
   deliveries: ['live', 'preview', 'final'],
   statuses: ['complete', 'cancelled', 'superseded', 'conflict', 'error'],
+  engineStates: ['loading', 'ready', 'failed'],
 } as const;
 
 export const REWRITE_METHOD = NAMES.rewriteMethod;
@@ -20,6 +22,7 @@ export const [COMMAND_REWRITE, COMMAND_ACCEPT, COMMAND_REJECT, COMMAND_CANCEL] =
 
 export type Delivery = (typeof NAMES.deliveries)[number];
 export type Status = (typeof NAMES.statuses)[number];
+export type EngineState = (typeof NAMES.engineStates)[number];
 
 export interface Position {
   line: number;
@@ -42,11 +45,13 @@ export interface RewriteParams {
   workDoneToken?: string | number;
 }
 
-/** A whole-line replacement, in the coordinates of the request's document version. */
+/** A whole-line replacement, in the coordinates of the request's document version (in `written` and
+ * `offered`: of theirs). */
 export interface HunkPayload {
   id: number;
   range: Range;
   newText: string;
+  oldText: string; // the whole lines it replaces, as they were at the request's version
 }
 
 export interface LiveStats {
@@ -61,16 +66,19 @@ export interface LiveStats {
   lines_total: number;
 }
 
+/** Where a rewrite's hunks are in the document at `version`: their new text (`written`), or their old
+ * text (`offered`). */
+export interface WrittenHunks {
+  version: number;
+  hunks: HunkPayload[];
+}
+
 export interface RewritePartialResult {
   jobId: string;
   hunks: HunkPayload[];
   stats: LiveStats;
-}
-
-/** Where a rewrite's written hunks are in the document at `version` (their new text). */
-export interface WrittenHunks {
-  version: number;
-  hunks: HunkPayload[];
+  delivery?: Delivery; // the job's delivery now ("preview" once a live rewrite became one)
+  written?: WrittenHunks; // a live rewrite's hunks written so far, where they are now
 }
 
 export interface RewriteResult {
@@ -79,7 +87,9 @@ export interface RewriteResult {
   stats: Record<string, unknown>;
   hunks?: HunkPayload[]; // only when no partialResultToken was given
   written?: WrittenHunks; // what a live or final rewrite wrote, each hunk undoable
-  message?: string;
+  offered?: WrittenHunks; // a live rewrite that became a preview: its hunks, each one acceptable
+  delivery?: Delivery; // the delivery it ended with ("preview" where a live rewrite became one)
+  message?: string; // for conflict and error, and why a live rewrite became a preview
   error?: { code: number; message: string; data?: unknown };
   stepsAfterCancel?: number;
 }
@@ -90,6 +100,13 @@ export interface ProvisionalParams {
   version: number;
   jobId: string;
   range: Range | null;
+}
+
+/** The engine's state, for the status item: `loading` (fetching or loading the model, `message` says
+ * which), `ready`, or `failed` (`message`: the error). */
+export interface EngineParams {
+  state: EngineState;
+  message: string;
 }
 
 export interface JobSelector {

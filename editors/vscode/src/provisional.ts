@@ -12,6 +12,7 @@ import { ProvisionalParams } from './protocol';
 export interface ProvisionalChange {
   uri: vscode.Uri;
   text?: string; // the text marked pending; undefined: none
+  range?: vscode.Range; // where it is
 }
 
 export class ProvisionalMarks implements vscode.Disposable {
@@ -39,11 +40,16 @@ export class ProvisionalMarks implements vscode.Disposable {
     const range = params.range && document?.version === params.version ? client.protocol2CodeConverter.asRange(params.range) : undefined;
     if (range && document) {
       this.ranges.set(uri.toString(), range);
-      this.changes.fire({ uri, text: document.getText(range) });
+      this.changes.fire({ uri, text: document.getText(range), range });
     } else {
       this.clear(uri);
     }
     this.render();
+  }
+
+  /** Where `uri`'s pending text is (undefined: none). */
+  get(uri: vscode.Uri): vscode.Range | undefined {
+    return this.ranges.get(uri.toString());
   }
 
   clear(uri: vscode.Uri): void {

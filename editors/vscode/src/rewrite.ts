@@ -3,9 +3,12 @@
  * Accept / Reject / Cancel that act on it. The server does the work; this file forwards and reports.
  *
  * - live: the server writes hunks as they settle (see editApplier.ts: one undo step per rewrite), and
- *   the text not settled yet before them, which provisional.ts marks as pending.
+ *   the text not settled yet before them, which provisional.ts marks as pending. Each report says where
+ *   the written hunks are: written.ts marks them as a diff (writtenDiff.ts too), and follow.ts keeps the
+ *   writing in view.
  * - preview: partial results carry the hunks; preview.ts shows them until accepted or rejected.
- * - Cancel stops the rewrite and restores what it had written: the document is left as it was.
+ * - A live rewrite the server turns into a preview (an answer that removes most of the code, or Cancel)
+ *   ends with the document as it was and its hunks `offered`: shown as a preview, and said in one line.
  * - Reject after a finished live rewrite restores the original too.
  */
 import { randomUUID } from 'crypto';
@@ -20,8 +23,9 @@ import {
 import * as config from './config';
 import { EditApplier } from './editApplier';
 import { coveredLines, Previews } from './preview';
+import { FollowWriting } from './follow';
 import { ProvisionalMarks } from './provisional';
-import { WrittenHunks } from './written';
+import { ShownHunk, WrittenHunks } from './written';
 import {
   COMMAND_ACCEPT,
   COMMAND_REJECT,
@@ -51,8 +55,9 @@ export interface RewriteEvent {
   jobId?: string;
   stats?: LiveStats;
   result?: RewriteResult;
-  told?: string; // what the user was told when it ended (a notification), if anything
+  told?: string; // what the user was told when it ended (a notification or the status bar), if anything
   provisional?: string; // the text marked as still being written (kind 'provisional'; undefined: none)
+  written?: ShownHunk[]; // kind 'report' of a live rewrite: its written hunks as shown now
 }
 
 interface Running {
@@ -62,6 +67,7 @@ interface Running {
   jobId?: string;
   cancelled: boolean;
   editsBefore: number; // edits applied to the document before the rewrite started
+  becamePreview: boolean; // a live rewrite the server stopped writing: it ends as a preview
 }
 
 const partialResult = new ProgressType<RewritePartialResult>();
@@ -72,6 +78,7 @@ export class Rewrites implements vscode.Disposable {
   private readonly lastLiveJob = new Map<string, string>(); // uri -> its last live job, for Reject
   private readonly events = new vscode.EventEmitter<RewriteEvent>();
   readonly onDidChange = this.events.event;
+  readonly follow = new FollowWriting();
 
   constructor(
     private readonly server: Server,
@@ -83,7 +90,9 @@ export class Rewrites implements vscode.Disposable {
   ) {
     provisional.onDidChange((change) => {
       const run = [...this.running].find((candidate) => candidate.uri.toString() === change.uri.toString());
-      if (run) this.events.fire({ uri: run.uri, kind: 'provisional', delivery: run.delivery, jobId: run.jobId, provisional: change.text });
+      if (!run) return;
+      if (change.range && run.delivery === 'live') this.follow.to(run.uri, lastLineOf(change.range));
+      this.events.fire({ uri: run.uri, kind: 'provisional', delivery: run.delivery, jobId: run.jobId, provisional: change.text });
     });
   }
 
@@ -97,6 +106,7 @@ export class Rewrites implements vscode.Disposable {
       cancellation: new vscode.CancellationTokenSource(),
       cancelled: false,
       editsBefore: this.applier.appliedCount(document.uri),
+      becamePreview: false,
     };
     const token = `specedit-${randomUUID()}`;
     const title = `specedit: ${args.instruction ?? 'merging the edit sketch'}`.slice(0, 80);
@@ -108,13 +118,15 @@ export class Rewrites implements vscode.Disposable {
         const listener = client.onProgress(partialResult, token, (partial) => {
           run.jobId = partial.jobId;
           if (run.delivery === 'preview' && partial.hunks.length > 0) this.previews.add(run.uri, partial.jobId, partial.hunks);
+          if (run.delivery === 'live') this.showWritten(client, run, partial);
           const done = (100 * partial.stats.lines_done) / Math.max(partial.stats.lines_total, 1);
           progress.report({ message: statsMessage(partial.stats), increment: Math.max(0, done - percent) });
           percent = Math.max(percent, done);
           this.status.rewriteReport(partial.stats);
-          this.events.fire({ uri: run.uri, kind: 'report', delivery: run.delivery, jobId: run.jobId, stats: partial.stats });
+          const written = run.delivery === 'live' ? this.written.shown(run.uri) : undefined;
+          this.events.fire({ uri: run.uri, kind: 'report', delivery: run.delivery, jobId: run.jobId, stats: partial.stats, written });
         });
-        this.begin(run);
+        this.begin(run, editor, range);
         let result: RewriteResult | undefined;
         let told: string | undefined;
         try {
@@ -140,10 +152,17 @@ export class Rewrites implements vscode.Disposable {
     return [...this.running].some((run) => uri === undefined || run.uri.toString() === uri.toString());
   }
 
-  /** Writes the previewed hunks (all, or `hunkIds`). */
+  /** Writes the previewed hunks (all, or `hunkIds`); with no preview, keeps what the last live rewrite
+   * wrote. */
   async accept(uri: vscode.Uri, hunkIds?: number[]): Promise<EditResult | undefined> {
     const session = this.previews.get(uri);
-    if (!session) return undefined;
+    if (!session) {
+      const written = this.written.get(uri);
+      if (!written || this.isRunning(uri)) return undefined;
+      const kept = hunkIds ?? [...written.hunks.keys()];
+      this.keep(uri, kept);
+      return { jobId: written.jobId, applied: kept, skipped: [] };
+    }
     const result = await this.command(COMMAND_ACCEPT, { jobId: session.jobId, hunks: hunkIds ?? [...session.hunks.keys()] });
     this.previews.remove(uri, [...result.applied, ...result.skipped]);
     if (result.skipped.length > 0) {
@@ -248,26 +267,42 @@ export class Rewrites implements vscode.Disposable {
     }
   }
 
-  /** Restores what a cancelled live rewrite wrote; tells the user how a rewrite ended, when it matters
-   * (what it told, returned). */
+  /** Restores what a cancelled live rewrite wrote (where the server has not); tells the user how a
+   * rewrite ended, when it matters (what it told, returned). */
   private async conclude(client: LanguageClient, run: Running, result: RewriteResult | undefined): Promise<string | undefined> {
     run.jobId = result?.jobId ?? run.jobId;
-    if (run.delivery === 'live' && run.jobId !== undefined) this.lastLiveJob.set(run.uri.toString(), run.jobId);
+    run.becamePreview ||= run.delivery === 'live' && result?.delivery === 'preview';
+    if (run.delivery === 'live' && run.jobId !== undefined && !run.becamePreview) this.lastLiveJob.set(run.uri.toString(), run.jobId);
     const wrote = this.applier.appliedCount(run.uri) > run.editsBefore;
-    if (run.cancelled && run.delivery === 'live' && run.jobId !== undefined && wrote) {
+    if (run.cancelled && run.delivery === 'live' && run.jobId !== undefined && wrote && !run.becamePreview) {
+      // A server that does not offer a cancelled rewrite as a preview: the document is restored here.
       await this.command(COMMAND_REJECT, { jobId: run.jobId }, client);
       this.lastLiveJob.delete(run.uri.toString());
+      this.written.clear(run.uri);
     }
     if (result === undefined) {
       if (run.delivery === 'preview' && run.jobId !== undefined) this.previews.clear(run.uri, run.jobId);
-      return undefined;
+      return run.cancelled ? this.cancelled(run) : undefined;
+    }
+    if (run.becamePreview) return this.offer(run, result);
+    if (result.status === 'cancelled') {
+      if (run.delivery === 'preview') this.previews.clear(run.uri, result.jobId);
+      return this.cancelled(run);
     }
     if (run.delivery === 'preview' && result.status !== 'complete') this.previews.clear(run.uri, result.jobId);
-    if (result.status === 'complete' && result.written) this.written.show(client, run.uri, result.jobId, result.written);
+    if (run.delivery !== 'preview') {
+      if (result.status === 'complete' && result.written) this.written.show(client, run.uri, result.jobId, result.written);
+      this.written.finished(run.uri, result.jobId);
+    }
     const changed = run.delivery === 'preview' ? this.previews.has(run.uri) : wrote;
     if (result.status === 'complete' && !changed) {
       const told = 'specedit: no changes.';
       void vscode.window.showInformationMessage(told);
+      return told;
+    } else if (result.status === 'complete' && run.delivery === 'live') {
+      const count = this.written.get(run.uri)?.hunks.size ?? 0;
+      const told = count > 0 ? `specedit: done: ${plural(count, 'change')} written; Keep or Undo each.` : 'specedit: done.';
+      this.status.say(told);
       return told;
     } else if (result.status === 'conflict') {
       const told = `specedit: stopped: ${result.message ?? 'the document was edited where the rewrite had not written yet'}.`;
@@ -283,16 +318,72 @@ export class Rewrites implements vscode.Disposable {
     return undefined;
   }
 
+  /** A live rewrite the server stopped writing (an answer that removes most of the code, or Cancel): the
+   * document is as it was, and its hunks, where their old text is now, are shown as a preview. */
+  private offer(run: Running, result: RewriteResult): string {
+    this.written.clear(run.uri);
+    this.lastLiveJob.delete(run.uri.toString());
+    const offered = result.offered;
+    const document = vscode.workspace.textDocuments.find((doc) => doc.uri.toString() === run.uri.toString());
+    const shown = offered !== undefined && offered.hunks.length > 0 && document?.version === offered.version;
+    if (!shown && result.status === 'cancelled') return this.cancelled(run);
+    if (!shown) {
+      const told = `specedit: ${result.message ?? 'shown as a preview'}; the document has changed since: nothing to offer.`;
+      void vscode.window.showWarningMessage(told);
+      return told;
+    }
+    this.previews.add(run.uri, result.jobId, offered.hunks);
+    const count = offered.hunks.length;
+    const told =
+      result.status === 'cancelled'
+        ? `specedit: cancelled; the document is as it was, and its ${plural(count, 'change')} ${count === 1 ? 'is' : 'are'} a preview: Accept or Reject.`
+        : `specedit: ${result.message ?? 'shown as a preview'}. Accept or Reject.`;
+    const show = result.status === 'cancelled' ? vscode.window.showInformationMessage : vscode.window.showWarningMessage;
+    void show(told, 'Accept', 'Reject').then((choice) => {
+      if (choice === 'Accept') void this.accept(run.uri);
+      if (choice === 'Reject') void this.reject(run.uri);
+    });
+    return told;
+  }
+
+  /** A rewrite the user cancelled, with nothing to offer: said in the status bar. */
+  private cancelled(run: Running): string {
+    const told = run.delivery === 'live' ? 'specedit: cancelled; the document is as it was.' : 'specedit: cancelled.';
+    this.status.say(told);
+    return told;
+  }
+
+  /** A live rewrite's report: its written hunks marked where they are now, and the view on the last. */
+  private showWritten(client: LanguageClient, run: Running, partial: RewritePartialResult): void {
+    if (partial.delivery === 'preview' && !run.becamePreview) {
+      run.becamePreview = true; // the server has taken out what it wrote: nothing to mark or follow
+      this.written.clear(run.uri);
+      this.follow.stop(run.uri);
+    }
+    if (run.becamePreview || !partial.written) return;
+    if (!this.written.show(client, run.uri, partial.jobId, partial.written, true)) return;
+    const last = this.written.shown(run.uri).at(-1);
+    if (last) this.follow.to(run.uri, last.line + Math.max(last.added - 1, 0));
+  }
+
   private async cancel(run: Running): Promise<void> {
     if (run.cancelled) return;
     run.cancelled = true;
     run.cancellation.cancel(); // $/cancelRequest: the server ends the job within one engine step
   }
 
-  private begin(run: Running): void {
+  private begin(run: Running, editor: vscode.TextEditor, range: vscode.Range | undefined): void {
     this.running.add(run);
     this.written.clear(run.uri); // what the last rewrite wrote is no longer offered for undo hunk by hunk
-    if (run.delivery === 'live') this.applier.open(run.uri);
+    if (!editor.selection.isEmpty) {
+      // No selection highlight over the lines being rewritten: a cursor where the rewrite starts.
+      const at = range?.start ?? editor.selection.active;
+      editor.selection = new vscode.Selection(at, at);
+    }
+    if (run.delivery === 'live') {
+      this.applier.open(run.uri);
+      this.follow.start(run.uri);
+    }
     this.status.rewriteStarted();
     void vscode.commands.executeCommand('setContext', 'specedit.rewriting', true);
     this.events.fire({ uri: run.uri, kind: 'started', delivery: run.delivery });
@@ -300,9 +391,12 @@ export class Rewrites implements vscode.Disposable {
 
   private end(run: Running, result: RewriteResult | undefined, told?: string): void {
     this.running.delete(run);
-    if (run.delivery === 'live') this.applier.close(run.uri);
+    if (run.delivery === 'live') {
+      this.applier.close(run.uri);
+      this.follow.stop(run.uri);
+    }
     this.provisional.clear(run.uri); // the server has taken it out (or has stopped)
-    this.status.rewriteEnded();
+    this.status.rewriteEnded(result?.status === 'complete');
     void vscode.commands.executeCommand('setContext', 'specedit.rewriting', this.running.size > 0);
     this.events.fire({ uri: run.uri, kind: 'ended', delivery: run.delivery, jobId: run.jobId, result, told });
   }
@@ -311,4 +405,13 @@ export class Rewrites implements vscode.Disposable {
     const ready = client ?? (await this.server.ready());
     return ready.sendRequest(ExecuteCommandRequest.type, { command, arguments: [selector] }) as Promise<EditResult>;
   }
+}
+
+/** The last line a range covers (a range ending at column 0 stops on the line before). */
+function lastLineOf(range: vscode.Range): number {
+  return range.end.character === 0 && range.end.line > range.start.line ? range.end.line - 1 : range.end.line;
+}
+
+function plural(count: number, noun: string): string {
+  return `${count} ${noun}${count === 1 ? '' : 's'}`;
 }

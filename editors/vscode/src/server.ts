@@ -13,7 +13,7 @@ import {
 } from 'vscode-languageclient/node';
 import { checkServerCommand, SECTION, serverCommand, ServerSetupError, settings } from './config';
 import { EditApplier } from './editApplier';
-import { NAMES, ProvisionalParams } from './protocol';
+import { EngineParams, NAMES, ProvisionalParams } from './protocol';
 import { ProvisionalMarks } from './provisional';
 
 export type ServerState = 'stopped' | 'starting' | 'running' | 'failed';
@@ -26,6 +26,10 @@ export class Server implements vscode.Disposable {
   private readonly opening = new Map<string, Promise<void>>(); // uri -> its last didOpen, sent or being sent
   private readonly stateEmitter = new vscode.EventEmitter<ServerState>();
   readonly onDidChangeState = this.stateEmitter.event;
+  private readonly engineEmitter = new vscode.EventEmitter<EngineParams>();
+  /** What the server says of its engine (`specedit/engine`): the model loading, ready, or failed. */
+  readonly onDidChangeEngine = this.engineEmitter.event;
+  engine: EngineParams | undefined; // what the running server said of its engine last
   state: ServerState = 'stopped';
   detail = '';
 
@@ -66,6 +70,7 @@ export class Server implements vscode.Disposable {
   dispose(): void {
     void this.stop();
     this.stateEmitter.dispose();
+    this.engineEmitter.dispose();
   }
 
   private async start(): Promise<LanguageClient> {
@@ -111,6 +116,11 @@ export class Server implements vscode.Disposable {
     });
     client.onRequest(ApplyWorkspaceEditRequest.type, (params) => this.applier.handle(client, params));
     client.onNotification(NAMES.provisionalNotification, (params: ProvisionalParams) => this.provisional.show(client, params));
+    client.onNotification(NAMES.engineNotification, (params: EngineParams) => {
+      if (this.client !== client) return;
+      this.engine = params;
+      this.engineEmitter.fire(params);
+    });
     this.client = client;
     try {
       await client.start();
@@ -159,6 +169,7 @@ export class Server implements vscode.Disposable {
   }
 
   private setState(state: ServerState, detail = ''): void {
+    if (state !== 'running') this.engine = undefined;
     this.state = state;
     this.detail = detail;
     this.stateEmitter.fire(state);

@@ -15,6 +15,7 @@ import { checkServerCommand, ServerSetupError } from '../config';
 import type { SpeceditApi } from '../extension';
 import { proposedUri } from '../previewDiff';
 import { NAMES, RewriteResult } from '../protocol';
+import { originalUri } from '../writtenDiff';
 
 const ADD = { before: 'def add(a, b):\n    return a + b\n', instruction: 'Rename add to plus.', after: 'def plus(a, b):\n    return a + b\n' };
 const XY = { before: 'x = 1\ny = 2\n', instruction: 'Make y three.', after: 'x = 1\ny = 3\n' };
@@ -30,7 +31,15 @@ const LINES = {
   sketch: 'def add(a, b):\n    return a - b\n\n# ... existing code ...\n',
   after: 'def add(a, b):\n    return a - b\n\n\nprint(add(1, 2))\n',
 };
+// tests/test_vscode.py's GUARDED_REWRITE: an answer that removes most of its region, on an instruction that
+// asks for no removal (the server's guard: lsp/guard.py).
+const GUARDED = {
+  before: 'a = 1\nb = 2\nc = 3\nd = 4\ne = 5\nf = 6\ng = 7\nh = 8\n',
+  instruction: 'Rename a to first.',
+  after: 'first = 1\n',
+};
 const REWRITE_TIMEOUT_MS = 45_000;
+const LOAD_TIMEOUT_MS = 150_000; // a server's start, its model loaded: on 2 busy cores, up to a minute
 
 let api: SpeceditApi;
 let fileNumber = 0;
@@ -53,10 +62,10 @@ function within<T>(promise: Thenable<T>, ms: number, what: string): Promise<T> {
   return Promise.race([Promise.resolve(promise), timeout]).finally(() => clearTimeout(timer));
 }
 
-async function rewriteFile(instruction: string, delivery: string): Promise<RewriteResult> {
+async function rewriteFile(instruction: string, delivery: string, ms = REWRITE_TIMEOUT_MS): Promise<RewriteResult> {
   const result = await within(
     vscode.commands.executeCommand<RewriteResult | undefined>('specedit.rewriteFile', { instruction, delivery }),
-    REWRITE_TIMEOUT_MS,
+    ms,
     `${delivery} rewrite "${instruction}"`,
   );
   assert.ok(result, 'the rewrite command returned no result (see the extension output)');
@@ -96,10 +105,13 @@ async function undo(editor: vscode.TextEditor): Promise<void> {
 
 suite('specedit in VS Code', () => {
   suiteSetup(async function () {
-    this.timeout(REWRITE_TIMEOUT_MS);
+    this.timeout(LOAD_TIMEOUT_MS);
     const extension = vscode.extensions.getExtension<SpeceditApi>('specedit.specedit');
     assert.ok(extension, 'the extension under test is loaded');
     api = await extension.activate();
+    // The tests time rewrites, not the model's load: the server loads it as it starts (`loadOnStart`).
+    await api.server.ready();
+    await until(() => api.server.engine?.state === 'ready', LOAD_TIMEOUT_MS, 'the server loaded its model');
   });
 
   test('a live rewrite streams into the document and is one undo step', async () => {
@@ -127,14 +139,17 @@ suite('specedit in VS Code', () => {
     assert.ok(shown.length > 0, 'provisional text was marked');
     for (const text of shown) assert.ok(ADD.after.startsWith(text.replace(/\r?\n$/, '')), `pending: ${JSON.stringify(text)}`);
     assert.strictEqual(provisional.at(-1), undefined, 'the pending mark is gone at the end');
-    assert.deepStrictEqual(told, [undefined], 'a rewrite that changed the document needs no message');
+    assert.deepStrictEqual(told, ['specedit: done: 1 change written; Keep or Undo each.'], 'the end is said');
     await undo(editor);
     assert.strictEqual(editor.document.getText(), ADD.before, 'one undo takes the whole rewrite back');
   });
 
-  test('a rewrite asked for as the server starts waits until the server has the document', async () => {
+  test('a rewrite asked for as the server starts waits for it; meanwhile the status item says "loading the model"', async function () {
+    this.timeout(LOAD_TIMEOUT_MS + REWRITE_TIMEOUT_MS);
     const editor = await openFile(XY.before);
     await api.server.stop();
+    const texts: string[] = [];
+    const status = api.status.onDidChange((text) => texts.push(text));
     // The client says it runs from the server's answer to initialize on, before it has sent the open
     // documents: a rewrite asked for then must not reach the server ahead of its document.
     const running = new Promise<void>((resolve) => {
@@ -142,10 +157,15 @@ suite('specedit in VS Code', () => {
     });
     const started = api.server.ready();
     await within(running, REWRITE_TIMEOUT_MS, 'the server runs');
-    const result = await rewriteFile(XY.instruction, 'live');
+    const result = await rewriteFile(XY.instruction, 'live', LOAD_TIMEOUT_MS).finally(() => status.dispose());
     await started;
     assert.strictEqual(result.status, 'complete', result.message);
     assert.strictEqual(editor.document.getText(), XY.after);
+    // "loading the model" from the server's start, never "ready" (the bare name) before it is loaded.
+    assert.strictEqual(texts[0], '$(loading~spin) specedit: loading the model', JSON.stringify(texts));
+    const ready = texts.indexOf('$(sparkle) specedit');
+    assert.ok(ready > 0 && texts.slice(0, ready).every((text) => text.startsWith('$(loading~spin)')), JSON.stringify(texts));
+    assert.strictEqual(api.status.text, '$(sparkle) specedit');
   });
 
   test('a rewrite that changes nothing says so, in every delivery', async () => {
@@ -172,7 +192,7 @@ suite('specedit in VS Code', () => {
   test('after a live rewrite each written hunk offers Keep and Undo; Undo at the cursor restores it', async () => {
     const editor = await openFile(XY.before);
     assert.strictEqual((await rewriteFile(XY.instruction, 'live')).status, 'complete');
-    assert.deepStrictEqual(await lensTitles(editor), ['1:$(check) Keep', '1:$(discard) Undo']);
+    assert.deepStrictEqual(await lensTitles(editor), ['1:− y = 2', '1:$(check) Keep', '1:$(discard) Undo']);
     editor.selection = new vscode.Selection(0, 0, 0, 0);
     assert.ok(await vscode.commands.executeCommand('specedit.nextHunk'), 'the next hunk is on line 2');
     assert.strictEqual(editor.selection.active.line, 1);
@@ -181,6 +201,107 @@ suite('specedit in VS Code', () => {
     assert.strictEqual(undone?.applied.length, 1);
     assert.strictEqual(editor.document.getText(), XY.before);
     assert.deepStrictEqual(await lensTitles(editor), [], 'the undone hunk is no longer offered');
+  });
+
+  test('a live rewrite shows the lines it removed, above the change and in a diff, until kept', async () => {
+    const editor = await openFile(XY.before);
+    const result = await rewriteFile(XY.instruction, 'live');
+    assert.strictEqual(result.status, 'complete', result.message);
+    // The hunk on line 2, its old line shown as removed above it, and the document as it was on the left of
+    // a diff beside it. (Each report of a longer rewrite redraws the same while it writes.)
+    const shown = api.written.shown(editor.document.uri).map((hunk) => `${hunk.line}:${hunk.removed.join('|')}:+${hunk.added}`);
+    assert.deepStrictEqual(shown, ['1:y = 2:+1']);
+    assert.deepStrictEqual(await lensTitles(editor), ['1:− y = 2', '1:$(check) Keep', '1:$(discard) Undo']);
+    const original = originalUri(editor.document.uri).toString();
+    const diffTab = () =>
+      vscode.window.tabGroups.all
+        .flatMap((group) => group.tabs)
+        .find((tab) => tab.input instanceof vscode.TabInputTextDiff && tab.input.original.toString() === original);
+    await until(() => diffTab() !== undefined, 10_000, 'the diff of what it wrote opened beside the document');
+    assert.strictEqual((await vscode.workspace.openTextDocument(vscode.Uri.parse(original))).getText(), XY.before);
+    assert.strictEqual(vscode.window.activeTextEditor?.document.uri.toString(), editor.document.uri.toString(), 'focus stays');
+    await screenshot('vscode-live-diff');
+    // Accept keeps it: the marks and the diff go, the text stays.
+    await vscode.window.showTextDocument(editor.document, editor.viewColumn);
+    await vscode.commands.executeCommand('specedit.acceptRewrite');
+    assert.deepStrictEqual(await lensTitles(editor), []);
+    assert.strictEqual(editor.document.getText(), XY.after);
+    await until(() => diffTab() === undefined, 10_000, 'the diff closed once the hunk was kept');
+  });
+
+  test('the view follows a live rewrite to where it writes', async () => {
+    const editor = await openFile('pass\n'.repeat(100) + XY.before);
+    editor.selection = new vscode.Selection(100, 0, 101, 5); // selected, not scrolled to
+    const inView = (line: number) => editor.visibleRanges.some((range) => range.start.line <= line && line <= range.end.line);
+    assert.ok(!inView(101), 'the lines to rewrite start out of view');
+    const result = await within(
+      vscode.commands.executeCommand<RewriteResult>('specedit.rewriteSelection', { instruction: XY.instruction, delivery: 'live' }),
+      REWRITE_TIMEOUT_MS,
+      'rewrite of lines out of view',
+    );
+    assert.strictEqual(result?.status, 'complete', result?.message);
+    assert.strictEqual(editor.document.lineAt(101).text, 'y = 3');
+    await until(() => inView(101), 5_000, 'the written line in view');
+  });
+
+  test('a rewrite starts with no selection over the lines it rewrites', async () => {
+    const editor = await openFile(ADD.before);
+    editor.selection = new vscode.Selection(0, 4, 1, 3);
+    const selections: string[] = [];
+    const listener = api.onDidChangeRewrite((event) => {
+      const { start, end } = editor.selection;
+      if (event.kind === 'started') selections.push(`${start.line}:${start.character}-${end.line}:${end.character}`);
+    });
+    const result = await within(
+      vscode.commands.executeCommand<RewriteResult>('specedit.rewriteSelection', { instruction: ADD.instruction, delivery: 'live' }),
+      REWRITE_TIMEOUT_MS,
+      'rewrite of the selection',
+    ).finally(() => listener.dispose());
+    assert.strictEqual(result?.status, 'complete', result?.message);
+    assert.deepStrictEqual(selections, ['0:0-0:0'], 'a cursor where the rewrite starts');
+  });
+
+  test('Rewrite File (Preview) and Rewrite Selection (Preview) preview whatever the delivery setting says', async () => {
+    assert.strictEqual(vscode.workspace.getConfiguration('specedit').get('delivery'), 'live');
+    const editor = await openFile(XY.before);
+    const result = await within(
+      vscode.commands.executeCommand<RewriteResult>('specedit.rewriteFilePreview', { instruction: XY.instruction }),
+      REWRITE_TIMEOUT_MS,
+      'Rewrite File (Preview)',
+    );
+    assert.strictEqual(result?.status, 'complete', result?.message);
+    assert.strictEqual(editor.document.getText(), XY.before, 'a preview writes nothing');
+    assert.deepStrictEqual(await lensTitles(editor), ['1:$(check) Accept', '1:$(close) Reject']);
+    await vscode.commands.executeCommand('specedit.rejectRewrite');
+
+    const selection = await openFile(ADD.before);
+    selection.selection = new vscode.Selection(0, 0, 1, 3);
+    const selected = await within(
+      vscode.commands.executeCommand<RewriteResult>('specedit.rewriteSelectionPreview', { instruction: ADD.instruction, delivery: 'live' }),
+      REWRITE_TIMEOUT_MS,
+      'Rewrite Selection (Preview)',
+    );
+    assert.strictEqual(selected?.status, 'complete', selected?.message);
+    assert.strictEqual(selection.document.getText(), ADD.before, 'a preview writes nothing');
+    assert.deepStrictEqual(await lensTitles(selection), ['0:$(check) Accept', '0:$(close) Reject']);
+    await vscode.commands.executeCommand('specedit.rejectRewrite');
+  });
+
+  test('a live rewrite whose answer removes most of the code is not written: a preview, said in one line', async () => {
+    const editor = await openFile(GUARDED.before);
+    const told: (string | undefined)[] = [];
+    const listener = api.onDidChangeRewrite((event) => event.kind === 'ended' && told.push(event.told));
+    const result = await rewriteFile(GUARDED.instruction, 'live').finally(() => listener.dispose());
+    assert.strictEqual(result.status, 'complete', result.message);
+    assert.strictEqual(result.delivery, 'preview');
+    assert.strictEqual(editor.document.getText(), GUARDED.before, 'nothing is left written');
+    assert.deepStrictEqual(told, ['specedit: shown as a preview: it removes 7 of 8 lines. Accept or Reject.']);
+    assert.ok((await lensTitles(editor)).includes('0:$(check) Accept'), 'offered as a preview');
+    assert.deepStrictEqual(await lensTitles(editor).then((titles) => titles.filter((title) => title.includes('Keep'))), []);
+    await screenshot('vscode-guarded');
+    const accepted = await vscode.commands.executeCommand<{ applied: number[]; skipped: number[] }>('specedit.acceptRewrite');
+    assert.deepStrictEqual(accepted?.skipped, []);
+    assert.strictEqual(editor.document.getText(), GUARDED.after, 'Accept writes what was offered');
   });
 
   test('a live rewrite of a CRLF file with characters outside the BMP keeps its line ends', async () => {
@@ -323,6 +444,7 @@ suite('specedit in VS Code', () => {
   test('Cancel stops a running rewrite and leaves the document as it was', async function () {
     const endless = process.env.SPECEDIT_VSCODE_ENDLESS_MODEL;
     if (!endless) this.skip();
+    this.timeout(LOAD_TIMEOUT_MS + REWRITE_TIMEOUT_MS);
     const config = vscode.workspace.getConfiguration('specedit');
     const command = config.get<string[]>('server.command', []);
     const modelAt = command.indexOf('--model') + 1;
@@ -342,8 +464,11 @@ suite('specedit in VS Code', () => {
         if (event.kind === 'provisional' && (event.provisional?.length ?? 0) > 40) (listener.dispose(), resolve());
       });
     });
+    const told = new Promise<(string | undefined)[]>((resolve) => {
+      const listener = api.onDidChangeRewrite((event) => event.kind === 'ended' && (listener.dispose(), resolve([event.told])));
+    });
     const rewrite = vscode.commands.executeCommand<RewriteResult>('specedit.rewriteFile', { instruction: ADD.instruction, delivery: 'live' });
-    await within(running, REWRITE_TIMEOUT_MS, 'the endless rewrite is writing');
+    await within(running, LOAD_TIMEOUT_MS, 'the endless rewrite is writing'); // its model loads first
     await screenshot('vscode-streaming');
     await vscode.commands.executeCommand('specedit.cancelRewrite');
     const result = await within(rewrite, 10_000, 'the cancelled rewrite ended');
@@ -351,6 +476,7 @@ suite('specedit in VS Code', () => {
     assert.strictEqual(result?.status, 'cancelled', result?.message);
     assert.ok((result.stepsAfterCancel ?? 0) <= 1, `the engine stopped within a step (${result.stepsAfterCancel})`);
     assert.strictEqual(editor.document.getText(), ADD.before.repeat(3));
+    assert.deepStrictEqual(await told, ['specedit: cancelled; the document is as it was.'], 'said in one line');
   });
 
   // After the cancel test: it breaks the server command.
