@@ -21,9 +21,9 @@ from specedit.drafters.model_drafter import (
     parse_layers,
     skipped_layers,
 )
-from specedit.engine.errors import ModelLoadError
 from specedit.engine.model import quantized
 from specedit.engine.model.loading import LoadedModel, load_model
+from specedit.engine.records.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
 

@@ -29,11 +29,11 @@ from typing import Any
 import torch
 
 from specedit.drafters.base import NO_DRAFT, Draft
-from specedit.engine.errors import ModelLoadError
-from specedit.engine.loop.sampling import DRAFT_STREAM, SamplingConfig, draw_token, target_probs
 from specedit.engine.model import kv_cache
 from specedit.engine.model.kv_cache import Cache
 from specedit.engine.model.loading import LoadedModel
+from specedit.engine.model.sampling import DRAFT_STREAM, SamplingConfig, draw_token, target_probs
+from specedit.engine.records.errors import ModelLoadError
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,16 @@
-"""The engine, in four rooms around what every front end shares.
+"""The engine: one folder per room, and a module imports only from its own room and the rooms below it.
 
-- `requests`, `options`, `prompts`, `errors`: what a rewrite asks for, reports and returns, how an engine
-  is configured, the prompt, and the one error hierarchy (no torch: clients import these);
-- `session`: where a rewrite runs, in this process or in a daemon: the one way every front end runs one;
-- `model/`: loading a model and choosing its kernels, the KV cache, the energy counter;
-- `loop/`: the speculative loop, its drafters and governor, and `rewrite` (prepare, then run);
-- `serving/`: the daemon, its wire protocol and client;
-- `ops/`: provisioning models, `specedit bench` and `specedit calibrate`.
+- `doors/`: the front ends beside the command line and the language server: the daemon's host, the HTTP
+  door (`http/`), the Ray Serve replica, and `specedit bench` and `specedit calibrate` (`bench/`);
+- `session/`: `Session(backend)`, the one way every front end runs a rewrite, and the rules it holds;
+- `backends/`: where a rewrite runs: in this process, in a daemon (its client and wire), on a cluster;
+- `loop/`: the speculative loop: generate, verify, the governor, and `rewrite` (prepare, then run);
+- `model/`: the forward: the decoder, the KV cache, the kernels, integer weights, sampling, loading;
+- `store/`: provisioning: the model cache, fetching models, the integrity checks, the kept files;
+- `sketch/` and `records/`, one room: edit sketches (the formats, the merge by lines, the checks on every
+  merge), and what every room speaks (requests, events and their wire, options, prompts, errors; no torch:
+  clients import these). A request finds its sketch's format when it is made.
+
+The drafters (`specedit.drafters`) sit between the loop and the model. `tests/test_architecture.py` keeps
+the order.
 """

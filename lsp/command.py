@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from specedit.engine.options import add_engine_arguments
-from specedit.engine.requests import DRAFT_METHODS
+from specedit.engine.records.options import add_engine_arguments
+from specedit.engine.records.requests import DRAFT_METHODS
 
 
 def add_lsp_arguments(parser: argparse.ArgumentParser) -> None:

@@ -17,12 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from specedit.engine.errors import EngineUnavailableError
-from specedit.engine.model.fetch import ProgressCallback
-from specedit.engine.options import EngineOptions, setting_names
-from specedit.engine.requests import DRAFT_METHODS, DraftMethod
-from specedit.engine.serving.config import INPROCESS
-from specedit.engine.session import Session, local_session, remote_session
+from specedit.engine.backends.config import INPROCESS
+from specedit.engine.records.errors import EngineUnavailableError
+from specedit.engine.records.options import EngineOptions, setting_names
+from specedit.engine.records.requests import DRAFT_METHODS, DraftMethod
+from specedit.engine.session.session import Session, local_session, remote_session
+from specedit.engine.store.fetch import ProgressCallback
 from specedit.lsp.protocol import DELIVERIES, Delivery
 
 log = logging.getLogger(__name__)
@@ -172,7 +172,7 @@ def wait_until_loaded(
     """Block until the session's model is loaded. `Session.start` returns once a daemon answers, which is
     before its model has loaded: the daemon's status says when it has. Other backends are loaded by then.
     Raises `EngineUnavailableError` when the daemon's model did not load."""
-    from specedit.engine.serving.remote import DaemonBackend
+    from specedit.engine.backends.remote import DaemonBackend
 
     backend = getattr(session, "backend", None)  # (a test's stand-in session may have none)
     if not isinstance(backend, DaemonBackend):

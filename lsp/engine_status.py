@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from specedit.engine.model.fetch import STAGE_ASSEMBLE, STAGE_CONVERT, STAGE_DOWNLOAD, STAGE_LOCK
+from specedit.engine.store.fetch import STAGE_ASSEMBLE, STAGE_CONVERT, STAGE_DOWNLOAD, STAGE_LOCK
 from specedit.lsp import protocol
 
 LOADING = "loading the model"

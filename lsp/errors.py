@@ -11,7 +11,7 @@ from pygls.exceptions import (
     JsonRpcInvalidParams,
 )
 
-from specedit.engine.errors import InputError, RegionError, SpeceditError
+from specedit.engine.records.errors import InputError, RegionError, SpeceditError
 
 REQUEST_FAILED = -32803  # LSP: the request is valid but failed (model, engine, context length)
 

@@ -22,11 +22,11 @@ from urllib.parse import unquote, urlparse
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
-from specedit.engine.errors import EngineUnavailableError, ModelLoadError, SpeceditError
-from specedit.engine.events import DecodingRate, Phase, Step, Text
-from specedit.engine.prompts import language_for_path
-from specedit.engine.requests import RewriteOutcome, RewriteRequest
-from specedit.engine.session import Session
+from specedit.engine.records.errors import EngineUnavailableError, ModelLoadError, SpeceditError
+from specedit.engine.records.events import DecodingRate, Phase, Step, Text
+from specedit.engine.records.prompts import language_for_path
+from specedit.engine.records.requests import RewriteOutcome, RewriteRequest
+from specedit.engine.session.session import Session
 from specedit.lsp import protocol
 from specedit.lsp.config import Settings
 from specedit.lsp.delivery import DocumentState, Intent, IntentResult, Rebase, WriteOut

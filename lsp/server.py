@@ -30,9 +30,9 @@ from pygls.protocol import LanguageServerProtocol
 from pygls.protocol.language_server import lsp_method
 from pygls.workspace.position_codec import PositionCodec
 
-from specedit.engine.errors import SpeceditError
-from specedit.engine.model.fetch import ProgressCallback
-from specedit.engine.session import Session
+from specedit.engine.records.errors import SpeceditError
+from specedit.engine.session.session import Session
+from specedit.engine.store.fetch import ProgressCallback
 from specedit.lsp import protocol
 from specedit.lsp.channel import stdio
 from specedit.lsp.code_actions import code_actions

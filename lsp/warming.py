@@ -16,9 +16,9 @@ import threading
 from collections.abc import Callable
 from urllib.parse import unquote, urlparse
 
-from specedit.engine.prompts import language_for_path
-from specedit.engine.requests import WarmRequest
-from specedit.engine.session import Session
+from specedit.engine.records.prompts import language_for_path
+from specedit.engine.records.requests import WarmRequest
+from specedit.engine.session.session import Session
 from specedit.lsp.delivery import DocumentState
 
 log = logging.getLogger(__name__)

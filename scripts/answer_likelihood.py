@@ -19,12 +19,12 @@ import os
 
 import torch
 
+from specedit.engine.doors.bench.bench import as_transformers_runs_it
 from specedit.engine.loop.generate import Engine
-from specedit.engine.model.fetch import resolve_model
 from specedit.engine.model.loading import load_model
-from specedit.engine.ops.bench import as_transformers_runs_it
-from specedit.engine.options import WEIGHTS_CHOICES
-from specedit.engine.prompts import RewritePrompt, build_prompt
+from specedit.engine.records.options import WEIGHTS_CHOICES
+from specedit.engine.records.prompts import RewritePrompt, build_prompt
+from specedit.engine.store.fetch import resolve_model
 
 
 def main() -> None:

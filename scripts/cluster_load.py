@@ -42,10 +42,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_cases import read  # noqa: E402
 
-from specedit.engine.events import Event, Text  # noqa: E402
-from specedit.engine.options import EngineOptions  # noqa: E402
-from specedit.engine.requests import RewriteRequest  # noqa: E402
-from specedit.engine.session import Session, remote_session  # noqa: E402
+from specedit.engine.records.events import Event, Text  # noqa: E402
+from specedit.engine.records.options import EngineOptions  # noqa: E402
+from specedit.engine.records.requests import RewriteRequest  # noqa: E402
+from specedit.engine.session.session import Session, remote_session  # noqa: E402
 
 TOKEN = "load-run-token-0123456789abcdef"
 ONE_TOKEN = RewriteRequest(original="def add(a, b):\n    return a + b\n", instruction="Rename add.", max_new_tokens=1)
@@ -171,7 +171,7 @@ def cluster_runs(requests: list[RewriteRequest], levels: list[int], port: int) -
     import ray
     from ray import serve
 
-    from specedit.engine.serving.cluster_deploy import ClusterConfig, deploy
+    from specedit.engine.doors.cluster_deploy import ClusterConfig, deploy
 
     reports = []
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING")

@@ -17,10 +17,10 @@ import time
 import torch
 from transformers import DynamicCache
 
+from specedit.engine.backends.local import load_target
 from specedit.engine.model import kv_cache
 from specedit.engine.model.loading import DECODER_VARIABLE
-from specedit.engine.options import EngineOptions
-from specedit.engine.serving.local import load_target
+from specedit.engine.records.options import EngineOptions
 
 
 def main() -> None:

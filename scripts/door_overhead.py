@@ -23,13 +23,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from specedit.engine.ops.bench import load_cases
-from specedit.engine.options import EngineOptions
-from specedit.engine.prompts import SYSTEM_PROMPT
-from specedit.engine.requests import RewriteRequest
-from specedit.engine.serving.client import EngineClient
-from specedit.engine.serving.config import DaemonConfig
-from specedit.engine.serving.remote import ensure_daemon
+from specedit.engine.backends.client import EngineClient
+from specedit.engine.backends.config import DaemonConfig
+from specedit.engine.backends.remote import ensure_daemon
+from specedit.engine.doors.bench.bench import load_cases
+from specedit.engine.records.options import EngineOptions
+from specedit.engine.records.prompts import SYSTEM_PROMPT
+from specedit.engine.records.requests import RewriteRequest
 
 
 def free_port() -> int:

@@ -18,11 +18,11 @@ import statistics
 from pathlib import Path
 
 from specedit.drafters.copy_drafter import CopyDrafterConfig
+from specedit.engine.backends.local import open_engine
 from specedit.engine.loop import drafting
 from specedit.engine.loop.rewrite import rewrite
-from specedit.engine.options import EngineOptions
-from specedit.engine.requests import RewriteRequest
-from specedit.engine.serving.local import open_engine
+from specedit.engine.records.options import EngineOptions
+from specedit.engine.records.requests import RewriteRequest
 
 
 def main() -> None:

@@ -61,7 +61,7 @@ from test_lsp_e2e import (  # noqa: E402
     stop_with_its_daemon,
 )
 
-from specedit.engine.errors import EngineUnavailableError  # noqa: E402
+from specedit.engine.records.errors import EngineUnavailableError  # noqa: E402
 from specedit.lsp import protocol  # noqa: E402
 
 SOURCE_CASE = "git/psf/requests/dfe46c1b7f55"  # 1,094 lines of requests' Python

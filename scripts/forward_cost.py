@@ -20,12 +20,12 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
+from specedit.engine.doors.bench.bench import as_transformers_runs_it
 from specedit.engine.loop.generate import Engine
 from specedit.engine.model import kv_cache
-from specedit.engine.model.fetch import resolve_model
 from specedit.engine.model.loading import LoadedModel, load_model
-from specedit.engine.ops.bench import as_transformers_runs_it
-from specedit.engine.options import WEIGHTS_CHOICES
+from specedit.engine.records.options import WEIGHTS_CHOICES
+from specedit.engine.store.fetch import resolve_model
 
 
 def timed_forward(loaded: LoadedModel, cache: DynamicCache, ids: list[int]) -> tuple[float, torch.Tensor]:

@@ -9,7 +9,7 @@
 
 `--regions` turns each case whose edit is one hunk into a region rewrite: the hunk's lines with
 `REGION_CONTEXT` lines either side; the answer is exact when it is the region as the real edit left it.
-Sketch cases (`scripts/sketch_cases.py`) are merged and their answers checked (`engine/merge_checks.py`):
+Sketch cases (`scripts/sketch_cases.py`) are merged and their answers checked (`engine/sketch/merge_checks.py`):
 `summary` counts exact merges, answers the checks catch, and wrong answers the checks let through.
 Greedy decoding with the default drafters: the answer is plain decoding's (see docs/exactness.md).
 Run it from a checkout of any revision (`PYTHONPATH` pointing at another one) to compare their prompts.
@@ -49,9 +49,9 @@ def region_case(case: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def answer(args: argparse.Namespace) -> int:
-    from specedit.engine.options import EngineOptions
-    from specedit.engine.requests import RewriteRequest
-    from specedit.engine.session import local_session
+    from specedit.engine.records.options import EngineOptions
+    from specedit.engine.records.requests import RewriteRequest
+    from specedit.engine.session.session import local_session
 
     session = local_session(EngineOptions(model=args.model, threads=args.threads, weights=args.weights))
     written = 0

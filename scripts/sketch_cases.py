@@ -24,7 +24,7 @@ blocks, some with trailing spaces stripped) and `v4a` (OpenAI's `apply_patch`: `
 a sentence before (in most), a fenced block with or without a language (a longer fence where the code
 holds fences), in some the file's name in the fence or on the line above, in some two blocks for two
 parts with a sentence between, in some a closing sentence. How, by a hash of the case's id; `style`
-says it. `engine/chat_answer.py` takes the sketch back out.
+says it. `engine/sketch/chat_answer.py` takes the sketch back out.
 
 `--split tune|heldout` keeps one half of the cases by a hash of their id (the other half stays unseen
 while tuning). Each case keeps `before` and `after` (the merge it should give) and drops the instruction:
@@ -43,7 +43,7 @@ import re
 import sys
 from pathlib import Path
 
-from specedit.engine.merge_checks import counts, is_elision
+from specedit.engine.sketch.merge_checks import counts, is_elision
 
 COMMENT = {
     "python": "#",

@@ -18,12 +18,12 @@ import threading
 import time
 from pathlib import Path
 
-from specedit.engine.errors import SpeceditError
-from specedit.engine.options import EngineOptions
-from specedit.engine.requests import RewriteRequest
-from specedit.engine.serving.client import EngineClient
-from specedit.engine.serving.config import DaemonConfig
-from specedit.engine.serving.remote import ensure_daemon
+from specedit.engine.backends.client import EngineClient
+from specedit.engine.backends.config import DaemonConfig
+from specedit.engine.backends.remote import ensure_daemon
+from specedit.engine.records.errors import SpeceditError
+from specedit.engine.records.options import EngineOptions
+from specedit.engine.records.requests import RewriteRequest
 
 REPO = Path(__file__).resolve().parent.parent
 

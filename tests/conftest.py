@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import torch
 
-from specedit.engine.events import Event, Phase, Step, Text
 from specedit.engine.loop.generate import Engine
 from specedit.engine.model.loading import LoadedModel
-from specedit.engine.model.store import cache_dir
-from specedit.engine.prompts import SYSTEM_PROMPT
+from specedit.engine.records.events import Event, Phase, Step, Text
+from specedit.engine.records.prompts import SYSTEM_PROMPT
+from specedit.engine.store.store import cache_dir
 
 ARCHITECTURES = ("gpt2", "qwen2", "llama")
 
@@ -202,7 +202,7 @@ LINES_SKETCH = (
 def train_memorising_model(tokenizer: Any, *, steps: int = 200, extra: Sequence[tuple[str, str, str]] = ()) -> Any:
     """A tiny GPT-2 that writes MEMORISED_REWRITES' answers (and `extra`'s) exactly. `extra` changes the
     weights, and a near-tie may fall the other way on another case: the shared model stays without it."""
-    from specedit.engine.prompts import RewritePrompt, build_prompt
+    from specedit.engine.records.prompts import RewritePrompt, build_prompt
 
     sequences = []
     prompts = [
@@ -280,7 +280,7 @@ def _one_torch_thread() -> None:
 
 @pytest.fixture(autouse=True, scope="session")
 def _kept_files_of_this_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """What loads keep of the tests' models (`model.kept`: tokenizers, int8 weights, prompt starts, named
+    """What loads keep of the tests' models (`store.kept`: tokenizers, int8 weights, prompt starts, named
     after the temporary folders the models are saved in) goes to a cache of this run's own, not the user's;
     its models, compiled kernels and self-check verdicts are the user's (linked), for the real model's tier.
     Processes the tests start inherit it."""

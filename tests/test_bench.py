@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from specedit.cli.main import main
-from specedit.engine.model import fetch
+from specedit.engine.doors.bench import llama_cpp, llama_server
+from specedit.engine.doors.bench.bench import first_difference, summarise
 from specedit.engine.model.loading import load_tokenizer
-from specedit.engine.model.store import kept_dir
 from specedit.engine.model.tokenizer import KeptTokenizer
-from specedit.engine.ops import llama_cpp, llama_server
-from specedit.engine.ops.bench import first_difference, summarise
+from specedit.engine.store import fetch
+from specedit.engine.store.store import kept_dir
 
 from conftest import ECHOED_SKETCH, LINES_SKETCH, MEMORISED_REWRITES
 
@@ -206,7 +206,7 @@ def test_merges_only_needs_no_model(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 def test_background_load_spins_beside_the_bench_and_stops() -> None:
     """`--background-load N`: N processes of this machine's Python, each busy, while inside; none after."""
-    from specedit.engine.ops.bench import busy_processes
+    from specedit.engine.doors.bench.bench import busy_processes
 
     with busy_processes(2):
         deadline = time.monotonic() + 10  # a loaded machine may show a child's /proc entry late (CI saw 1)

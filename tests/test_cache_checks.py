@@ -21,10 +21,11 @@ from test_kernels import needs_kernel
 from test_model_store import FakeIndex, _flip_a_byte, chunk_data
 
 from specedit.cli.main import main
-from specedit.engine.errors import ModelLoadError
-from specedit.engine.model import exactness, fetch, integrity, kernels, loading, store
-from specedit.engine.model.store import MARKER_NAME, ModelSpec
+from specedit.engine.model import exactness, kernels, loading
 from specedit.engine.model.tokenizer import KeptTokenizer
+from specedit.engine.records.errors import ModelLoadError
+from specedit.engine.store import fetch, integrity, store
+from specedit.engine.store.store import MARKER_NAME, ModelSpec
 
 from conftest import build_tokenizer
 

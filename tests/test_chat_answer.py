@@ -10,14 +10,14 @@ from collections.abc import Callable
 
 import pytest
 
-from specedit.engine import chat_answer
-from specedit.engine.chat_answer import ChatAnswerError, sketch_from_answer
-from specedit.engine.events import Event, Text
-from specedit.engine.http.apply import apply_request
-from specedit.engine.merge import merge_sketch
-from specedit.engine.patches import detect
-from specedit.engine.requests import ChatMessage, RewriteOutcome, RewriteRequest, SamplingConfig, WarmRequest
-from specedit.engine.session import Session, T
+from specedit.engine.doors.http.apply import apply_request
+from specedit.engine.records.events import Event, Text
+from specedit.engine.records.requests import ChatMessage, RewriteOutcome, RewriteRequest, SamplingConfig, WarmRequest
+from specedit.engine.session.session import Session, T
+from specedit.engine.sketch import chat_answer
+from specedit.engine.sketch.chat_answer import ChatAnswerError, sketch_from_answer
+from specedit.engine.sketch.merge import merge_sketch
+from specedit.engine.sketch.patches import detect
 
 from conftest import LINES_SKETCH
 

@@ -14,8 +14,8 @@ import pytest
 
 from specedit.cli.main import main
 from specedit.cli.progress import RewriteProgress
-from specedit.engine.errors import EmptyAnswerError
-from specedit.engine.events import Phase, Step
+from specedit.engine.records.errors import EmptyAnswerError
+from specedit.engine.records.events import Phase, Step
 
 from conftest import MEMORISED_REWRITES
 

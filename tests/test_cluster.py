@@ -1,4 +1,4 @@
-"""The engine on a real local Ray cluster (Ray Serve), with tiny models: `serving.cluster` end to end.
+"""The engine on a real local Ray cluster (Ray Serve), with tiny models: `backends.cluster` end to end.
 
 One cluster for the module (`ray.init(num_cpus=2)`), the engine deployed on it as `specedit cluster
 deploy` does it (`deploy`), with two replicas of the tiny random model, over HTTPS with a self-signed
@@ -22,18 +22,18 @@ from typing import Any
 
 import pytest
 
-from specedit.engine.errors import EngineUnavailableError, InputError
-from specedit.engine.events import Phase, Step
-from specedit.engine.options import EngineOptions
-from specedit.engine.requests import RewriteRequest
-from specedit.engine.session import Session, local_session, remote_session
-from specedit.engine.wire import to_wire
+from specedit.engine.records.errors import EngineUnavailableError, InputError
+from specedit.engine.records.events import Phase, Step
+from specedit.engine.records.options import EngineOptions
+from specedit.engine.records.requests import RewriteRequest
+from specedit.engine.records.wire import to_wire
+from specedit.engine.session.session import Session, local_session, remote_session
 
 ray = pytest.importorskip("ray", reason="the cluster extra: pip install -e '.[cluster]' (scripts/setup.sh does)")
 serve = pytest.importorskip("ray.serve")
 
-from specedit.engine.serving.cluster import ClusterBackend  # noqa: E402
-from specedit.engine.serving.cluster_deploy import ClusterConfig, deploy  # noqa: E402
+from specedit.engine.backends.cluster import ClusterBackend  # noqa: E402
+from specedit.engine.doors.cluster_deploy import ClusterConfig, deploy  # noqa: E402
 
 from conftest import events_to  # noqa: E402
 

@@ -20,11 +20,11 @@ pytest.importorskip("starlette", reason="the cluster extra: pip install -e '.[cl
 
 from starlette.requests import Request
 
-from specedit.engine.options import EngineOptions
-from specedit.engine.requests import RewriteRequest
-from specedit.engine.serving.cluster import MAX_BODY_BYTES, json_object
-from specedit.engine.serving.cluster_deploy import EngineReplica
-from specedit.engine.wire import ProtocolError, to_wire
+from specedit.engine.backends.cluster import MAX_BODY_BYTES, json_object
+from specedit.engine.doors.cluster_deploy import EngineReplica
+from specedit.engine.records.options import EngineOptions
+from specedit.engine.records.requests import RewriteRequest
+from specedit.engine.records.wire import ProtocolError, to_wire
 
 TOKEN = "door-test-token-0123456789"
 GOOD = to_wire(RewriteRequest(original="def add(a, b):\n    return a + b\n", instruction="Rename.", max_new_tokens=3))

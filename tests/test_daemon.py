@@ -27,19 +27,10 @@ import pytest
 import torch
 
 from specedit.cli.serve_command import add_serve_parser, config_from_args, serve_command
-from specedit.engine.errors import ContextLengthError, EngineUnavailableError, InputError
-from specedit.engine.events import Event, Phase, Step
-from specedit.engine.loop.generate import Engine
-from specedit.engine.loop.rewrite import rewrite
-from specedit.engine.model.loading import load_model
-from specedit.engine.model.prefix_cache import PrefixCache
-from specedit.engine.options import EngineOptions
-from specedit.engine.requests import RewriteRequest, WarmRequest
-from specedit.engine.serving.client import EngineAddress, EngineClient
-from specedit.engine.serving.config import DaemonConfig
-from specedit.engine.serving.daemon import Daemon, serve
-from specedit.engine.serving.local import LocalBackend, Turns
-from specedit.engine.serving.protocol import (
+from specedit.engine.backends.client import EngineAddress, EngineClient
+from specedit.engine.backends.config import DaemonConfig
+from specedit.engine.backends.local import LocalBackend, Turns
+from specedit.engine.backends.protocol import (
     HANDSHAKE_NONCE_BYTES,
     PROTOCOL_VERSION,
     encode_frame,
@@ -47,9 +38,18 @@ from specedit.engine.serving.protocol import (
     is_handshake_proof,
     recv_payload,
 )
-from specedit.engine.serving.remote import ensure_daemon
-from specedit.engine.session import Session, remote_session
-from specedit.engine.wire import to_wire
+from specedit.engine.backends.remote import ensure_daemon
+from specedit.engine.doors.daemon import Daemon, serve
+from specedit.engine.loop.generate import Engine
+from specedit.engine.loop.rewrite import rewrite
+from specedit.engine.model.loading import load_model
+from specedit.engine.model.prefix_cache import PrefixCache
+from specedit.engine.records.errors import ContextLengthError, EngineUnavailableError, InputError
+from specedit.engine.records.events import Event, Phase, Step
+from specedit.engine.records.options import EngineOptions
+from specedit.engine.records.requests import RewriteRequest, WarmRequest
+from specedit.engine.records.wire import to_wire
+from specedit.engine.session.session import Session, remote_session
 
 from conftest import MEMORISED_REWRITES, events_to
 
@@ -845,7 +845,7 @@ def test_the_command_line_uses_a_running_shared_daemon_with_its_engine_flags(
     model is loaded: no start-up), else in process (other flags, or `--engine inprocess`); the same answer
     either way, and `--stats` says which engine and when the first text came."""
     from specedit.cli.main import main
-    from specedit.engine.serving.remote import running_daemon
+    from specedit.engine.backends.remote import running_daemon
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(short_dir))
     options = EngineOptions(model=str(memorising_model_dir), threads=1)
@@ -1022,7 +1022,7 @@ def test_a_sketchs_check_does_not_stall_the_socket(
 ) -> None:
     """Finding a long sketch's format takes a while (a diff's): the request is checked off the event loop,
     and other clients are answered meanwhile."""
-    from specedit.engine import requests as requests_module
+    from specedit.engine.records import requests as requests_module
 
     checking, checked = threading.Event(), threading.Event()
     detect = requests_module.detect
@@ -1053,7 +1053,7 @@ def test_a_heavy_sketchs_merge_is_cut_off_and_its_turn_given_up(
 ) -> None:
     """A merge by lines that runs far longer than such a merge takes (a case the merge handles badly)
     is stopped at `MERGE_SECONDS`, with a clear error: the next client waits no longer than that."""
-    from specedit.engine import session as session_module
+    from specedit.engine.session import session as session_module
 
     stop = threading.Event()
     spun: list[int] = []

@@ -219,12 +219,12 @@ def test_the_peer_baseline_of_a_decoder_model_runs_transformers_class_and_gives_
     """The bench's plain-stock (`as_transformers_runs_it`) on a model of specedit's own forward: the
     transformers class on the same weights, with no kept prefix (the engine's, in specedit's own cache,
     would not fit it); afterwards the engine is as it was, its kept prefix too."""
+    from specedit.engine.backends.local import LocalBackend
+    from specedit.engine.doors.bench.bench import as_transformers_runs_it
     from specedit.engine.loop.rewrite import prepare_rewrite, run_rewrite
-    from specedit.engine.ops.bench import as_transformers_runs_it
-    from specedit.engine.options import EngineOptions
-    from specedit.engine.requests import RewriteRequest
-    from specedit.engine.serving.local import LocalBackend
-    from specedit.engine.session import Session
+    from specedit.engine.records.options import EngineOptions
+    from specedit.engine.records.requests import RewriteRequest
+    from specedit.engine.session.session import Session
 
     backend = LocalBackend(EngineOptions(model=str(tiny_model_dir)))
     session, engine = Session(backend), backend.load()

@@ -14,11 +14,11 @@ import pytest
 
 from specedit.drafters.base import Draft
 from specedit.drafters.copy_drafter import CopyDrafter
-from specedit.engine.events import Step
 from specedit.engine.loop.generate import Engine, Generation
 from specedit.engine.loop.rewrite import rewrite
-from specedit.engine.loop.sampling import SamplingConfig
-from specedit.engine.requests import RewriteRequest
+from specedit.engine.model.sampling import SamplingConfig
+from specedit.engine.records.events import Step
+from specedit.engine.records.requests import RewriteRequest
 
 from conftest import ARCHITECTURES, tiny_engine
 

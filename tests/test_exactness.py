@@ -21,10 +21,10 @@ from test_engine_exactness import NoisyOracleDrafter
 from test_invariant import auto_dtype, chunked_logits, wide_model
 
 from specedit.cli.main import main
-from specedit.engine.errors import ModelLoadError
 from specedit.engine.loop.generate import Engine, Generation
 from specedit.engine.model import exactness, invariant, kernels
 from specedit.engine.model.loading import LoadedModel, precision
+from specedit.engine.records.errors import ModelLoadError
 
 TESTS = Path(__file__).resolve().parent
 

@@ -30,16 +30,16 @@ from specedit.drafters.model_drafter import (
     parse_layers,
     skipping_layers,
 )
-from specedit.engine.errors import ModelLoadError, SpeceditError
-from specedit.engine.events import Step
 from specedit.engine.loop.drafting import build_drafter
 from specedit.engine.loop.generate import Engine, Generation
 from specedit.engine.loop.governor import CATCH_UP_ROW, RENT, CostGovernor, StepCost
 from specedit.engine.loop.rewrite import rewrite
-from specedit.engine.loop.sampling import SamplingConfig
 from specedit.engine.model import kernels, kv_cache, quantized
 from specedit.engine.model.loading import LoadedModel, load_model
-from specedit.engine.requests import RewriteRequest
+from specedit.engine.model.sampling import SamplingConfig
+from specedit.engine.records.errors import ModelLoadError, SpeceditError
+from specedit.engine.records.events import Step
+from specedit.engine.records.requests import RewriteRequest
 
 from conftest import ARCHITECTURES, build_model, build_tokenizer, tiny_engine
 
@@ -244,7 +244,7 @@ def test_worked_examples_in_docstrings(module: str) -> None:
 def test_worked_examples_of_the_calibration() -> None:
     import doctest
 
-    from specedit.engine.ops import calibrate
+    from specedit.engine.doors.bench import calibrate
 
     result = doctest.testmod(calibrate)
     assert result.attempted > 0 and result.failed == 0

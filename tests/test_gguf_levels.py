@@ -15,7 +15,8 @@ from test_kernels import needs_kernel
 from test_model_store import FakeIndex, write_tiny_qwen2_gguf
 
 from specedit.engine.loop.generate import Engine
-from specedit.engine.model import fetch, gguf_levels, kernels, loading, quantized, store
+from specedit.engine.model import gguf_levels, kernels, loading, quantized
+from specedit.engine.store import fetch, store
 
 # q, k, o, gate and up of both layers, and the output layer, as Q5_0; v, down and the embedding F32
 Q5_0_NAMES = (

@@ -28,16 +28,10 @@ from hypothesis import strategies as st
 
 from specedit.cli import files
 from specedit.cli.main import main
-from specedit.engine.errors import EngineUnavailableError
-from specedit.engine.loop.generate import Engine
-from specedit.engine.model.loading import load_model
-from specedit.engine.requests import MAX_INPUT_BYTES, RewriteRequest, SamplingConfig
-from specedit.engine.serving import daemon as daemon_module
-from specedit.engine.serving.client import EngineClient, _open_unix
-from specedit.engine.serving.config import DaemonConfig
-from specedit.engine.serving.daemon import serve
-from specedit.engine.serving.local import LocalBackend
-from specedit.engine.serving.protocol import (
+from specedit.engine.backends.client import EngineClient, _open_unix
+from specedit.engine.backends.config import DaemonConfig
+from specedit.engine.backends.local import LocalBackend
+from specedit.engine.backends.protocol import (
     DEFAULT_MAX_FRAME_SIZE,
     PROTOCOL_VERSION,
     FrameBuffer,
@@ -45,8 +39,14 @@ from specedit.engine.serving.protocol import (
     encode_frame,
     parse_client_message,
 )
-from specedit.engine.session import Session
-from specedit.engine.wire import ProtocolError, from_wire, to_wire
+from specedit.engine.doors import daemon as daemon_module
+from specedit.engine.doors.daemon import serve
+from specedit.engine.loop.generate import Engine
+from specedit.engine.model.loading import load_model
+from specedit.engine.records.errors import EngineUnavailableError
+from specedit.engine.records.requests import MAX_INPUT_BYTES, RewriteRequest, SamplingConfig
+from specedit.engine.records.wire import ProtocolError, from_wire, to_wire
+from specedit.engine.session.session import Session
 
 from conftest import MEMORISED_REWRITES
 
@@ -151,7 +151,7 @@ def test_a_folder_others_can_write_to_is_refused(short_dir: Path) -> None:
 def test_without_xdg_runtime_dir_a_planted_runtime_folder_is_refused(
     short_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from specedit.engine.session import remote_session
+    from specedit.engine.session.session import remote_session
 
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     monkeypatch.setenv("TMPDIR", str(short_dir))
@@ -522,8 +522,8 @@ def test_inputs_over_the_limit_are_refused_before_any_model_work() -> None:
 
 
 def test_the_context_is_checked_before_the_whole_input_is_tokenized(tiny_model_dir: Path) -> None:
-    from specedit.engine.errors import ContextLengthError
     from specedit.engine.loop.rewrite import prepare_rewrite
+    from specedit.engine.records.errors import ContextLengthError
 
     engine = Engine(load_model(str(tiny_model_dir), dtype="float32", device="cpu"))
     tokenized: list[int] = []
@@ -670,7 +670,7 @@ def test_the_tcp_handshake_has_one_deadline_for_all_of_it(
 ) -> None:
     """A peer that sends each handshake frame just within the deadline is still cut off: the deadline is
     for the whole handshake, not for each frame."""
-    from specedit.engine.serving.protocol import handshake_proof
+    from specedit.engine.backends.protocol import handshake_proof
 
     monkeypatch.setattr(daemon_module, "HELLO_TIMEOUT", 1.0)
     engine = Engine(load_model(str(tiny_model_dir), dtype="float32", device="cpu"))
@@ -795,7 +795,7 @@ def test_a_flood_of_loop_errors_is_logged_once_a_while(caplog: pytest.LogCapture
     handler = daemon_module.QuietLoopErrors(interval=60.0)
     loop = asyncio.new_event_loop()
     try:
-        with caplog.at_level(logging.WARNING, logger="specedit.engine.serving.daemon"):
+        with caplog.at_level(logging.WARNING, logger="specedit.engine.doors.daemon"):
             for _ in range(1000):
                 handler(loop, {"message": "socket.accept() out of system resource", "exception": OSError(24, "x")})
     finally:
@@ -854,7 +854,7 @@ def test_random_requests_are_requests_or_clean_refusals(fields: dict[str, Any], 
 def test_the_connection_budgets_examples_hold() -> None:
     import doctest
 
-    from specedit.engine.serving import listening
+    from specedit.engine.doors import listening
 
     result = doctest.testmod(listening)
     assert result.attempted > 0 and result.failed == 0

@@ -22,17 +22,17 @@ from typing import Any
 import pytest
 import torch
 
-from specedit.engine import requests as requests_module
-from specedit.engine.http.openai import DEFAULT_TEMPERATURE
+from specedit.engine.backends.client import EngineClient
+from specedit.engine.backends.config import DaemonConfig
+from specedit.engine.backends.local import LocalBackend
+from specedit.engine.doors.daemon import Daemon, serve
+from specedit.engine.doors.http.openai import DEFAULT_TEMPERATURE
 from specedit.engine.loop.completion import prompt_text
 from specedit.engine.loop.generate import Engine
 from specedit.engine.loop.rewrite import rewrite
 from specedit.engine.model.loading import load_model
-from specedit.engine.requests import ChatMessage, CompletionRequest, RewriteRequest
-from specedit.engine.serving.client import EngineClient
-from specedit.engine.serving.config import DaemonConfig
-from specedit.engine.serving.daemon import Daemon, serve
-from specedit.engine.serving.local import LocalBackend
+from specedit.engine.records import requests as requests_module
+from specedit.engine.records.requests import ChatMessage, CompletionRequest, RewriteRequest
 
 from conftest import ECHOED_SKETCH, LINES_SKETCH
 
@@ -379,7 +379,7 @@ def test_a_slow_head_is_dropped_at_its_deadline(
     random_engine: Engine, token_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A head sent a byte at a time is dropped once its deadline passes (and a silent connection too)."""
-    monkeypatch.setattr("specedit.engine.http.server.HEAD_SECONDS", 1.0)
+    monkeypatch.setattr("specedit.engine.doors.http.server.HEAD_SECONDS", 1.0)
     with http_daemon(random_engine, token_file, tmp_path) as daemon:
         silent = socket.create_connection(address_of(daemon), timeout=TIMEOUT)
         slow = socket.create_connection(address_of(daemon), timeout=TIMEOUT)

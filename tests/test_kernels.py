@@ -18,10 +18,11 @@ import torch
 from test_exactness import speculative_and_plain
 from test_invariant import wide_model
 
-from specedit.engine.errors import ModelLoadError
 from specedit.engine.loop.generate import Engine
-from specedit.engine.model import exactness, invariant, kernels, loading, quantized, store
-from specedit.engine.options import EngineOptions
+from specedit.engine.model import exactness, invariant, kernels, loading, quantized
+from specedit.engine.records.errors import ModelLoadError
+from specedit.engine.records.options import EngineOptions
+from specedit.engine.store import store
 
 unavailable = kernels.available()
 needs_kernel = pytest.mark.skipif(unavailable is not None, reason=f"no kernels of our own here: {unavailable}")
@@ -701,13 +702,13 @@ def test_the_weights_option_is_checked() -> None:
 def test_the_kv_cache_option_is_checked_and_reaches_the_load(monkeypatch: pytest.MonkeyPatch) -> None:
     """`--kv-cache` (`specedit.kvCache`): float32 by default, float16 asked for, nothing else; the engine's
     load gets it."""
-    from specedit.engine.serving import local
+    from specedit.engine.backends import local
 
     assert EngineOptions().kv_cache == "float32"
     with pytest.raises(ValueError, match="kv_cache must be one of float32, float16"):
         EngineOptions(kv_cache="int8")
     given: dict[str, Any] = {}
     monkeypatch.setattr(loading, "load_model", lambda source, **options: given.update(options))
-    monkeypatch.setattr("specedit.engine.model.fetch.resolve_model", lambda name, progress=None: "folder")
+    monkeypatch.setattr("specedit.engine.store.fetch.resolve_model", lambda name, progress=None: "folder")
     local.load_target(EngineOptions(kv_cache="float16"))
     assert given["kv_cache"] == "float16"

@@ -34,8 +34,8 @@ from pygls.exceptions import JsonRpcContentModified, JsonRpcException
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 from pytest_lsp.client import DEFAULT_CLIENT_FEATURES, progress, register_lsp_features
 
-from specedit.engine.events import Phase, Step, Text
-from specedit.engine.requests import RewriteOutcome
+from specedit.engine.records.events import Phase, Step, Text
+from specedit.engine.records.requests import RewriteOutcome
 from specedit.lsp import protocol
 from specedit.lsp.params import plain
 
@@ -309,7 +309,7 @@ def expected(memorising_model_dir: Path) -> Any:
     from specedit.engine.loop.generate import Engine
     from specedit.engine.loop.rewrite import rewrite
     from specedit.engine.model.loading import load_model
-    from specedit.engine.requests import RewriteRequest
+    from specedit.engine.records.requests import RewriteRequest
 
     engine = Engine(load_model(str(memorising_model_dir), dtype="float32", device="cpu"))
     cache: dict[tuple[str, str], str] = {}
@@ -806,14 +806,14 @@ def lsp_with_a_private_daemon(runtime: Path, *flags: str) -> ClientServerConfig:
 
 
 def private_socket(runtime: Path) -> Path:
-    from specedit.engine.serving.config import SOCKET_NAME
+    from specedit.engine.backends.config import SOCKET_NAME
 
     return runtime / "specedit" / SOCKET_NAME
 
 
 async def stop_with_its_daemon(client: EditorClient, socket: Path) -> None:
     """The editor goes, and the daemon its server started (which would outlive it until idle)."""
-    from specedit.engine.serving.client import EngineClient
+    from specedit.engine.backends.client import EngineClient
 
     await client.shutdown_session()
     await client.stop()
@@ -844,7 +844,7 @@ async def editor_with_a_private_daemon(
 
 
 def daemon_status(socket: Path) -> dict[str, Any]:
-    from specedit.engine.serving.client import EngineClient
+    from specedit.engine.backends.client import EngineClient
 
     with EngineClient.connect(socket) as daemon:
         return daemon.status()
@@ -858,7 +858,7 @@ def loaded_and_read(info: dict[str, Any], documents: int) -> bool:
 
 async def warmed(socket: Path, documents: int) -> None:
     """Until the daemon answers at `socket`, its model loaded, with `documents` prompts read into its cache."""
-    from specedit.engine.errors import EngineUnavailableError
+    from specedit.engine.records.errors import EngineUnavailableError
 
     deadline, info = time.monotonic() + 60, None
     while time.monotonic() < deadline:
@@ -997,7 +997,7 @@ def serve_scripted(answers: dict[str, str]) -> None:
     """The language server on stdio, its rewrites answered by a `ScriptedBackend` (run in a subprocess)."""
     import logging
 
-    from specedit.engine.session import Session
+    from specedit.engine.session.session import Session
     from specedit.lsp.channel import stdio
     from specedit.lsp.server import build_server
 

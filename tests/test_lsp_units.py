@@ -14,8 +14,8 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcContentModified, JsonRpcInvalidParams
 from pygls.workspace.position_codec import PositionCodec
 
-from specedit.engine.errors import ModelLoadError, RegionError
-from specedit.engine.events import Phase, Step
+from specedit.engine.records.errors import ModelLoadError, RegionError
+from specedit.engine.records.events import Phase, Step
 from specedit.lsp import protocol
 from specedit.lsp.code_actions import instruction_comment
 from specedit.lsp.command import add_lsp_parser
@@ -170,7 +170,7 @@ def test_progress_says_what_happens_before_the_first_step_and_rates_decoding_onl
 def test_an_offer_to_warm_no_engine_took_is_made_again() -> None:
     """Before the engine answers (it starts with the editor) an offer finds no one: the same text is
     offered again when the engine has started (`touch_all`); once taken, it is not offered again."""
-    from specedit.engine.requests import WarmRequest
+    from specedit.engine.records.requests import WarmRequest
     from specedit.lsp.delivery import DocumentState
     from specedit.lsp.warming import Warmer
 
@@ -203,7 +203,7 @@ def test_an_offer_to_warm_no_engine_took_is_made_again() -> None:
 def test_the_engine_is_started_once_a_session_until_it_starts() -> None:
     """Every opened document asks for the engine to start (`loadOnStart`); a session whose engine started
     is not started again (a daemon's start is one connection more a document), one that failed is."""
-    from specedit.engine.errors import EngineUnavailableError
+    from specedit.engine.records.errors import EngineUnavailableError
     from specedit.lsp.server import SpeceditServer
 
     class Engine:

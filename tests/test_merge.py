@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from specedit.cli.main import main
-from specedit.engine import merge, placement
-from specedit.engine.errors import ModelLoadError
-from specedit.engine.merge import merge_sketch
-from specedit.engine.merge_checks import check_merge
+from specedit.engine.records.errors import ModelLoadError
+from specedit.engine.sketch import merge, placement
+from specedit.engine.sketch.merge import merge_sketch
+from specedit.engine.sketch.merge_checks import check_merge
 
 from conftest import ECHOED_SKETCH, LINES_SKETCH, events_to
 
@@ -557,10 +557,10 @@ def test_the_command_line_merges_by_lines_without_loading_a_model(tmp_path: Path
 def test_the_model_drafts_from_the_merge_by_lines(tmp_path: Path, memorising_model_dir: Path) -> None:
     """With `merge="model"` the model writes the answer (the same as plain decoding), and the lines' merge
     is the copy drafter's first source; an unplaced sketch's stats say why the lines could not merge it."""
-    from specedit.engine.options import EngineOptions
-    from specedit.engine.requests import RewriteRequest
-    from specedit.engine.serving.local import LocalBackend
-    from specedit.engine.session import Session
+    from specedit.engine.backends.local import LocalBackend
+    from specedit.engine.records.options import EngineOptions
+    from specedit.engine.records.requests import RewriteRequest
+    from specedit.engine.session.session import Session
 
     backend = LocalBackend(EngineOptions(model=str(memorising_model_dir), threads=1))
     session = Session(backend)
@@ -623,9 +623,9 @@ def test_the_styles_chat_models_write(sketch: str, old: str, new: str) -> None:
 def test_a_remote_session_merges_by_lines_without_asking_a_daemon(tmp_path: Path) -> None:
     """No daemon answers at the address: a sketch its lines place is merged anyway (none is started or
     asked), streamed whole; one they cannot place needs the daemon, and says it is unreachable."""
-    from specedit.engine.errors import EngineUnavailableError
-    from specedit.engine.requests import RewriteRequest
-    from specedit.engine.session import remote_session
+    from specedit.engine.records.errors import EngineUnavailableError
+    from specedit.engine.records.requests import RewriteRequest
+    from specedit.engine.session.session import remote_session
 
     session = remote_session(f"unix:{tmp_path / 'nobody.sock'}")
     original, sketch, merged_text = LINES_SKETCH
@@ -944,9 +944,9 @@ def test_the_best_chain_is_the_one_every_pair_of_anchors_gives() -> None:
     """`best_chain` tries the chains best first and counts `fits` from running sums; it must choose what
     weighing every earlier chain for every anchor chose (the first of the best that fits, in anchor order),
     on chunks and originals of lines drawn from a few, brackets and all."""
-    from specedit.engine.anchors import REPLACED_PER_LINE, REPLACED_SLACK, best_chain, find_anchors
-    from specedit.engine.blocks import balance
-    from specedit.engine.merge_checks import counts
+    from specedit.engine.sketch.anchors import REPLACED_PER_LINE, REPLACED_SLACK, best_chain, find_anchors
+    from specedit.engine.sketch.blocks import balance
+    from specedit.engine.sketch.merge_checks import counts
 
     def every_pair(keys: list[str], chunk_keys: list[str], anchors: list[Any]) -> list[Any]:
         said = [n for n, key in enumerate(chunk_keys) if counts(key)]
@@ -1249,8 +1249,8 @@ def test_two_shown_functions_next_to_each_other_merge_as_before() -> None:
 def test_a_session_keeps_the_function_between_two_shown_ones(tmp_path: Path) -> None:
     """The rule at the session, which every door goes through: the lines' merge keeps `parse`, and a model's
     answer that drops it is no merge (nothing written)."""
-    from specedit.engine.requests import RewriteOutcome, RewriteRequest
-    from specedit.engine.session import judged, remote_session
+    from specedit.engine.records.requests import RewriteOutcome, RewriteRequest
+    from specedit.engine.session.session import judged, remote_session
 
     session = remote_session(f"unix:{tmp_path / 'nobody.sock'}")  # no daemon: the lines merge it
     request = RewriteRequest(FILES, sketch=TWO_SHOWN)

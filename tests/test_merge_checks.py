@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from specedit.cli.main import main
-from specedit.engine.line_index import LineIndex, matching_blocks
-from specedit.engine.merge_checks import check_merge, is_elision
+from specedit.engine.sketch.line_index import LineIndex, matching_blocks
+from specedit.engine.sketch.merge_checks import check_merge, is_elision
 
 from conftest import ECHOED_SKETCH
 

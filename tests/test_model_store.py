@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 
-from specedit.engine.errors import ModelLoadError, SpeceditError
-from specedit.engine.model import fetch, store
-from specedit.engine.model.store import ModelSpec, ModelStoreError
+from specedit.engine.records.errors import ModelLoadError, SpeceditError
+from specedit.engine.store import fetch, store
+from specedit.engine.store.store import ModelSpec, ModelStoreError
 
 from conftest import build_tokenizer
 
@@ -466,7 +466,7 @@ def test_full_disk_gives_a_clear_error_and_no_partial_file(index: FakeIndex, tmp
         f"""
         import resource, shutil, signal, sys
         from pathlib import Path
-        from specedit.engine.model import fetch, store
+        from specedit.engine.store import fetch, store
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
         def downloader(requirement, dest):

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
+from specedit.engine.backends.local import LocalBackend
 from specedit.engine.loop.generate import Engine
 from specedit.engine.model.loading import load_model
 from specedit.engine.model.model_thread import on_model_thread, serve_while
-from specedit.engine.options import EngineOptions
-from specedit.engine.requests import CompletionRequest, RewriteRequest
-from specedit.engine.serving.local import LocalBackend
-from specedit.engine.session import Session
+from specedit.engine.records.options import EngineOptions
+from specedit.engine.records.requests import CompletionRequest, RewriteRequest
+from specedit.engine.session.session import Session
 
 TIMEOUT = 30
 
@@ -102,7 +102,7 @@ class ThreadRecorder:
 def test_the_backend_loads_and_runs_everything_on_the_model_thread(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from specedit.engine.serving import local
+    from specedit.engine.backends import local
 
     loads: list[int] = []
     recorder: dict[str, ThreadRecorder] = {}

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from specedit.engine.model.store import cache_dir
+from specedit.engine.store.store import cache_dir
 from specedit.lsp.protocol import NAMES
 
 from conftest import ECHOED_SKETCH, LINES_SKETCH, MEMORISED_REWRITES

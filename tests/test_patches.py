@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from specedit.cli.main import main
-from specedit.engine import patches
-from specedit.engine.merge import merge_sketch
-from specedit.engine.merge_checks import check_merge
-from specedit.engine.patches import apply_patch, detect, parse_patch
+from specedit.engine.sketch import patches
+from specedit.engine.sketch.merge import merge_sketch
+from specedit.engine.sketch.merge_checks import check_merge
+from specedit.engine.sketch.patches import apply_patch, detect, parse_patch
 
 ORIGINAL = """\
 import os
@@ -243,7 +243,7 @@ def test_the_command_line_applies_a_diff_without_a_model(tmp_path: Path) -> None
 def test_the_model_is_asked_to_apply_a_patch_as_a_patch() -> None:
     """Where the lines cannot place a patch, the model gets it with what its syntax means (not as a sketch
     whose `-` lines would be code), and the request names or finds the format."""
-    from specedit.engine.requests import RewriteRequest
+    from specedit.engine.records.requests import RewriteRequest
 
     asked = RewriteRequest(ORIGINAL, sketch=UDIFF_EXACT).prompt()
     assert asked.sketch_format == "udiff" and "unified diff" in asked.user_message()

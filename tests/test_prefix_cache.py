@@ -15,15 +15,15 @@ import pytest
 import torch
 from test_invariant import promised, wide_model
 
-from specedit.engine.errors import ModelLoadError
 from specedit.engine.loop.drafting import generate_drafted
 from specedit.engine.loop.generate import Engine, Generation
 from specedit.engine.loop.rewrite import keep_prompt_head, rewrite, warm_document
 from specedit.engine.model import kv_cache
 from specedit.engine.model.loading import Interrupted, LoadedModel
 from specedit.engine.model.prefix_cache import MIN_SHARED, PrefixCache
-from specedit.engine.prompts import RewritePrompt, build_prompt, file_prefix
-from specedit.engine.requests import RewriteRequest, SamplingConfig, WarmRequest
+from specedit.engine.records.errors import ModelLoadError
+from specedit.engine.records.prompts import RewritePrompt, build_prompt, file_prefix
+from specedit.engine.records.requests import RewriteRequest, SamplingConfig, WarmRequest
 
 from conftest import build_tokenizer, tiny_engine
 
@@ -221,7 +221,7 @@ def test_a_rewrite_after_warming_reads_only_its_request() -> None:
 
 
 def test_an_in_process_session_warms_on_a_thread_of_its_own() -> None:
-    from specedit.engine.session import local_session
+    from specedit.engine.session.session import local_session
 
     engine = tiny_engine("qwen2")
     session = local_session(engine=engine)

@@ -22,9 +22,9 @@ from specedit.engine.loop.generate import Engine
 from specedit.engine.loop.rewrite import rewrite
 from specedit.engine.model import kernels
 from specedit.engine.model.cpu import cpu_flags
-from specedit.engine.model.fetch import ensure_model
 from specedit.engine.model.loading import load_model
-from specedit.engine.requests import RewriteRequest
+from specedit.engine.records.requests import RewriteRequest
+from specedit.engine.store.fetch import ensure_model
 
 pytestmark = pytest.mark.slow
 
@@ -240,7 +240,7 @@ def test_the_openai_client_with_a_prediction(http_door: str, engine: Engine) -> 
     from the prediction (the file it edits)."""
     openai = pytest.importorskip("openai")
     from specedit.engine.loop.completion import prompt_text
-    from specedit.engine.requests import ChatMessage, CompletionRequest
+    from specedit.engine.records.requests import ChatMessage, CompletionRequest
 
     client = openai.OpenAI(base_url=f"{http_door}/v1", api_key=DOOR_TOKEN, max_retries=0, timeout=600)
     messages = [

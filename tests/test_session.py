@@ -10,10 +10,10 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from specedit.engine.errors import ContextLengthError, EmptyAnswerError, IncompleteOutputError, MergeError
-from specedit.engine.events import Done, Event, Phase, Step, Text, error_to_wire, event_from_wire, event_to_wire
-from specedit.engine.requests import RewriteOutcome, RewriteRequest, WarmRequest
-from specedit.engine.session import Session, T
+from specedit.engine.records.errors import ContextLengthError, EmptyAnswerError, IncompleteOutputError, MergeError
+from specedit.engine.records.events import Done, Event, Phase, Step, Text, error_to_wire, event_from_wire, event_to_wire
+from specedit.engine.records.requests import RewriteOutcome, RewriteRequest, WarmRequest
+from specedit.engine.session.session import Session, T
 
 from conftest import ECHOED_SKETCH, LINES_SKETCH
 

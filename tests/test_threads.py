@@ -12,14 +12,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from specedit.engine.backends.local import LocalBackend
+from specedit.engine.doors.bench.bench import as_transformers_runs_it, busy_processes
 from specedit.engine.loop import threads
 from specedit.engine.loop.rewrite import prepare_rewrite, run_rewrite
 from specedit.engine.model.model_thread import on_model_thread
-from specedit.engine.ops.bench import as_transformers_runs_it, busy_processes
-from specedit.engine.options import EngineOptions
-from specedit.engine.requests import RewriteRequest
-from specedit.engine.serving.local import LocalBackend
-from specedit.engine.session import Session
+from specedit.engine.records.options import EngineOptions
+from specedit.engine.records.requests import RewriteRequest
+from specedit.engine.session.session import Session
 
 from conftest import MEMORISED_REWRITES
 

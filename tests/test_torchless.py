@@ -15,10 +15,10 @@ import pytest
 import torch
 from test_kernels import needs_kernel
 
+from specedit.engine.backends.local import load_target
 from specedit.engine.model import kv_positions, torchless
-from specedit.engine.model.store import kept_dir
-from specedit.engine.options import EngineOptions
-from specedit.engine.serving.local import load_target
+from specedit.engine.records.options import EngineOptions
+from specedit.engine.store.store import kept_dir
 
 from conftest import MEMORISED_REWRITES, build_model, build_tokenizer
 
@@ -81,7 +81,7 @@ def test_the_loop_on_it_writes_what_it_writes_on_torch_greedy_and_sampling(tmp_p
 
     from specedit.engine.loop.drafting import generate_drafted
     from specedit.engine.loop.generate import Engine
-    from specedit.engine.requests import SamplingConfig
+    from specedit.engine.records.requests import SamplingConfig
 
     options = EngineOptions(model=str(_saved(tmp_path, "qwen2", 1)), weights="int8")
     loaded = _kept(tmp_path, options)
@@ -130,9 +130,9 @@ def test_a_one_off_engine_runs_without_torch_once_a_load_kept_it(tiny_model_dir:
     code = f"""if True:
         import json, sys
         from specedit.engine.loop.rewrite import prepare_rewrite
-        from specedit.engine.options import EngineOptions
-        from specedit.engine.requests import RewriteRequest
-        from specedit.engine.serving.local import open_engine
+        from specedit.engine.records.options import EngineOptions
+        from specedit.engine.records.requests import RewriteRequest
+        from specedit.engine.backends.local import open_engine
         engine = open_engine(EngineOptions(model={str(tiny_model_dir)!r}), one_off=True)
         prepared = prepare_rewrite(engine, RewriteRequest(original="def add(a, b):\\n    return a + b\\n",
                                                           instruction="Rename add."))

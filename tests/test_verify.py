@@ -11,8 +11,8 @@ import torch
 
 import specedit.engine.loop.verify as verify_module
 from specedit.drafters.base import Draft
-from specedit.engine.loop.sampling import SamplingConfig, draw_token, target_probs
 from specedit.engine.loop.verify import Verdict, verify
+from specedit.engine.model.sampling import SamplingConfig, draw_token, target_probs
 
 
 def test_docstring_examples() -> None:

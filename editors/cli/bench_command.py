@@ -15,12 +15,12 @@ from specedit.cli.files import read_source, write_atomically
 from specedit.cli.model_command import fetch_progress
 from specedit.cli.progress import LoadingLine
 from specedit.cli.usage import UsageError, add_model_arguments, engine_options
-from specedit.engine.errors import InputError
-from specedit.engine.options import EngineOptions
+from specedit.engine.records.errors import InputError
+from specedit.engine.records.options import EngineOptions
 
 if TYPE_CHECKING:
-    from specedit.engine.ops.bench import BenchCase
-    from specedit.engine.serving.local import LocalBackend
+    from specedit.engine.backends.local import LocalBackend
+    from specedit.engine.doors.bench.bench import BenchCase
 
 
 def add_bench_parsers(commands: Any) -> None:
@@ -85,7 +85,7 @@ def add_bench_parsers(commands: Any) -> None:
 
 
 def bench_command(args: argparse.Namespace) -> int:
-    from specedit.engine.ops.bench import METHODS, load_cases, run_bench
+    from specedit.engine.doors.bench.bench import METHODS, load_cases, run_bench
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHODS]
@@ -226,7 +226,7 @@ def bench_command(args: argparse.Namespace) -> int:
 
 def merges_only(cases: list[BenchCase], json_path: Path | None) -> int:
     """`bench --merges-only`: each sketch case merged by its lines, no model: the verdict, per case."""
-    from specedit.engine.ops.bench import merge_record, summarise_merges
+    from specedit.engine.doors.bench.bench import merge_record, summarise_merges
 
     sketches = [case for case in cases if case.sketch is not None and case.after is not None]
     if not sketches:
@@ -250,7 +250,7 @@ def merges_only(cases: list[BenchCase], json_path: Path | None) -> int:
 
 
 def print_merges(merges: dict[str, Any]) -> None:
-    """The sketch cases' merges, per answer (see `ops.bench.summarise_merges`)."""
+    """The sketch cases' merges, per answer (see `doors.bench.bench.summarise_merges`)."""
     print(f"sketches: {merges['cases']}, merged by their lines: {merges['resolved_by_lines']}")
     for name, figures in merges.items():
         if isinstance(figures, dict) and "exact" in figures:
@@ -273,8 +273,8 @@ def calibrate_command(args: argparse.Namespace) -> int:
     import specedit.drafters
     import specedit.engine
     from specedit.drafters.fallback import calibration_path
+    from specedit.engine.doors.bench.calibrate import calibrate, calibration_record
     from specedit.engine.model.model_thread import on_model_thread
-    from specedit.engine.ops.calibrate import calibrate, calibration_record
 
     if args.tokens < 16:
         raise UsageError("--tokens must be at least 16")
@@ -317,8 +317,8 @@ def calibrate_command(args: argparse.Namespace) -> int:
 def load_local(options: EngineOptions) -> LocalBackend:
     """The model in this process, loaded now, for the commands that use the engine itself (bench,
     calibrate); provisioning shows a progress bar on a terminal."""
-    from specedit.engine.model.fetch import resolve_model
-    from specedit.engine.serving.local import LocalBackend
+    from specedit.engine.backends.local import LocalBackend
+    from specedit.engine.store.fetch import resolve_model
 
     with fetch_progress() as progress:  # fetched now, with a bar; `load` then finds them
         resolve_model(options.model, progress=progress)

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specedit.engine.errors import EngineUnavailableError
-from specedit.engine.options import EngineOptions, add_engine_arguments
-from specedit.engine.serving.config import read_token
+from specedit.engine.backends.config import read_token
+from specedit.engine.records.errors import EngineUnavailableError
+from specedit.engine.records.options import EngineOptions, add_engine_arguments
 
 
 def add_cluster_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -74,7 +74,7 @@ def cluster_command(args: argparse.Namespace) -> int:
         from ray import serve
     except ImportError:
         raise EngineUnavailableError("Ray is not installed: pip install 'specedit[cluster]'") from None
-    from specedit.engine.serving.cluster_deploy import ClusterConfig, deploy
+    from specedit.engine.doors.cluster_deploy import ClusterConfig, deploy
 
     config = None
     if args.cluster_command == "deploy":

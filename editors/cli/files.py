@@ -17,8 +17,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from specedit.engine.errors import FileChangedError, InputError, RegionError, WriteError
-from specedit.engine.requests import MAX_INPUT_BYTES
+from specedit.engine.records.errors import FileChangedError, InputError, RegionError, WriteError
+from specedit.engine.records.requests import MAX_INPUT_BYTES
 
 STDIN = "-"
 CHANGED_SUFFIX = ".specedit"  # where a result goes when its file changed meanwhile

@@ -36,12 +36,12 @@ from specedit.cli.model_command import add_model_parsers, doctor_command, model_
 from specedit.cli.progress import Provisioning, RewriteProgress
 from specedit.cli.serve_command import add_serve_parser, serve_command
 from specedit.cli.usage import UsageError, add_model_arguments, engine_options
-from specedit.engine.errors import FileChangedError, SpeceditError
-from specedit.engine.events import Event, Text
-from specedit.engine.options import EngineOptions
-from specedit.engine.patches import SKETCH_FORMATS
-from specedit.engine.requests import DRAFT_METHODS, MERGE_METHODS
-from specedit.engine.serving.config import INPROCESS
+from specedit.engine.backends.config import INPROCESS
+from specedit.engine.records.errors import FileChangedError, SpeceditError
+from specedit.engine.records.events import Event, Text
+from specedit.engine.records.options import EngineOptions
+from specedit.engine.records.requests import DRAFT_METHODS, MERGE_METHODS
+from specedit.engine.sketch.patches import SKETCH_FORMATS
 from specedit.lsp.command import add_lsp_parser, lsp_command
 
 log = logging.getLogger("specedit")
@@ -169,10 +169,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def rewrite_command(args: argparse.Namespace) -> int:
-    from specedit.engine.prompts import language_for_path
-    from specedit.engine.requests import RewriteRequest, SamplingConfig
-    from specedit.engine.serving.remote import running_daemon
-    from specedit.engine.session import Session, local_session, remote_session
+    from specedit.engine.backends.remote import running_daemon
+    from specedit.engine.records.prompts import language_for_path
+    from specedit.engine.records.requests import RewriteRequest, SamplingConfig
+    from specedit.engine.session.session import Session, local_session, remote_session
 
     if args.output and len(args.paths) > 1:
         raise UsageError("--output takes one input file; use --in-place for several")

@@ -9,12 +9,12 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from specedit.cli.usage import add_model_arguments, engine_options
-from specedit.engine.errors import InputError
+from specedit.engine.records.errors import InputError
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
-    from specedit.engine.model.fetch import ProgressCallback
+    from specedit.engine.store.fetch import ProgressCallback
 
 
 def add_model_parsers(commands: Any) -> None:
@@ -38,10 +38,10 @@ def doctor_command(args: argparse.Namespace) -> int:
     """Load the model, run the self-check afresh (and remember its verdict), measure a few forwards."""
     import torch
 
+    from specedit.engine.backends.local import load_target
     from specedit.engine.model import exactness
     from specedit.engine.model.loading import forward_costs
-    from specedit.engine.model.store import verdicts_dir
-    from specedit.engine.serving.local import load_target
+    from specedit.engine.store.store import verdicts_dir
 
     with fetch_progress() as progress:
         loaded = load_target(engine_options(args), progress=progress, remembered=False)
@@ -63,8 +63,8 @@ def doctor_command(args: argparse.Namespace) -> int:
 def model_command(args: argparse.Namespace) -> int:
     import time
 
-    from specedit.engine.model.fetch import ensure_model
-    from specedit.engine.model.store import (
+    from specedit.engine.store.fetch import ensure_model
+    from specedit.engine.store.store import (
         DEFAULT_MODEL,
         KNOWN_MODELS,
         kept_dir,

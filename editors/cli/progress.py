@@ -11,7 +11,7 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from specedit.engine.events import DecodingRate, Event, Phase, Step
+from specedit.engine.records.events import DecodingRate, Event, Phase, Step
 
 if TYPE_CHECKING:
     from rich.live import Live

@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specedit.engine.errors import EngineUnavailableError
-from specedit.engine.options import EngineOptions, add_engine_arguments
-from specedit.engine.serving.client import EngineClient
-from specedit.engine.serving.config import DaemonConfig
-from specedit.engine.serving.daemon import serve
-from specedit.engine.serving.protocol import DEFAULT_MAX_FRAME_SIZE
+from specedit.engine.backends.client import EngineClient
+from specedit.engine.backends.config import DaemonConfig
+from specedit.engine.backends.protocol import DEFAULT_MAX_FRAME_SIZE
+from specedit.engine.doors.daemon import serve
+from specedit.engine.records.errors import EngineUnavailableError
+from specedit.engine.records.options import EngineOptions, add_engine_arguments
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:

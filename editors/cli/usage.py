@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from specedit.engine.errors import SpeceditError
-from specedit.engine.options import EngineOptions, add_engine_arguments
+from specedit.engine.records.errors import SpeceditError
+from specedit.engine.records.options import EngineOptions, add_engine_arguments
 
 EXIT_USAGE = 2
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specedit.engine.errors import ContextLengthError
-from specedit.engine.events import Step
 from specedit.engine.loop.drafting import generate_drafted
 from specedit.engine.loop.generate import Engine, Generation
-from specedit.engine.requests import CompletionRequest, RewriteOutcome
+from specedit.engine.records.errors import ContextLengthError
+from specedit.engine.records.events import Step
+from specedit.engine.records.requests import CompletionRequest, RewriteOutcome
 
 
 @dataclass

@@ -17,13 +17,13 @@ from specedit.drafters.base import Drafter, NoDrafter
 from specedit.drafters.chain import ChainDrafter
 from specedit.drafters.context_drafter import ContextDrafter, ContextDrafterConfig
 from specedit.drafters.copy_drafter import CopyDrafter, CopyDrafterConfig
-from specedit.engine.errors import SpeceditError
-from specedit.engine.events import Step
 from specedit.engine.loop.generate import Engine, Generation
 from specedit.engine.loop.governor import CostGovernor
 from specedit.engine.model import kv_positions
 from specedit.engine.model.kv_positions import Cache
-from specedit.engine.requests import DraftMethod, SamplingConfig
+from specedit.engine.records.errors import SpeceditError
+from specedit.engine.records.events import Step
+from specedit.engine.records.requests import DraftMethod, SamplingConfig
 
 
 def build_drafter(

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from specedit.drafters.base import NO_DRAFT, Draft, Drafter, NoDrafter
-from specedit.engine.events import Step
 from specedit.engine.loop.detokenizer import IncrementalDetokenizer
 from specedit.engine.loop.governor import CostGovernor, StepCost
 from specedit.engine.loop.stats import Clock, DrafterStats, Stats
@@ -19,7 +18,8 @@ from specedit.engine.loop.verify import verify
 from specedit.engine.model import kv_positions
 from specedit.engine.model.energy import EnergyMeter
 from specedit.engine.model.kv_positions import Cache
-from specedit.engine.requests import FinishReason, SamplingConfig
+from specedit.engine.records.events import Step
+from specedit.engine.records.requests import FinishReason, SamplingConfig
 
 if TYPE_CHECKING:  # (not imported here: this loop runs a target without torch too, `model.torchless`)
     from specedit.drafters.fallback import FallbackConfig
@@ -94,7 +94,7 @@ class Engine:
         hold a prefix of the prompt already (from `PrefixCache.take`): only the rest is prefilled, and the
         answer is the same (the prefill is row-invariant). `pause` is called between two parts of a long
         prefill (`PREFILL_CHUNK` tokens each), where the prefill is row-invariant (the parts then give the
-        cache the whole would): it may let other work use the model meanwhile (`serving.local`).
+        cache the whole would): it may let other work use the model meanwhile (`backends.local`).
         """
         if not prompt_ids:
             raise ValueError("the prompt must hold at least one token")

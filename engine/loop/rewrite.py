@@ -18,15 +18,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specedit.engine.errors import ContextLengthError
-from specedit.engine.events import Step
 from specedit.engine.loop.drafting import generate_drafted
 from specedit.engine.loop.generate import Engine, Generation
 from specedit.engine.loop.threads import FreeCores
-from specedit.engine.merge import SketchMerge, merge_sketch
-from specedit.engine.model.kept import kept_file
-from specedit.engine.prompts import AnswerStream, RewritePrompt, build_prompt, file_prefix
-from specedit.engine.requests import DraftMethod, FinishReason, RewriteOutcome, RewriteRequest, WarmRequest, status_of
+from specedit.engine.records.errors import ContextLengthError
+from specedit.engine.records.events import Step
+from specedit.engine.records.prompts import AnswerStream, RewritePrompt, build_prompt, file_prefix
+from specedit.engine.records.requests import (
+    DraftMethod,
+    FinishReason,
+    RewriteOutcome,
+    RewriteRequest,
+    WarmRequest,
+    status_of,
+)
+from specedit.engine.sketch.merge import SketchMerge, merge_sketch
+from specedit.engine.store.kept import kept_file
 
 
 @dataclass

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from specedit.drafters.base import Draft
-from specedit.engine.requests import SamplingConfig
+from specedit.engine.records.requests import SamplingConfig
 
 if TYPE_CHECKING:  # torch only where sampling draws (a greedy target may run without it: `model.torchless`)
     import torch
@@ -59,7 +59,7 @@ def verify(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig, 
         return _verify_greedy(draft.tokens, target_logits)
     import torch  # (draws on torch's generators; a target run without torch hands numpy's logits: the same values)
 
-    from specedit.engine.loop.sampling import target_probs
+    from specedit.engine.model.sampling import target_probs
 
     probs = target_probs(torch.as_tensor(target_logits), sampling)  # (k + 1, V)
     if draft.p_draft is None:
@@ -76,7 +76,7 @@ def _verify_greedy(tokens: tuple[int, ...], target_logits: torch.Tensor) -> Verd
 
 
 def _verify_deterministic(tokens: tuple[int, ...], probs: torch.Tensor, seed: int, position: int) -> Verdict:
-    from specedit.engine.loop.sampling import draw_token
+    from specedit.engine.model.sampling import draw_token
 
     for i, token in enumerate(tokens):
         sample = draw_token(probs[i], seed, position + i)
@@ -90,7 +90,7 @@ def _verify_stochastic(
 ) -> Verdict:
     import torch
 
-    from specedit.engine.loop.sampling import RESIDUAL_STREAM, draw_token, draw_uniform
+    from specedit.engine.model.sampling import RESIDUAL_STREAM, draw_token, draw_uniform
 
     p_draft = p_draft.to(probs.dtype)
     if p_draft.shape[-1] != probs.shape[-1]:  # a draft model whose embedding is padded differently

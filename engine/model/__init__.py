@@ -1,4 +1,5 @@
-"""The model layer: the model cache and provisioning the embedded models (`store`, `fetch`), the checks of
-every file a load reads from the cache (`integrity`), loading a model and choosing its kernels (`loading`,
-`invariant`, `exactness`), the one module that crops the KV cache (`kv_cache`), and the GPU's energy
-counter (`energy`)."""
+"""The model: loading a model and choosing its kernels (`loading`, `invariant`, `exactness`), specedit's
+forward (`decoder`, `kernels`, `quantized`) and the torch-free one (`torchless`), the one module that
+crops the KV cache (`kv_cache`), the prompts' shared caches (`prefix_cache`), sampling a token from the
+logits (`sampling`), and the GPU's energy counter (`energy`). What loads read is provisioned below, in
+`store/`."""

@@ -29,8 +29,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from specedit.engine.model.integrity import is_sealed
 from specedit.engine.model.tokenizer import ByteTable, KeptTokenizer, kept_files
+from specedit.engine.store.integrity import is_sealed
 
 log = logging.getLogger(__name__)
 

@@ -48,9 +48,9 @@ import torch
 
 from specedit.engine.model import decoder, invariant, kernels, kv_cache, quantized
 from specedit.engine.model.cpu import cpu_class, cpu_flags, cpu_model
-from specedit.engine.model.integrity import is_sealed
-from specedit.engine.model.kept import versions, write_atomically
 from specedit.engine.model.kv_cache import Cache
+from specedit.engine.store.integrity import is_sealed
+from specedit.engine.store.kept import versions, write_atomically
 
 log = logging.getLogger(__name__)
 

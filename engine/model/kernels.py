@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from specedit.engine.model.cpu import cpu_flags
-from specedit.engine.model.integrity import is_sealed, replace_sealed
+from specedit.engine.store.integrity import is_sealed, replace_sealed
 
 log = logging.getLogger(__name__)
 

@@ -15,15 +15,15 @@ from typing import Any
 
 import torch
 
-from specedit.engine.errors import ModelLoadError
 from specedit.engine.model import decoder, exactness, invariant, kernels, kv_cache, quantized
-from specedit.engine.model.integrity import is_sealed
-from specedit.engine.model.kept import kept_file, write_atomically
 from specedit.engine.model.kv_cache import Cache
 from specedit.engine.model.memory import release_freed_memory
-from specedit.engine.model.store import auto_weights, source_gguf
 from specedit.engine.model.tokenizer import KeptTokenizer, compact_pipeline, kept_files
-from specedit.engine.options import DTYPE_CHOICES
+from specedit.engine.records.errors import ModelLoadError
+from specedit.engine.records.options import DTYPE_CHOICES
+from specedit.engine.store.integrity import is_sealed
+from specedit.engine.store.kept import kept_file, write_atomically
+from specedit.engine.store.store import auto_weights, source_gguf
 
 log = logging.getLogger(__name__)
 
@@ -408,7 +408,7 @@ def forward_costs(loaded: LoadedModel, sizes: Sequence[int], context: int = 100,
 
 
 def weight_files(name_or_path: str) -> list[Path]:
-    """The safetensors files of a model folder, which what is kept of it is named after (`model.kept`); none
+    """The safetensors files of a model folder, which what is kept of it is named after (`store.kept`); none
     for a GGUF file or a hub id."""
     source, kwargs = _source(name_or_path)
     return [] if kwargs else sorted(Path(source).glob("*.safetensors"))

@@ -11,7 +11,7 @@ chunks, stopping as soon as it is told to (a real request is waiting).
 
 Every prompt starts alike: the system prompt, up to the user's code (`loop.rewrite.keep_prompt_head`).
 `keep_head` holds that start's cache for good, outside the budget (lent to requests as a copy), read from
-a file that an earlier start of the same model on the same kernels wrote (`model.kept`), so even a
+a file that an earlier start of the same model on the same kernels wrote (`store.kept`), so even a
 process's first request, a one-off `specedit rewrite`'s, prefills only its own part: 61 tokens of the
 default model's prompt, 0.3 s of a cold start steered to AVX2 (0.1 s with AVX-512 VNNI).
 
@@ -32,11 +32,11 @@ import torch
 from safetensors import SafetensorError
 
 from specedit.engine.model import kv_cache
-from specedit.engine.model.integrity import is_sealed
-from specedit.engine.model.kept import write_atomically
 from specedit.engine.model.kv_cache import Cache
 from specedit.engine.model.kv_positions import common_prefix as common_prefix
 from specedit.engine.model.loading import Interrupted, LoadedModel
+from specedit.engine.store.integrity import is_sealed
+from specedit.engine.store.kept import write_atomically
 
 log = logging.getLogger(__name__)
 

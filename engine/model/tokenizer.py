@@ -20,7 +20,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specedit.engine.model.kept import kept_file
+from specedit.engine.store.kept import kept_file
 
 if TYPE_CHECKING:
     from jinja2 import Template

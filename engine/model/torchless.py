@@ -4,7 +4,7 @@ their C ABI (`kernels.cpp`) on numpy's buffers, for a process that has not impor
 A one-off `specedit rewrite` spent most of its cold start importing torch (1.6-2.3 s of the 3.1 s to its
 first streamed byte on an AMD EPYC Zen 3, 2026-12-07), though its forward runs wholly on specedit's own
 kernels, which need only torch's C++ libraries. So a load on torch that runs the model wholly on them
-(`loading.load_model`, through `serving.local.load_target`) keeps a description of it beside its kept
+(`loading.load_model`, through `backends.local.load_target`) keeps a description of it beside its kept
 weights (`keep`): the kernels' library, the kept integer weights, the cos and sin tables as torch computed
 them, the self-check's verdict, and the conditions it holds under (the options, the CPU, the steering
 variables). The next one-off rewrite with the same options finds it (`load`) and runs the same ops on the
@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specedit.engine.model.cpu import cpu_flags, cpu_model
-from specedit.engine.model.integrity import is_sealed
-from specedit.engine.model.kept import kept_file, write_atomically
+from specedit.engine.store.integrity import is_sealed
+from specedit.engine.store.kept import kept_file, write_atomically
 
 if TYPE_CHECKING:
     from specedit.engine.model.loading import LoadedModel
     from specedit.engine.model.torchless_model import TorchlessModel
-    from specedit.engine.options import EngineOptions
+    from specedit.engine.records.options import EngineOptions
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from specedit.engine.model.integrity import is_sealed
 from specedit.engine.model.kv_positions import common_prefix, held_after_crop, whole_buckets
+from specedit.engine.store.integrity import is_sealed
 
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
            "mlp.up_proj", "mlp.down_proj")  # fmt: skip  # `specedit_decoder_layer`'s order

@@ -1,2 +1,0 @@
-"""Operations around the engine: `specedit bench` (`bench`, with llama.cpp as a peer in `llama_cpp`) and
-`specedit calibrate` (`calibrate`)."""
