@@ -34,37 +34,25 @@ from specedit.drafters.base import NO_DRAFT, Draft
 class CopyDrafterConfig:
     """Draft lengths and matching thresholds of the copy drafter; built by keyword.
 
-    The defaults were chosen on a simulation of the engine (greedy; the target writes the reference
-    `after`) over 400 real edits of `shared/data/edits` (the first 80 of five sets), tokenized with a
-    GPT-2-style pre-tokenizer regex, timed with the forward costs in the module docstring (2026-11).
-    The default config scores 7.30x over plain decoding there (the quick pointer drafter of the design
-    notes 7.11x; an oracle that knows which output tokens are copies 7.55x). The score was flat within
-    the ranges tried (all within 1%): the defaults are safe rather than finely tuned.
+    The defaults were chosen on a simulation of the engine over 400 real edits of `shared/data/edits`
+    (docs/drafting.md). The score was flat within the ranges tried: they are safe rather than finely tuned.
     """
 
-    # The longest draft. 64 tokens cost 281 ms against 190 ms for 32: still worth it inside a copy run,
-    # where nearly all of them are accepted.
+    # The longest draft: inside a copy run nearly every token of it is accepted.
     max_draft: int = 64
-    # Length of the first draft. The engine primes the model so that its output starts with the code,
-    # and most rewrites start with unchanged lines; from there the run doubles it (16, 34, 64). The first
-    # text waits for the first forward: on the int8 0.5B model, 2 threads, 16 tokens cost 116 ms against
-    # 417 ms for 64 steered to AVX2 (60 against 157 ms with AVX-512 VNNI), and a first line that changes
-    # wastes all of it. Side by side on 20 whole-file rewrites (2026-12-02), 16 against 64: the first text
-    # 15-18% sooner on both CPU classes, the whole rewrite 0.5% slower to 5% faster (median); 8 and 32 no
-    # better (the simulation below had scored 32 0.15% under 64, on the bf16 costs of the module docstring).
+    # The first draft, before any run: the first text waits for its forward, and a first line that changes
+    # wastes it all (measured: 16 gives the first text 15-18% sooner than 64, docs/drafting.md).
     initial_draft: int = 16
-    # Draft length per token of the agreeing run. 2 scored best (1 and 3: -0.4%, 4: -1%): a higher gain
-    # saves forwards after real anchors but wastes more on chance anchors inside new code.
+    # Draft length per token of the agreeing run: more saves forwards after real anchors, and wastes more on
+    # chance anchors inside new code (2 scored best).
     run_gain: int = 2
-    # Matches of at least this many tokens are trusted anywhere in the source (a moved block, a deletion
-    # longer than `window`). 4 scored +0.2%, 8 -0.1%, 12 -0.2%; 6 leaves a margin for BPE tokens, which
-    # are shorter than the regex tokens of the simulation.
+    # Matches this long are trusted anywhere in the source (a moved block, a deletion longer than `window`).
     global_key: int = 6
     # Shorter matches are trusted only this many tokens after the pointer (and back to the last confirmed
-    # position, see `CopyDrafter`): 256 tokens are ~25 lines of code. 128 and 512 scored the same.
+    # position, see `CopyDrafter`): 256 tokens are ~25 lines of code.
     window: int = 256
     # How many recent output tokens a suffix match compares: the longest match that counts, and the run
-    # that confirms a position. 32 and 128 scored the same.
+    # that confirms a position.
     history: int = 64
 
     def __post_init__(self) -> None:
@@ -277,9 +265,8 @@ class CopyDrafter:
         self._confirmed = 0
         self._last_draft = 0  # length of the last proposal, until its feedback arrives
         # The shortest match a re-anchor trusts. It doubles (up to `global_key`) with every draft the
-        # target rejects outright and halves with every draft it takes from: in new text (a stub turned
-        # into a solution) one-token matches are chance, and a draft on every one of them cost 6% over
-        # plain decoding on polyglot (measured 2026-11-29, Qwen2.5-Coder-0.5B, 0% of 322 drafts accepted).
+        # target rejects outright and halves with every draft it takes from: in new text one-token matches
+        # are chance (measured: drafting on each cost 6% over plain decoding on polyglot, docs/drafting.md).
         self._min_match = 1
 
     @property

@@ -12,7 +12,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from specedit.drafters.model_drafter import (
     ModelDraftConfig,
@@ -116,10 +116,16 @@ def calibration_path(model_name: str) -> Path:
     return folder / CALIBRATION_FILE
 
 
-def read_calibration(model_name: str) -> dict[str, Any]:
+class Calibration(TypedDict):
+    """What `specedit calibrate` saved (`calibration_path`): the layers that draft, and how it found them."""
+
+    layers: tuple[int, ...]
+
+
+def read_calibration(model_name: str) -> Calibration:
     path = calibration_path(model_name)
     try:
-        record: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        record: Calibration = json.loads(path.read_text(encoding="utf-8"))
         record["layers"] = tuple(int(layer) for layer in record["layers"])
     except FileNotFoundError:
         raise ModelLoadError(

@@ -3,9 +3,8 @@ on a subset of its layers (self-speculation: Zhang et al. 2023, "Draft & Verify"
 "LayerSkip").
 
 Both draft one token per forward and stop at the first token the drafter is unsure of: its probability
-below `p_min`. A long draft of unsure tokens costs forwards and is mostly rejected; on prose, drafts of
-fixed length cost up to 4x the energy of plain decoding, and a threshold near 0.5 removed that penalty on
-every task measured (the seed measurements of this project, 2026-11).
+below `p_min`. A long draft of unsure tokens costs forwards and is mostly rejected; a threshold near 0.5
+removed that cost on every task of the project's seed measurements (docs/drafting.md).
 
 - `ModelDrafter`: a second model with the target's tokenizer and its own KV cache. Before drafting it
   feeds the cache what was committed since it last drafted (its backlog: the whole prompt the first time,
@@ -24,7 +23,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -32,6 +30,7 @@ from specedit.drafters.base import NO_DRAFT, Draft
 from specedit.engine.model import kv_cache
 from specedit.engine.model.kv_cache import Cache
 from specedit.engine.model.loading import LoadedModel
+from specedit.engine.model.protocols import Tokenizer
 from specedit.engine.model.sampling import DRAFT_STREAM, SamplingConfig, draw_token, target_probs
 from specedit.engine.records.errors import ModelLoadError
 
@@ -91,7 +90,7 @@ def draft_tokens(
     return Draft(tuple(tokens), None if sampling.greedy else torch.stack(rows))
 
 
-def check_same_tokenizer(target: Any, draft: Any) -> None:
+def check_same_tokenizer(target: Tokenizer, draft: Tokenizer) -> None:
     """The draft model must speak the target's tokens: the same vocabulary, token for token."""
     if len(target) != len(draft):
         raise ModelLoadError(
@@ -224,7 +223,7 @@ class LayerSkipDrafter:
         pass  # nothing to keep: the target's verify forward wrote the committed positions
 
 
-def decoder_layers(model: Any) -> torch.nn.ModuleList:
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     """The list of decoder blocks of a transformers causal LM (Llama/Qwen2/Mistral `layers`, GPT-2 `h`)."""
     base = model.base_model
     for name in ("layers", "h", "blocks"):
@@ -234,7 +233,7 @@ def decoder_layers(model: Any) -> torch.nn.ModuleList:
     raise ModelLoadError(f"layer skip: cannot find the decoder layers of {type(model).__name__}")
 
 
-def skipped_layers(model: Any, kept_layers: Sequence[int]) -> tuple[int, ...]:
+def skipped_layers(model: torch.nn.Module, kept_layers: Sequence[int]) -> tuple[int, ...]:
     """The layers left out when drafting with `kept_layers`. The first layer is always kept: positions
     and attention masks are read from its cache."""
     count = len(decoder_layers(model))
@@ -251,12 +250,12 @@ def skipped_layers(model: Any, kept_layers: Sequence[int]) -> tuple[int, ...]:
 class _SkippedLayer(torch.nn.Module):
     """Stands in for a decoder block while drafting: the residual stream passes through unchanged."""
 
-    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
         return hidden_states
 
 
 @contextmanager
-def skipping_layers(model: Any, skipped: Sequence[int]) -> Iterator[None]:
+def skipping_layers(model: torch.nn.Module, skipped: Sequence[int]) -> Iterator[None]:
     """Within the block, `model` runs without the `skipped` decoder layers."""
     layers = decoder_layers(model)
     originals = {i: layers[i] for i in skipped}

@@ -7,9 +7,10 @@
 - `loop/`: the speculative loop: generate, verify, the governor, and `rewrite` (prepare, then run);
 - `model/`: the forward: the decoder, the KV cache, the kernels, integer weights, sampling, loading;
 - `store/`: provisioning: the model cache, fetching models, the integrity checks, the kept files;
-- `sketch/` and `records/`, one room: edit sketches (the formats, the merge by lines, the checks on every
-  merge), and what every room speaks (requests, events and their wire, options, prompts, errors; no torch:
-  clients import these). A request finds its sketch's format when it is made.
+- `sketch/`: edit sketches (the formats, a chat answer's code, the merge by lines, the checks on every
+  merge), read once per request into one `Sketch` value, which the session makes;
+- `records/`, the lowest: what every room speaks (requests, events and their wire, options, prompts,
+  errors; no torch: clients import these).
 
 The drafters (`specedit.drafters`) sit between the loop and the model. `tests/test_architecture.py` keeps
 the order.

@@ -17,7 +17,7 @@ import re
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from cattrs import BaseValidationError, transform_error
 from cattrs.v import format_exception
@@ -26,6 +26,7 @@ from pygls.exceptions import JsonRpcInvalidParams
 from pygls.io_ import StdinAsyncReader, StdoutWriter
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import JsonRPCProtocol
+from pygls.protocol.json_rpc import RPCMessage
 
 log = logging.getLogger("specedit.lsp")
 
@@ -96,7 +97,7 @@ async def _next_body(reader: StdinAsyncReader) -> bytes | None:
             return body or None
 
 
-def read_message(protocol: JsonRPCProtocol, body: bytes) -> Any | None:
+def read_message(protocol: JsonRPCProtocol, body: bytes) -> RPCMessage | None:
     """The message in `body`, structured as pygls' handlers take it; None when it cannot be read (a
     request among those is answered with its error here)."""
     try:
@@ -113,7 +114,8 @@ def read_message(protocol: JsonRPCProtocol, body: bytes) -> Any | None:
         _refuse(protocol, _id_of(data), INVALID_REQUEST, "not a JSON-RPC 2.0 message")
         return None
     try:
-        return protocol.structure_message(data)
+        message: RPCMessage = protocol.structure_message(data)
+        return message
     except Exception as error:  # pygls' converter: attrs and cattrs errors of many kinds
         cause = error.__cause__ or error
         what = f"{data.get('method', 'a response')}: {_described(cause)}"
@@ -135,7 +137,7 @@ def _refuse(protocol: JsonRPCProtocol, msg_id: int | str | None, code: int, mess
     protocol._send_response(msg_id, None, types.ResponseError(code=code, message=message))  # type: ignore[arg-type]
 
 
-def _id_of(data: Any) -> int | str | None:
+def _id_of(data: object) -> int | str | None:
     msg_id = data.get("id") if isinstance(data, dict) else None
     return msg_id if isinstance(msg_id, (int, str)) and not isinstance(msg_id, bool) else None
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
 
 from lsprotocol import types
 from pygls.workspace.position_codec import PositionCodec
@@ -32,12 +31,12 @@ def code_actions(
     end_line = min(last + 1, len(lines))
     if params.range.start == params.range.end and first > 0 and instruction_comment(lines[first - 1]):
         end_line = next((n for n in range(first, len(lines)) if not lines[n].strip()), len(lines))
-    last_line = {"line": len(lines) - 1, "character": codec.client_num_units(lines[-1])}
-    whole_lines = {
+    last_line: protocol.Position = {"line": len(lines) - 1, "character": codec.client_num_units(lines[-1])}
+    whole_lines: protocol.Range = {
         "start": {"line": first, "character": 0},
         "end": {"line": end_line, "character": 0} if end_line < len(lines) else last_line,
     }
-    document = {"uri": doc.uri, "version": doc.version}
+    document: protocol.TextDocumentRef = {"uri": doc.uri, "version": doc.version}
     actions = []
     comment = instruction_comment(lines[first - 1]) if first > 0 else None
     if comment:
@@ -49,7 +48,11 @@ def code_actions(
         )
     if params.range.start != params.range.end:
         for preset in presets:
-            arguments = {"textDocument": document, "range": whole_lines, "instruction": preset.instruction}
+            arguments: protocol.RewriteParams = {
+                "textDocument": document,
+                "range": whole_lines,
+                "instruction": preset.instruction,
+            }
             actions.append(_action(preset.title, arguments))
     return actions
 
@@ -66,7 +69,7 @@ def instruction_comment(line: str) -> str | None:
     return match.group(1) if match and match.group(1) else None
 
 
-def _action(title: str, arguments: dict[str, Any]) -> types.CodeAction:
+def _action(title: str, arguments: protocol.RewriteParams) -> types.CodeAction:
     return types.CodeAction(
         title=f"specedit: {title}",
         kind=protocol.CODE_ACTION_KIND,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from specedit.engine.records.options import add_engine_arguments
 from specedit.engine.records.requests import DRAFT_METHODS
@@ -30,9 +29,9 @@ def add_lsp_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stdio", action="store_true", help=argparse.SUPPRESS)
 
 
-def add_lsp_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_lsp_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Add `lsp` to the `specedit` command's subparsers."""
-    parser: argparse.ArgumentParser = subparsers.add_parser(
+    parser = subparsers.add_parser(
         "lsp",
         help="run the language server on stdio (for editors)",
         description="The specedit language server, on stdin/stdout. Logs go to stderr.",

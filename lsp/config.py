@@ -15,7 +15,6 @@ import time
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from specedit.engine.backends.config import INPROCESS
 from specedit.engine.records.errors import EngineUnavailableError
@@ -66,7 +65,7 @@ class Settings:
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError("maxNewTokens must be >= 1")
 
-    def merged(self, values: Mapping[str, Any] | None) -> Settings:
+    def merged(self, values: Mapping[str, object] | None) -> Settings:
         """These settings with `values` (an editor's JSON) on top; a bad value is logged and skipped."""
         settings = self
         for key, value in (values or {}).items():
@@ -78,7 +77,7 @@ class Settings:
                 log.warning("ignoring setting specedit.%s = %r: %s", key, value, error)
         return settings
 
-    def _with(self, key: str, value: Any) -> Settings:
+    def _with(self, key: str, value: object) -> Settings:
         if key == "engine" and isinstance(value, str):
             return replace(self, engine=value or None)
         if key == "engineTokenFile" and isinstance(value, str):
@@ -102,7 +101,7 @@ class Settings:
         raise ValueError("unknown setting, or a value of the wrong type")
 
 
-def _engine_option(options: EngineOptions, name: str, value: Any) -> EngineOptions:
+def _engine_option(options: EngineOptions, name: str, value: object) -> EngineOptions:
     """`options` with the field `name` set from an editor's JSON value, checked against the field's type
     ("" sets a text field back to its default); `EngineOptions` validates the result."""
     hint = typing.get_type_hints(EngineOptions)[name]
@@ -117,10 +116,10 @@ def _engine_option(options: EngineOptions, name: str, value: Any) -> EngineOptio
         raise TypeError("a string")
     elif not value:
         value = getattr(EngineOptions(), name)
-    return replace(options, **{name: value})
+    return EngineOptions.from_dict({**options.to_dict(), name: value})
 
 
-def _presets(value: Any) -> tuple[Preset, ...]:
+def _presets(value: object) -> tuple[Preset, ...]:
     """`[{"title", "instruction"}]` or `{"title": "instruction"}`."""
     if isinstance(value, Mapping):
         items = [{"title": title, "instruction": instruction} for title, instruction in value.items()]
@@ -140,7 +139,7 @@ def _presets(value: Any) -> tuple[Preset, ...]:
     return tuple(presets)
 
 
-def section(values: Any) -> Mapping[str, Any]:
+def section(values: object) -> Mapping[str, object]:
     """The `specedit` table of an editor's settings, whether nested under that name or not."""
     if not isinstance(values, Mapping):
         return {}

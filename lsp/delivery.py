@@ -40,7 +40,7 @@ Edit = tuple[int, int, str]  # (start, end, new text): replace text[start:end]
 
 MAX_ATTEMPTS = 50  # re-plans of one intent (each after the user typed meanwhile) before giving up
 # Versions of our own edits a request may be behind: a live rewrite writes many, one per echo (a tiny model
-# on specedit's int8 kernels wrote 20 between an editor's sight of version 1 and its request, 2026-12).
+# on specedit's int8 kernels wrote 20 between an editor's sight of version 1 and its request).
 OWN_VERSIONS = 64
 
 

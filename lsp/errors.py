@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pygls.exceptions import (
     JsonRpcContentModified,
     JsonRpcException,
@@ -12,6 +10,7 @@ from pygls.exceptions import (
 )
 
 from specedit.engine.records.errors import InputError, RegionError, SpeceditError
+from specedit.lsp.protocol import ErrorPayload
 
 REQUEST_FAILED = -32803  # LSP: the request is valid but failed (model, engine, context length)
 
@@ -31,7 +30,7 @@ class StaleVersionError(SpeceditError):  # type: ignore[misc,unused-ignore]
 
 def to_jsonrpc(error: BaseException) -> JsonRpcException:
     """Map any error to the JSON-RPC error the client gets. `data` says which kind it was."""
-    data: dict[str, Any] = {"kind": type(error).__name__}
+    data: dict[str, object] = {"kind": type(error).__name__}
     if isinstance(error, SpeceditError):
         data["exitCode"] = error.exit_code
     message = str(error) or type(error).__name__
@@ -46,7 +45,7 @@ def to_jsonrpc(error: BaseException) -> JsonRpcException:
     return JsonRpcInternalError(message, data=data)
 
 
-def error_payload(error: BaseException) -> dict[str, Any]:
+def error_payload(error: BaseException) -> ErrorPayload:
     """The same mapping, as the `error` member of a result (for a job that had started)."""
     mapped = to_jsonrpc(error)
     return {"code": mapped.code, "message": mapped.message, "data": mapped.data}

@@ -12,22 +12,20 @@ import itertools
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
 from urllib.parse import unquote, urlparse
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
 from specedit.engine.records.errors import EngineUnavailableError, ModelLoadError, SpeceditError
-from specedit.engine.records.events import DecodingRate, Phase, Step, Text
+from specedit.engine.records.events import Phase, Step, Text
 from specedit.engine.records.prompts import language_for_path
 from specedit.engine.records.requests import RewriteOutcome, RewriteRequest
 from specedit.engine.session.session import Session
-from specedit.lsp import protocol
+from specedit.lsp import progress, protocol
 from specedit.lsp.config import Settings
 from specedit.lsp.delivery import DocumentState, Intent, IntentResult, Rebase, WriteOut
 from specedit.lsp.documents import TextIndex
@@ -42,42 +40,8 @@ from specedit.lsp.writer import EditWriter
 
 log = logging.getLogger("specedit.lsp")
 
-REPORT_INTERVAL = 0.1  # s between progress reports
-TICK_INTERVAL = 0.5  # s between reports while nothing is written yet (the elapsed time moves on)
 RETAINED_JOBS = 16  # finished jobs kept per document for accept / reject
 KEEP, DROP = "Keep", "Drop"  # what a client without a plugin is asked, where a rewrite became a preview
-
-
-@dataclass
-class LiveStats:
-    """Stats of a running rewrite: where it is before its first step (`Phase`), then the engine's latest
-    step report. The rate counts decoding only (`DecodingRate`)."""
-
-    started: float = field(default_factory=time.perf_counter)
-    phase: Phase | None = None
-    last: Step | None = None
-    decoding: DecodingRate = field(default_factory=DecodingRate)
-
-    def step(self, info: Step) -> None:
-        self.decoding.step(info)
-        self.last = info
-
-    def to_dict(self, lines_done: int, lines_total: int) -> dict[str, Any]:
-        now = time.perf_counter()
-        generated = self.last.generated_tokens if self.last else 0
-        rate = self.decoding.rate(generated)
-        stats = {
-            "phase": "writing" if self.last else self.phase.name if self.phase else "starting",
-            "seconds": round(now - self.started, 1),
-            "generated_tokens": generated,
-            "tokens_per_second": round(rate, 1) if rate is not None else 0.0,
-            "acceptance_rate": round(self.last.acceptance_rate, 4) if self.last else 0.0,
-            "target_forwards": self.last.step if self.last else 0,
-            "lines_done": lines_done,
-            "lines_total": lines_total,
-        }
-        stats["message"] = _progress_message(stats, self.phase, rate)
-        return stats
 
 
 @dataclass(eq=False)
@@ -95,7 +59,7 @@ class RewriteJob:
     cancel: threading.Event = field(default_factory=threading.Event)
     stop_reason: protocol.Status | None = None  # cancelled or superseded
     running: bool = True
-    stats: LiveStats = field(default_factory=LiveStats)
+    stats: progress.LiveStats = field(default_factory=progress.LiveStats)
     reported: int = 0  # hunks sent as partial results so far
     last_report: float = 0.0
     final_intent: Intent | None = None
@@ -122,7 +86,7 @@ class RewriteJob:
             self.cancel.set()
         self.write_out.stopped = True
 
-    def live_stats(self) -> dict[str, Any]:
+    def live_stats(self) -> protocol.ProgressStats:
         return self.stats.to_dict(self.write_out.tracker.lines_done, self.write_out.tracker.lines_total)
 
 
@@ -265,7 +229,7 @@ class Rewrites:
             job.running = False
             return self._error_result(job, error)
         events = session.stream(job.request, cancel=job.cancel)
-        await self._begin_progress(job, server_progress)
+        job.progress_token = await progress.begin(self._lsp, job.progress_token, job.id, server_progress)
         ticker = asyncio.ensure_future(self._tick(job))
 
         ending: RewriteOutcome | BaseException | None = None
@@ -308,7 +272,8 @@ class Rewrites:
             except asyncio.CancelledError:
                 _uncancel()
                 job.stop("cancelled")
-        self._end_progress(job, result)
+        if job.progress_token is not None:
+            progress.end(self._lsp, job.progress_token, job.id, result)
         log.info("%s: %s %s", job.id, result["status"], result.get("message", ""))
         if server_progress and result.get("offered", {}).get("hunks"):
             asking = asyncio.ensure_future(self._ask_to_keep(job, result.get("message", "")))
@@ -332,9 +297,9 @@ class Rewrites:
             log.info("%s: not asked to keep it: %s", job.id, error)
 
     async def _tick(self, job: RewriteJob) -> None:
-        """Until the first step, a report every TICK_INTERVAL: the user sees the model load, not a stall."""
+        """Until the first step, a report every progress.TICK_INTERVAL: the user sees the model load, not a stall."""
         while job.running and job.stats.last is None:
-            await asyncio.sleep(TICK_INTERVAL)
+            await asyncio.sleep(progress.TICK_INTERVAL)
             if job.running and job.stats.last is None:
                 self._report(job, force=True)
 
@@ -386,7 +351,7 @@ class Rewrites:
         result: protocol.RewriteResult = {
             "jobId": job.id,
             "status": status,
-            "stats": outcome.stats,
+            "stats": outcome.stats.to_dict(),
             "delivery": job.delivery,
         }
         if job.previewed is not None and status in ("complete", "cancelled"):
@@ -400,7 +365,7 @@ class Rewrites:
         if doc is not None and job.previewed is not None:
             result["offered"] = self._offered(job, doc)
         if job.stop_reason is not None:
-            result["stepsAfterCancel"] = outcome.stats.get("steps_after_cancel", 0)
+            result["stepsAfterCancel"] = outcome.stats.steps_after_cancel or 0
         if job.uri not in self._documents:
             self.jobs.pop(job.id, None)
         return result
@@ -415,7 +380,7 @@ class Rewrites:
         if doc is not None:
             await self._drop(job, doc, sorted(job.write_out.region.hunks))
             await self._waiting.until(lambda: not doc.pending_intents(job.write_out) or job.uri not in self._documents)
-        return {"jobId": job.id, "status": "error", "message": str(error), "stats": outcome.stats}
+        return {"jobId": job.id, "status": "error", "message": str(error), "stats": outcome.stats.to_dict()}
 
     # ----------------------------------------------------------------------------- live to preview
 
@@ -505,9 +470,9 @@ class Rewrites:
         return {"version": doc.version, "hunks": hunks}
 
     def _report(self, job: RewriteJob, *, force: bool = False) -> None:
-        """Partial results (new hunks, stats) and work-done progress, at most every REPORT_INTERVAL."""
+        """Partial results (new hunks, stats) and work-done progress, at most every progress.REPORT_INTERVAL."""
         now = time.perf_counter()
-        if not force and now - job.last_report < REPORT_INTERVAL:
+        if not force and now - job.last_report < progress.REPORT_INTERVAL:
             return
         job.last_report = now
         stats = job.live_stats()
@@ -528,38 +493,7 @@ class Rewrites:
                 partial["written"] = self._written(job, doc)
             lsp.protocol.notify(types.PROGRESS, types.ProgressParams(token=job.partial_token, value=partial))
         if job.progress_token is not None and job.running:
-            total = max(stats["lines_total"], 1)
-            lsp.work_done_progress.report(
-                job.progress_token,
-                types.WorkDoneProgressReport(
-                    message=stats["message"],
-                    percentage=min(100, 100 * stats["lines_done"] // total),
-                    cancellable=True,
-                ),
-            )
-
-    async def _begin_progress(self, job: RewriteJob, server_progress: bool) -> None:
-        lsp = self._lsp
-        if job.progress_token is None and server_progress and _supports_progress(lsp.client_capabilities):
-            token = f"specedit-{job.id}-{uuid.uuid4().hex[:8]}"
-            try:
-                await lsp.work_done_progress.create_async(token)
-                job.progress_token = token
-            except Exception as error:  # a client may refuse: no progress then
-                log.info("no work-done progress: %s", error)
-        if job.progress_token is not None:
-            lsp.work_done_progress.begin(
-                job.progress_token,
-                types.WorkDoneProgressBegin(title="specedit: rewriting", cancellable=True, percentage=0),
-            )
-
-    def _end_progress(self, job: RewriteJob, result: protocol.RewriteResult) -> None:
-        if job.progress_token is not None:
-            progress = self._lsp.work_done_progress
-            said = (result.get("message", "").splitlines() or [job.id])[0]
-            ending = said if said.startswith(result["status"]) else f"{result['status']}: {said}"
-            progress.end(job.progress_token, types.WorkDoneProgressEnd(message=ending))
-            progress.tokens.pop(job.progress_token, None)
+            progress.report(lsp, job.progress_token, stats)
 
     # ------------------------------------------------------------------------- accept, reject, cancel
 
@@ -650,27 +584,6 @@ def overlap(start_a: int, end_a: int, start_b: int, end_b: int) -> bool:
     if start_b == end_b:
         return start_a <= start_b <= end_a
     return max(start_a, start_b) < min(end_a, end_b)
-
-
-def _progress_message(stats: dict[str, Any], phase: Phase | None, rate: float | None) -> str:
-    """What the editor shows: the model loading, the queue, the prefill, then the lines written."""
-    seconds = stats["seconds"]
-    if stats["phase"] == "starting":
-        return f"starting · {seconds:.0f} s"
-    if stats["phase"] == "loading":
-        return f"loading the model · {seconds:.0f} s"
-    if stats["phase"] == "queued" and phase is not None and phase.ahead > 0:
-        return f"waiting for {phase.ahead} other rewrite{'s' if phase.ahead != 1 else ''} · {seconds:.0f} s"
-    if stats["phase"] != "writing":
-        return f"reading the file · {seconds:.0f} s"
-    speed = "…" if rate is None else f"{rate:.1f}" if rate < 10 else f"{rate:.0f}"
-    return (
-        f"{stats['lines_done']}/{stats['lines_total']} lines · {speed} tok/s · {stats['acceptance_rate']:.0%} accepted"
-    )
-
-
-def _supports_progress(capabilities: types.ClientCapabilities) -> bool:
-    return bool(capabilities.window and capabilities.window.work_done_progress)
 
 
 def _uncancel() -> None:

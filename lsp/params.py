@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 from lsprotocol import types
 
@@ -17,10 +17,11 @@ from specedit.lsp import protocol
 from specedit.lsp.errors import InvalidRequestError
 
 
-def plain(value: Any) -> Any:
+def plain(value: object) -> object:
     """JSON as dicts and lists: pygls hands the params of methods it does not know over as namedtuples."""
-    if hasattr(value, "_asdict"):
-        return {key: plain(item) for key, item in value._asdict().items()}
+    as_dict = getattr(value, "_asdict", None)
+    if callable(as_dict):
+        return plain(as_dict())
     if isinstance(value, Mapping):
         return {key: plain(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
@@ -43,7 +44,7 @@ class RewriteCall:
     work_done_token: int | str | None
 
     @classmethod
-    def parse(cls, params: Any) -> RewriteCall:
+    def parse(cls, params: object) -> RewriteCall:
         params = plain(params)
         if not isinstance(params, Mapping):
             raise InvalidRequestError("the parameters must be an object")
@@ -86,7 +87,7 @@ class JobSelector:
     hunks: tuple[int, ...] | None = None  # only these hunks (None: all)
 
     @classmethod
-    def parse(cls, arguments: tuple[Any, ...]) -> JobSelector:
+    def parse(cls, arguments: tuple[object, ...]) -> JobSelector:
         """From a command's arguments: none, or one selector object."""
         value = plain(arguments[0]) if arguments else None
         if value is None:
@@ -112,14 +113,18 @@ class JobSelector:
 UINTEGER_MAX = 2**31 - 1  # the LSP's `uinteger`: positions are 0 to this
 
 
-def _range(value: Any) -> types.Range:
+def _range(value: object) -> types.Range:
     try:
+        if not isinstance(value, Mapping):
+            raise TypeError
         return types.Range(start=_position(value["start"], "start"), end=_position(value["end"], "end"))
     except (KeyError, TypeError):
         raise InvalidRequestError("range must be {start: {line, character}, end: {line, character}}") from None
 
 
-def _position(value: Any, name: str) -> types.Position:
+def _position(value: object, name: str) -> types.Position:
+    if not isinstance(value, Mapping):
+        raise TypeError
     line, character = value["line"], value["character"]
     for field, number in (("line", line), ("character", character)):
         if not isinstance(number, int) or isinstance(number, bool) or not 0 <= number <= UINTEGER_MAX:
@@ -127,7 +132,7 @@ def _position(value: Any, name: str) -> types.Position:
     return types.Position(line=line, character=character)
 
 
-def _token(value: Any) -> int | str | None:
+def _token(value: object) -> int | str | None:
     if value is None or (isinstance(value, (int, str)) and not isinstance(value, bool)):
         return value
     raise InvalidRequestError("a progress token is an integer or a string")

@@ -42,7 +42,7 @@ Hunks are whole-line replacements of the region; their `id`s are what `specedit.
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict
+from typing import Literal, TypedDict
 
 REWRITE_METHOD = "specedit/rewrite"
 PROVISIONAL_NOTIFICATION = "specedit/provisional"
@@ -66,7 +66,7 @@ EngineState = Literal["loading", "ready", "failed"]
 ENGINE_STATES: tuple[EngineState, ...] = ("loading", "ready", "failed")
 
 # Every name a client needs, for the test that checks the TypeScript and Lua copies.
-NAMES: dict[str, Any] = {
+NAMES: dict[str, str | list[str]] = {
     "rewriteMethod": REWRITE_METHOD,
     "provisionalNotification": PROVISIONAL_NOTIFICATION,
     "engineNotification": ENGINE_NOTIFICATION,
@@ -117,10 +117,24 @@ class WrittenHunks(TypedDict):
     hunks: list[HunkPayload]  # `range`: where the hunk's new text (`offered`: old text) is now
 
 
+class ProgressStats(TypedDict):
+    """A running rewrite's figures, in partial results and in work-done progress."""
+
+    phase: str  # starting, loading, queued, started, writing
+    seconds: float  # since the job started
+    generated_tokens: int
+    tokens_per_second: float  # decoding alone
+    acceptance_rate: float
+    target_forwards: int
+    lines_done: int
+    lines_total: int
+    message: str  # one line for people
+
+
 class RewritePartialResult(TypedDict, total=False):
     jobId: str  # required
     hunks: list[HunkPayload]  # required
-    stats: dict[str, Any]  # required: generated_tokens, tokens_per_second, acceptance_rate, lines_done, ...
+    stats: ProgressStats  # required
     delivery: Delivery  # required: the job's delivery now ("preview" once a live rewrite became one)
     written: WrittenHunks  # a live rewrite's hunks written so far, where they are now
 
@@ -128,14 +142,20 @@ class RewritePartialResult(TypedDict, total=False):
 class RewriteResult(TypedDict, total=False):
     jobId: str
     status: Status
-    stats: dict[str, Any]  # the engine's stats (as `specedit rewrite --stats` writes them)
+    stats: dict[str, object]  # the engine's stats (`Stats.to_dict`, as `specedit rewrite --stats` writes them)
     hunks: list[HunkPayload]
     written: WrittenHunks  # the hunks written into the document (a live rewrite), each one `reject`able
     offered: WrittenHunks  # a live rewrite that became a preview: its hunks, each one `accept`able
     delivery: Delivery  # the delivery the job ended with ("preview" where a live rewrite became one)
     message: str  # for conflict and error
-    error: dict[str, Any]  # for error: {code, message, data}
+    error: ErrorPayload  # for error
     stepsAfterCancel: int  # engine steps completed after cancellation was requested (at most 1)
+
+
+class ErrorPayload(TypedDict):
+    code: int
+    message: str
+    data: dict[str, object] | None  # kind: the error's class; exitCode: the command line's, for specedit's own
 
 
 class ProvisionalParams(TypedDict):

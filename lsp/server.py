@@ -22,7 +22,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
@@ -31,6 +31,7 @@ from pygls.protocol.language_server import lsp_method
 from pygls.workspace.position_codec import PositionCodec
 
 from specedit.engine.records.errors import SpeceditError
+from specedit.engine.records.options import EngineOptions
 from specedit.engine.session.session import Session
 from specedit.engine.store.fetch import ProgressCallback
 from specedit.lsp import protocol
@@ -49,6 +50,9 @@ from specedit.lsp.writer import EditWriter
 
 log = logging.getLogger("specedit.lsp")
 
+# What pygls' method generators yield: a handler to run, with its positional and keyword arguments.
+HandlerCall = tuple[Callable[..., object], tuple[object, ...], None]
+
 VERSION = "0.1.0"
 
 
@@ -60,27 +64,27 @@ class OwnDocumentsProtocol(LanguageServerProtocol):
     before the server's handler sees them: after one form feed in a file, changes on its line and below it
     could come out misplaced, and the echo of the server's own edit taken for the user's typing."""
 
-    def _only_ours(self, method: str, params: Any) -> Iterator[Any]:
+    def _only_ours(self, method: str, params: object) -> Iterator[HandlerCall]:
         if (handler := self.fm.features.get(method)) is not None:
             yield handler, (params,), None
 
     @lsp_method(types.TEXT_DOCUMENT_DID_OPEN)
-    def lsp_text_document__did_open(self, params: types.DidOpenTextDocumentParams) -> Iterator[Any]:
+    def lsp_text_document__did_open(self, params: types.DidOpenTextDocumentParams) -> Iterator[HandlerCall]:
         yield from self._only_ours(types.TEXT_DOCUMENT_DID_OPEN, params)
 
     @lsp_method(types.TEXT_DOCUMENT_DID_CHANGE)
-    def lsp_text_document__did_change(self, params: types.DidChangeTextDocumentParams) -> Iterator[Any]:
+    def lsp_text_document__did_change(self, params: types.DidChangeTextDocumentParams) -> Iterator[HandlerCall]:
         yield from self._only_ours(types.TEXT_DOCUMENT_DID_CHANGE, params)
 
     @lsp_method(types.TEXT_DOCUMENT_DID_CLOSE)
-    def lsp_text_document__did_close(self, params: types.DidCloseTextDocumentParams) -> Iterator[Any]:
+    def lsp_text_document__did_close(self, params: types.DidCloseTextDocumentParams) -> Iterator[HandlerCall]:
         yield from self._only_ours(types.TEXT_DOCUMENT_DID_CLOSE, params)
 
 
 class SpeceditServer(LanguageServer):
     def __init__(
         self,
-        overrides: Mapping[str, Any] | None = None,
+        overrides: Mapping[str, object] | None = None,
         sessions: Callable[[Settings, ProgressCallback], Session] = open_session,
     ) -> None:
         """`overrides`: settings that win over the editor's; `sessions`: where rewrites run for given
@@ -91,9 +95,9 @@ class SpeceditServer(LanguageServer):
             protocol_cls=OwnDocumentsProtocol,
             text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
         )
-        self.overrides: Mapping[str, Any] = overrides or {}  # the command line: applied last
-        self.initialization_settings: Mapping[str, Any] = {}
-        self.workspace_settings: Mapping[str, Any] = {}
+        self.overrides: Mapping[str, object] = overrides or {}  # the command line: applied last
+        self.initialization_settings: Mapping[str, object] = {}
+        self.workspace_settings: Mapping[str, object] = {}
         self.settings = Settings().merged(self.overrides)
         self.documents: dict[str, DocumentState] = {}
         self.waiting = Waiting()
@@ -105,7 +109,7 @@ class SpeceditServer(LanguageServer):
         self.warmer = Warmer(self.documents, self.session, lambda: self.settings.warm)
         self._sessions = sessions
         self._session: Session | None = None
-        self._session_settings: tuple[Any, ...] | None = None
+        self._session_settings: tuple[str | None, str | None, EngineOptions] | None = None
         self._keeper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specedit-keep")
         self._started: Session | None = None  # the session whose engine started (on the keeper's thread)
         self._loop: asyncio.AbstractEventLoop | None = None  # the one serving the client, once it opened a document
@@ -222,7 +226,7 @@ def read_changes(
 
 # --------------------------------------------------------------------------------------- handlers
 
-Handler = TypeVar("Handler", bound=Callable[..., Any])
+Handler = TypeVar("Handler", bound=Callable[..., object])
 
 
 def _answers_errors(handler: Handler) -> Handler:
@@ -230,7 +234,7 @@ def _answers_errors(handler: Handler) -> Handler:
     if inspect.iscoroutinefunction(handler):
 
         @functools.wraps(handler)
-        async def answer_async(*args: Any) -> Any:
+        async def answer_async(*args: object) -> object:
             try:
                 return await handler(*args)
             except SpeceditError as error:
@@ -239,7 +243,7 @@ def _answers_errors(handler: Handler) -> Handler:
         return answer_async  # type: ignore[return-value]
 
     @functools.wraps(handler)
-    def answer(*args: Any) -> Any:
+    def answer(*args: object) -> object:
         try:
             return handler(*args)
         except SpeceditError as error:
@@ -316,7 +320,7 @@ def on_code_action(ls: SpeceditServer, params: types.CodeActionParams) -> list[t
 
 
 @_answers_errors
-async def on_rewrite(ls: SpeceditServer, params: Any) -> protocol.RewriteResult:
+async def on_rewrite(ls: SpeceditServer, params: object) -> protocol.RewriteResult:
     job = await ls.rewrites.start(RewriteCall.parse(params))
     try:
         return await ls.rewrites.run(job)
@@ -325,7 +329,7 @@ async def on_rewrite(ls: SpeceditServer, params: Any) -> protocol.RewriteResult:
 
 
 @_answers_errors
-async def command_rewrite(ls: SpeceditServer, *arguments: Any) -> protocol.RewriteResult:
+async def command_rewrite(ls: SpeceditServer, *arguments: object) -> protocol.RewriteResult:
     # pygls does not pass $/cancelRequest for a command on to its handler: watch the request's future.
     future = ls.protocol._request_futures.get(ls.protocol.msg_id) if ls.protocol.msg_id is not None else None
     job = await ls.rewrites.start(RewriteCall.parse(arguments[0] if arguments else {}))
@@ -338,22 +342,22 @@ async def command_rewrite(ls: SpeceditServer, *arguments: Any) -> protocol.Rewri
 
 
 @_answers_errors
-async def command_accept(ls: SpeceditServer, *arguments: Any) -> protocol.EditResult:
+async def command_accept(ls: SpeceditServer, *arguments: object) -> protocol.EditResult:
     return await ls.rewrites.accept(JobSelector.parse(arguments))
 
 
 @_answers_errors
-async def command_reject(ls: SpeceditServer, *arguments: Any) -> protocol.EditResult:
+async def command_reject(ls: SpeceditServer, *arguments: object) -> protocol.EditResult:
     return await ls.rewrites.reject(JobSelector.parse(arguments))
 
 
 @_answers_errors
-def command_cancel(ls: SpeceditServer, *arguments: Any) -> dict[str, list[str]]:
+def command_cancel(ls: SpeceditServer, *arguments: object) -> dict[str, list[str]]:
     return ls.rewrites.cancel(JobSelector.parse(arguments))
 
 
 def build_server(
-    overrides: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, object] | None = None,
     sessions: Callable[[Settings, ProgressCallback], Session] = open_session,
 ) -> SpeceditServer:
     """A server with every handler registered (for the arguments, see `SpeceditServer`)."""
@@ -379,7 +383,7 @@ def build_server(
     return server
 
 
-def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
+def overrides_from_args(args: argparse.Namespace) -> dict[str, object]:
     """Command-line flags as settings (only those given), by the editors' names."""
     names = {
         "engine": "engine",

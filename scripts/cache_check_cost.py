@@ -6,7 +6,7 @@ alternated in one process; then the checks alone, on every file of the cache the
 
     .venv/bin/python scripts/cache_check_cost.py [--model NAME] [--rounds 5]
 
-"Without" takes a kept file where it is (`Path.is_file`, as before the seals) and the converted folder
+"Without" takes a kept file where it is (`Path.is_file` alone, no seal checked) and the converted folder
 without looking at it. The kernels are loaded once a process, so their check is counted only in the
 checks alone. Run it on a warm cache (one `specedit rewrite` first), or the first round makes what is kept.
 """

@@ -117,9 +117,10 @@ ROOMS = (
     ("drafters", ("specedit.drafters",)),
     ("the model", ("specedit.engine.model",)),
     ("the store", ("specedit.engine.store",)),
-    # A request finds its sketch's format when it is made (`patches.detect`, off a door's event loop), and
-    # the sketch's checks raise the records' errors: the two folders are one room, the lowest.
-    ("sketches and records", ("specedit.engine.sketch", "specedit.engine.records")),
+    # The session reads a request's sketch (`sketch.Sketch`); the sketch reads the records' requests and
+    # raises their errors.
+    ("sketches", ("specedit.engine.sketch",)),
+    ("records", ("specedit.engine.records",)),
 )
 # engine/ holds the rooms and no module of its own: its `__init__` is their map and imports none of them,
 # so any room may import it.
@@ -144,8 +145,8 @@ def test_room_of() -> None:
     assert ROOMS[room_of("specedit.engine.backends.local")][0] == "backends"
     assert ROOMS[room_of("specedit.engine.model.sampling")][0] == "the model"
     assert ROOMS[room_of("specedit.engine.store.fetch")][0] == "the store"
-    assert ROOMS[room_of("specedit.engine.sketch.merge")][0] == "sketches and records"
-    assert ROOMS[room_of("specedit.engine.records.events")][0] == "sketches and records"
+    assert ROOMS[room_of("specedit.engine.sketch.merge")][0] == "sketches"
+    assert ROOMS[room_of("specedit.engine.records.events")][0] == "records"
     with pytest.raises(AssertionError, match="in no room"):
         room_of("specedit.engine.loose")  # a module beside the rooms, not in one
 
@@ -161,8 +162,8 @@ def test_every_module_is_in_a_room() -> None:
 
 def test_rooms_read_in_one_direction() -> None:
     """Front ends above the session, the session above the backends, the backends above the loop, the
-    loop above the drafters and the model, the model above the store, and the sketches and the records
-    below them all: a module that imports from a room above its own is in the wrong room."""
+    loop above the drafters and the model, the model above the store, the sketches below them, and the
+    records below them all: a module that imports from a room above its own is in the wrong room."""
     found = modules()
     upward = [
         f"{name} ({ROOMS[room_of(name)][0]}) imports {target} ({ROOMS[room_of(target)][0]})"
@@ -182,3 +183,24 @@ def test_kept_descriptions_name_sources_that_exist() -> None:
 
     folder = Path(torchless.__file__).parent
     assert [name for name in torchless.SOURCES if not (folder / name).is_file()] == []
+    # The kernels' C++ is compiled into the library a description names: every file of it counts.
+    kernel_sources = sorted(path.name for path in folder.iterdir() if path.suffix in {".cpp", ".h"})
+    assert sorted(name for name in torchless.SOURCES if name.endswith((".cpp", ".h"))) == kernel_sources
+
+
+def test_kernels_are_keyed_by_and_ship_every_source() -> None:
+    """The kernels' library is keyed by every C++ file it is compiled from (`kernels.SOURCES`), and the
+    package ships each of them: a file left out would compile stale, or not at all once installed."""
+    import re
+
+    from specedit.engine.model import kernels
+
+    folder = Path(kernels.__file__).parent
+    on_disk = sorted(path.name for path in folder.iterdir() if path.suffix in {".cpp", ".h"})
+    assert sorted(path.name for path in kernels.SOURCES) == on_disk
+    assert kernels.UNIT in kernels.SOURCES
+    project = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    package_data = re.search(r'^"specedit\.engine\.model" = \[(.*)\]', project, re.MULTILINE)
+    assert package_data is not None, "pyproject.toml ships no package data for specedit.engine.model"
+    shipped = re.findall(r'"([^"]+)"', package_data.group(1))
+    assert [name for name in on_disk if not any(Path(name).match(pattern) for pattern in shipped)] == []

@@ -13,11 +13,13 @@ import pytest
 from specedit.engine.doors.http.apply import apply_request
 from specedit.engine.records.events import Event, Text
 from specedit.engine.records.requests import ChatMessage, RewriteOutcome, RewriteRequest, SamplingConfig, WarmRequest
+from specedit.engine.records.stats import Stats
 from specedit.engine.session.session import Session, T
 from specedit.engine.sketch import chat_answer
 from specedit.engine.sketch.chat_answer import ChatAnswerError, sketch_from_answer
 from specedit.engine.sketch.merge import merge_sketch
 from specedit.engine.sketch.patches import detect
+from specedit.engine.sketch.sketch import Sketch
 
 from conftest import LINES_SKETCH
 
@@ -186,11 +188,16 @@ class AnsweringBackend:
         self.asked: list[RewriteRequest] = []
 
     def run(
-        self, request: RewriteRequest, emit: Callable[[Event], None], cancel: threading.Event, client: str
+        self,
+        request: RewriteRequest,
+        emit: Callable[[Event], None],
+        cancel: threading.Event,
+        client: str,
+        sketch: Sketch | None = None,
     ) -> RewriteOutcome:
         self.asked.append(request)
         emit(Text(self.answer))
-        return RewriteOutcome.finished(self.answer, "stop", {})
+        return RewriteOutcome.finished(self.answer, "stop", Stats())
 
     def in_turn(self, work: Callable[[], T], emit: Callable[[Event], None], cancel: threading.Event, client: str) -> T:
         return work()
@@ -214,8 +221,8 @@ def test_a_chat_answer_merges_as_its_bare_sketch_does() -> None:
     outcome = Session(backend).run(RewriteRequest(ORIGINAL, sketch=answer, path="add.py"))
     bare = Session(backend).run(RewriteRequest(ORIGINAL, sketch=SKETCH, path="add.py"))
     assert outcome.complete and outcome.text == bare.text == MERGED and backend.asked == []
-    assert outcome.stats["merge"] == "lines" and outcome.stats["sketch_from"] == "a chat answer: 1 fenced block"
-    assert "sketch_from" not in bare.stats
+    assert outcome.stats.merge == "lines" and outcome.stats.sketch_from == "a chat answer: 1 fenced block"
+    assert bare.stats.sketch_from is None
 
 
 def test_the_model_is_shown_the_code_and_may_not_write_the_prose() -> None:

@@ -182,8 +182,8 @@ NEW_LINE = [101, 5001, 5002, 5003, 5004, 0]
 
 @pytest.mark.parametrize(
     ("edit", "target_lines", "max_steps"),
-    # max_steps: what the default config took (2026-11: 37, 41, 44, 57, 39, 33, 51, with a first draft of
-    # 64; one or two more since it is 16: 38, 42, 45, 59, 40, 34, 52), plus ~10%. A pure copy takes the
+    # max_steps: what the default config takes (38, 42, 45, 59, 40, 34, 52, with a first draft of 16),
+    # plus ~10%. A pure copy takes the
     # least possible after the first draft's ramp (17 tokens, 35, then 65 a step): 2 + ceil(2315 / 65) =
     # 38; an edit costs its new tokens (one per forward) and a few steps to re-anchor.
     [

@@ -256,7 +256,7 @@ def test_exact_on_every_cpu_class_this_machine_can_steer_to(cpu: str) -> None:
     own_class = exactness.cpu_class() == cpu
     for line in lines[1:]:
         verdict = line["verdict"]
-        # float32 on the classes verified on real hardware (AVX2, 2026-11), and anything on this CPU's own.
+        # float32 on the classes verified on real hardware (AVX2), and anything on this CPU's own.
         if (line["dtype"] == "torch.float32" and cpu != "AVX512") or own_class:
             assert verdict["bitwise"], line
         if verdict["bitwise"]:

@@ -32,8 +32,9 @@ from specedit.drafters.model_drafter import (
 )
 from specedit.engine.loop.drafting import build_drafter
 from specedit.engine.loop.generate import Engine, Generation
-from specedit.engine.loop.governor import CATCH_UP_ROW, RENT, CostGovernor, StepCost
+from specedit.engine.loop.governor import CATCH_UP_ROW, RENT, CostGovernor
 from specedit.engine.loop.rewrite import rewrite
+from specedit.engine.loop.step import StepRecord
 from specedit.engine.model import kernels, kv_cache, quantized
 from specedit.engine.model.loading import LoadedModel, load_model
 from specedit.engine.model.sampling import SamplingConfig
@@ -498,9 +499,9 @@ def test_a_copy_of_an_unrelated_original_stops_drafting() -> None:
     assert speculative.stats.drafted_tokens - speculative.stats.accepted_tokens < 64 + 4 * 8
 
 
-def _cost(source: str, drafted: int, accepted: int, wall: float, position: int = 100) -> StepCost:
+def _cost(source: str, drafted: int, accepted: int, wall: float, position: int = 100) -> StepRecord:
     committed = accepted + 1
-    return StepCost(source, drafted, accepted, committed, wall, 2 * wall, position)
+    return StepRecord(source, drafted, accepted, committed, wall, 2 * wall, position)
 
 
 def test_the_governor_measures_plain_decoding_with_a_probe_and_judges_by_it() -> None:
@@ -609,7 +610,7 @@ def test_a_draft_model_reads_a_long_backlog_only_once_waiting_has_cost_as_much()
     gated.observe(8)
     # 8 accepted for the catch-up and 0.1 s more: judged on the 0.1 s, it paid
     sunk = inner.caught_up[1]
-    governor.record(StepCost("draft-model", 8, 8, 9, sunk + 0.1, 2 * (sunk + 0.1), len(context) + 9))
+    governor.record(StepRecord("draft-model", 8, 8, 9, sunk + 0.1, 2 * (sunk + 0.1), len(context) + 9))
     assert link.cap == 8 and link.backoffs == 0 and link.balance > 0
     context += [1] * 9
     assert inner.backlog(context) == 1 and gated.propose(context, 8).tokens  # the target's token: read at once
@@ -631,7 +632,7 @@ def test_the_one_token_a_caught_up_draft_model_reads_counts_against_its_step() -
     draft = gated.propose(context, 2)
     assert len(draft) == 2 and inner.caught_up == (1, 0.06)
     gated.observe(2)
-    governor.record(StepCost("draft-model", 2, 2, 3, 0.32, 0.64, 13))
+    governor.record(StepRecord("draft-model", 2, 2, 3, 0.32, 0.64, 13))
     assert link.backoffs == 1 and link.cap == 1 and link.balance < 0
 
 

@@ -31,8 +31,8 @@ from specedit.engine.loop.completion import prompt_text
 from specedit.engine.loop.generate import Engine
 from specedit.engine.loop.rewrite import rewrite
 from specedit.engine.model.loading import load_model
-from specedit.engine.records import requests as requests_module
 from specedit.engine.records.requests import ChatMessage, CompletionRequest, RewriteRequest
+from specedit.engine.sketch import sketch as sketch_module
 
 from conftest import ECHOED_SKETCH, LINES_SKETCH
 
@@ -342,7 +342,7 @@ def test_idle_connections_without_the_token_are_few_and_the_owner_is_served(door
         assert door.config.socket_path is not None
         with EngineClient.connect(door.config.socket_path) as engine_client:
             assert engine_client.rewrite(RewriteRequest("x = 1\n", "Rename x.", max_new_tokens=3)).complete is False
-        assert time.monotonic() - started < 10.0  # seconds at most, under any load; 15 s time-outs before
+        assert time.monotonic() - started < 10.0  # seconds at most, under any load: no 15 s time-out waited
         deadline = time.monotonic() + 10  # the door may be accepting the last ones still
         while closed_by_the_door(idle) < 1000 and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -371,7 +371,7 @@ def test_a_huge_head_is_refused_after_a_bounded_read(door: Daemon, where: str) -
         pass
     finally:
         peer.close()
-    assert sent < len(head) // 2  # what the kernel's buffers take, at most; all 20 MB before
+    assert sent < len(head) // 2  # what the kernel's buffers take, at most: the door stops reading
     assert ask(door, "GET", "/v1/models")[0].status == 200
 
 
@@ -446,7 +446,10 @@ def test_each_connection_takes_its_turns_as_a_client_of_its_own(door: Daemon, mo
     monkeypatch.setattr(
         backend,
         "run",
-        lambda request, emit, cancel, client: (clients.append(client), run(request, emit, cancel, client))[1],
+        lambda request, emit, cancel, client, sketch=None: (
+            clients.append(client),
+            run(request, emit, cancel, client, sketch),
+        )[1],
     )
     body = json.dumps({"model": "specedit", "messages": MESSAGES, "max_tokens": 2})
     headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
@@ -536,7 +539,7 @@ def test_every_field_is_bounded_and_refused_before_the_turn(door: Daemon, field:
 def test_a_sketchs_check_does_not_stall_the_event_loop(door: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
     """Finding a long sketch's format takes a while (a diff's); meanwhile both doors answer."""
     checking, checked = threading.Event(), threading.Event()
-    detect = requests_module.detect
+    detect = sketch_module.detect  # the session reads the sketch on its own thread (`sketch.Sketch`)
 
     def slow_detect(sketch: str, original: str = "") -> Any:
         checking.set()
@@ -544,7 +547,7 @@ def test_a_sketchs_check_does_not_stall_the_event_loop(door: Daemon, monkeypatch
         checked.set()
         return detect(sketch, original)
 
-    monkeypatch.setattr(requests_module, "detect", slow_detect)
+    monkeypatch.setattr(sketch_module, "detect", slow_detect)
     original, sketch, _ = LINES_SKETCH
     asked = {"model": "specedit-apply", "messages": apply_message(original, sketch)}
     applying = threading.Thread(target=ask, args=(door, "POST", "/v1/chat/completions", asked), daemon=True)

@@ -128,9 +128,9 @@ def test_logits_do_not_depend_on_the_forward_size(dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("prompt_seed", [0, 1])
 def test_speculation_keeps_the_answer_in_low_precision(prompt_seed: int, dtype: torch.dtype) -> None:
     """Greedy decoding with drafts of 0 to 64 tokens gives plain decoding's tokens in bf16 and float32, not
-    only in float64 (test_engine_exactness). With transformers' kernels, 3 of the 6 bf16 runs differ here
-    (AVX2, 2026-11); float32's differences are too small to flip this random model's choices, and are
-    caught by the logits test above instead."""
+    only in float64 (test_engine_exactness). With transformers' kernels, some bf16 runs differ on AVX2;
+    float32's differences are too small to flip this random model's choices, and are caught by the logits
+    test above instead."""
     loaded = wide_model(512, dtype)
     if not promised(loaded):
         return  # this CPU has no bitwise kernels for `dtype`, and the verdict says so

@@ -680,7 +680,7 @@ def test_every_variant_of_the_kernels_gives_the_same_bits(tmp_path: Path) -> Non
 def test_the_avx_vnni_variant_compiles_where_the_cpu_cannot_run_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """AVX-VNNI without AVX-512 (most Intel laptops since 2021) is a variant of its own, with 16 vector
+    """AVX-VNNI without AVX-512 (recent Intel laptops) is a variant of its own, with 16 vector
     registers (its blocks sized for them), that no machine of the project's runs: it must still compile,
     to AVX-VNNI's own instruction."""
     monkeypatch.setattr(kernels, "cpu_flags", lambda: ["avx2", "fma", "f16c", "avx_vnni"])

@@ -36,6 +36,7 @@ from pytest_lsp.client import DEFAULT_CLIENT_FEATURES, progress, register_lsp_fe
 
 from specedit.engine.records.events import Phase, Step, Text
 from specedit.engine.records.requests import RewriteOutcome
+from specedit.engine.records.stats import Stats
 from specedit.lsp import protocol
 from specedit.lsp.params import plain
 
@@ -944,7 +945,7 @@ class ScriptedBackend:
                 time.sleep(LOAD_SECONDS)
                 self.loaded = True
 
-    def run(self, request: Any, emit: Any, cancel: threading.Event, client: str) -> RewriteOutcome:
+    def run(self, request: Any, emit: Any, cancel: threading.Event, client: str, sketch: Any = None) -> RewriteOutcome:
         self._load(emit)
         emit(Phase("started"))
         answer = self.answers[request.instruction]
@@ -972,7 +973,7 @@ class ScriptedBackend:
         while endless and not cancel.is_set():
             step()
             time.sleep(0.01)
-        stats = {"generated_tokens": len("".join(written)), "target_forwards": steps}
+        stats = Stats(generated_tokens=len("".join(written)), target_forwards=steps)
         if cancel.is_set():
             return RewriteOutcome("".join(written), "cancelled", "cancelled", stats)
         return RewriteOutcome.finished("".join(written), "stop", stats)

@@ -22,7 +22,8 @@ from specedit.lsp.command import add_lsp_parser
 from specedit.lsp.config import Preset, Settings, section
 from specedit.lsp.documents import TextIndex, minimal_change
 from specedit.lsp.errors import REQUEST_FAILED, StaleVersionError, error_payload, to_jsonrpc
-from specedit.lsp.jobs import LiveStats, overlap
+from specedit.lsp.jobs import overlap
+from specedit.lsp.progress import LiveStats
 from specedit.lsp.server import overrides_from_args
 
 ENCODINGS = {"utf-8": 1, "utf-16": 2, "utf-32": 4}
@@ -354,7 +355,7 @@ def test_an_unreadable_notification_is_dropped_and_an_unreadable_response_resolv
 
 def test_a_whole_text_change_of_a_big_document_costs_about_what_reading_it_does() -> None:
     """A client that syncs whole documents sends 5 MB for each change; reading that message is a cost the
-    server cannot avoid. Finding the change in it costs no more than a few times that (it was 0.8 s)."""
+    server cannot avoid. Finding the change in it costs no more than a few times that."""
     import json
 
     from specedit.lsp.delivery import DocumentState

@@ -567,14 +567,14 @@ def test_the_model_drafts_from_the_merge_by_lines(tmp_path: Path, memorising_mod
     original, sketch, _ = LINES_SKETCH
     by_model = session.run(RewriteRequest(original, sketch=sketch, language="python", merge="model"))
     plain = session.run(RewriteRequest(original, sketch=sketch, language="python", merge="model", draft="none"))
-    assert by_model.stats["merge"] == "model" and by_model.text == plain.text
+    assert by_model.stats.merge == "model" and by_model.text == plain.text
     from specedit.engine.loop.rewrite import prepare_rewrite
 
     engine = backend.load()
     prepared = prepare_rewrite(engine, RewriteRequest(original, sketch=sketch, merge="model"))
     assert prepared.source_ids[: len(engine.tokenize(LINES_SKETCH[2]))] == engine.tokenize(LINES_SKETCH[2])
     echoed = session.run(RewriteRequest(ECHOED_SKETCH[0], sketch=ECHOED_SKETCH[1], language="python"))
-    assert echoed.stats["merge"] == "model" and "once" in echoed.stats["merge_unresolved"][0]
+    assert echoed.stats.merge == "model" and "once" in echoed.stats.merge_unresolved[0]
     session.close()
 
 
@@ -631,7 +631,7 @@ def test_a_remote_session_merges_by_lines_without_asking_a_daemon(tmp_path: Path
     original, sketch, merged_text = LINES_SKETCH
     streamed: list[str] = []
     outcome = session.run(RewriteRequest(original, sketch=sketch), events_to(text=streamed.append))
-    assert outcome.text == merged_text and streamed == [merged_text] and outcome.stats["merge"] == "lines"
+    assert outcome.text == merged_text and streamed == [merged_text] and outcome.stats.merge == "lines"
     with pytest.raises(EngineUnavailableError):
         session.run(RewriteRequest(ECHOED_SKETCH[0], sketch=ECHOED_SKETCH[1]))
 
@@ -1133,10 +1133,9 @@ def sketch_of_handlers(numbers: range) -> str:
 
 
 def best_seconds(run: Any, tries: int = 3) -> float:
-    """The least wall time of `tries` runs of `run` (the merges' cache cleared): the machine is shared."""
+    """The least wall time of `tries` runs of `run`: the machine is shared."""
     best = math.inf
     for _ in range(tries):
-        merge_sketch.cache_clear()
         started = time.perf_counter()
         run()
         best = min(best, time.perf_counter() - started)
@@ -1250,16 +1249,17 @@ def test_a_session_keeps_the_function_between_two_shown_ones(tmp_path: Path) -> 
     """The rule at the session, which every door goes through: the lines' merge keeps `parse`, and a model's
     answer that drops it is no merge (nothing written)."""
     from specedit.engine.records.requests import RewriteOutcome, RewriteRequest
+    from specedit.engine.records.stats import Stats
     from specedit.engine.session.session import judged, remote_session
 
     session = remote_session(f"unix:{tmp_path / 'nobody.sock'}")  # no daemon: the lines merge it
     request = RewriteRequest(FILES, sketch=TWO_SHOWN)
     outcome = session.run(request)
-    assert outcome.text == BOTH_CHANGED and outcome.stats["merge"] == "lines"
+    assert outcome.text == BOTH_CHANGED and outcome.stats.merge == "lines"
     without_parse = BOTH_CHANGED.replace(
         BOTH_CHANGED[BOTH_CHANGED.index("def parse") : BOTH_CHANGED.index("def save")], ""
     )
-    verdict = judged(request, RewriteOutcome.finished(without_parse, "stop", {}))
+    verdict = judged(request, RewriteOutcome.finished(without_parse, "stop", Stats()))
     assert verdict.status == "not_a_merge" and "def parse(text):" in (verdict.problem or "")
 
 

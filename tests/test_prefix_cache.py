@@ -235,7 +235,7 @@ def test_an_in_process_session_warms_on_a_thread_of_its_own() -> None:
         time.sleep(0.01)
     request = RewriteRequest(document, "Rename add to plus.", language="python", max_new_tokens=5)
     outcome = session.run(request)
-    assert outcome.stats["reused_tokens"] > outcome.stats["prefill_tokens"]
+    assert outcome.stats.reused_tokens > outcome.stats.prefill_tokens
 
 
 # --- The start every prompt shares, kept across starts ------------------------------------------------

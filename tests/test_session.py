@@ -13,7 +13,9 @@ import pytest
 from specedit.engine.records.errors import ContextLengthError, EmptyAnswerError, IncompleteOutputError, MergeError
 from specedit.engine.records.events import Done, Event, Phase, Step, Text, error_to_wire, event_from_wire, event_to_wire
 from specedit.engine.records.requests import RewriteOutcome, RewriteRequest, WarmRequest
+from specedit.engine.records.stats import Stats
 from specedit.engine.session.session import Session, T
+from specedit.engine.sketch.sketch import Sketch
 
 from conftest import ECHOED_SKETCH, LINES_SKETCH
 
@@ -34,7 +36,12 @@ class ScriptedBackend:
         self.wait: threading.Event | None = None
 
     def run(
-        self, request: RewriteRequest, emit: Callable[[Event], None], cancel: threading.Event, client: str
+        self,
+        request: RewriteRequest,
+        emit: Callable[[Event], None],
+        cancel: threading.Event,
+        client: str,
+        sketch: Sketch | None = None,
     ) -> RewriteOutcome:
         self.asked.append(request)
         for event in self.events:
@@ -44,9 +51,9 @@ class ScriptedBackend:
                 self.wait.wait(0.01)
             if cancel.is_set():
                 emit(step(99))  # the one step a cancel may still see
-                return RewriteOutcome.finished("", "cancelled", {})
+                return RewriteOutcome.finished("", "cancelled", Stats.before_start())
         emit(Text(self.answer))
-        return RewriteOutcome.finished(self.answer, self.finish, {"generated_tokens": 7})  # type: ignore[arg-type]
+        return RewriteOutcome.finished(self.answer, self.finish, Stats(generated_tokens=7))  # type: ignore[arg-type]
 
     def in_turn(self, work: Callable[[], T], emit: Callable[[Event], None], cancel: threading.Event, client: str) -> T:
         return work()
@@ -69,7 +76,7 @@ def test_a_sketch_its_lines_place_is_merged_without_the_backend() -> None:
     backend = ScriptedBackend("never asked")
     events: list[Event] = []
     outcome = Session(backend).run(RewriteRequest(original, sketch=sketch), events.append)
-    assert outcome.text == merged and outcome.complete and outcome.stats["merge"] == "lines"
+    assert outcome.text == merged and outcome.complete and outcome.stats.merge == "lines"
     assert events == [Text(merged), Done(outcome)] and backend.asked == []
 
 
@@ -110,7 +117,7 @@ def test_the_events_come_in_order_and_the_steps_after_a_cancel_are_counted() -> 
     assert events[:3] == [Phase("queued", 1), Phase("started"), step(1)]
     done = events[-1]
     assert isinstance(done, Done) and done.outcome.status == "cancelled"
-    assert done.outcome.stats["steps_after_cancel"] == 1
+    assert done.outcome.stats.steps_after_cancel == 1
 
 
 def test_the_stream_bridges_to_asyncio_and_leaving_it_cancels_the_rewrite() -> None:
@@ -180,7 +187,7 @@ def test_an_error_ends_the_stream_where_it_is_read() -> None:
         step(3),
         Phase("loading"),
         Phase("queued", 2),
-        Done(RewriteOutcome("x\n", "not_a_merge", "stop", {"a": 1}, "why")),
+        Done(RewriteOutcome("x\n", "not_a_merge", "stop", Stats(generated_tokens=1, merge="model"), "why")),
     ],
 )
 def test_one_encoding_each_way(event: Event) -> None:

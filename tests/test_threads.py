@@ -114,5 +114,5 @@ def test_a_rewrite_on_a_busy_machine_runs_on_fewer_threads_with_the_same_answer(
         monkeypatch.setenv("SPECEDIT_ADAPT_THREADS", "0")
         kept = session.run(request)
     assert idle.text == busy.text == kept.text == answer
-    assert busy.stats["threads"] == 1 and kept.stats["threads"] == 2 and stock.generation.stats.threads == 2
+    assert busy.stats.threads == 1 and kept.stats.threads == 2 and stock.generation.stats.threads == 2
     assert on_model_thread(torch.get_num_threads) == 2  # restored after the rewrite, where it ran

@@ -249,7 +249,7 @@ def rewrite_command(args: argparse.Namespace) -> int:
         timing = {"first_text_from_start_seconds": round(on_text.at - STARTED, 3)} if on_text.at else {}
         engine = {"engine": f"daemon at {running}" if running else args.engine or INPROCESS}
         all_stats.append(
-            {"path": source.name, "finish_reason": result.finish_reason, **result.stats, **timing, **engine}
+            {"path": source.name, "finish_reason": result.finish_reason, **result.stats.to_dict(), **timing, **engine}
         )
         if (error := result.error()) is not None:  # an answer not to write (the session judged it)
             if args.stats:  # what the failed rewrite cost is still reported

@@ -27,7 +27,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from specedit.engine.backends.config import DaemonConfig, check_own_socket, peer_uid, read_token
 from specedit.engine.backends.protocol import (
@@ -241,7 +240,7 @@ class EngineClient:
                 if message["type"] == "warm_ok":
                     return message["accepted"]
 
-    def status(self, *, timeout: float = CONNECT_TIMEOUT) -> dict[str, Any]:
+    def status(self, *, timeout: float = CONNECT_TIMEOUT) -> dict[str, object]:
         """The daemon's state: model, device, dtype, uptime, queue, clients, pid, recent requests."""
         with self._lock:
             self._send(Status(type="status"))
@@ -249,8 +248,7 @@ class EngineClient:
             while True:
                 message = self._next(deadline)
                 if message["type"] == "status_ok":
-                    info: dict[str, Any] = message["info"]
-                    return info
+                    return message["info"]
 
     def stop(self, *, wait: float = CONNECT_TIMEOUT) -> None:
         """Ask the daemon to shut down, and wait (up to `wait` seconds) until it no longer answers."""

@@ -45,16 +45,20 @@ import os
 import socket
 import ssl
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import urlsplit
 
 from specedit.engine.backends.config import read_token
 from specedit.engine.records.errors import EngineUnavailableError, InputError, SpeceditError
 from specedit.engine.records.events import Done, Event, Text, event_from_wire
 from specedit.engine.records.requests import CompletionRequest, RewriteOutcome, RewriteRequest, WarmRequest
+from specedit.engine.records.stats import Stats
 from specedit.engine.records.wire import ProtocolError, error_from, to_wire
+
+if TYPE_CHECKING:
+    from specedit.engine.sketch.sketch import Sketch
 
 T = TypeVar("T")
 DEFAULT_PORT = 8000
@@ -67,7 +71,7 @@ def error_body(code: str, message: str) -> dict[str, str]:
     return {"error_code": code, "error_message": message}
 
 
-def json_object(body: bytes) -> dict[str, Any]:
+def json_object(body: bytes) -> dict[str, object]:
     """`body` as a JSON object, or `ProtocolError("malformed_frame")` whatever is wrong with it, so that a
     door answers 400, never 500: not JSON (`NaN` and `Infinity` included, which Python's parser takes), not
     UTF-8, nested deeper than the parser recurses (a 200k-deep `[[[...]]]` is a `RecursionError`), an
@@ -118,6 +122,7 @@ class ClusterBackend:
         emit: Callable[[Event], None],
         cancel: threading.Event,
         client: str,
+        sketch: Sketch | None = None,  # not sent: the host reads the request's sketch once there
     ) -> RewriteOutcome:
         if not isinstance(request, RewriteRequest):
             raise InputError(f"{self.address} takes rewrites; completions (OpenAI's API) go to its HTTP door")
@@ -135,11 +140,11 @@ class ClusterBackend:
                     text.append(event.delta)
                 emit(event)
             if cancel.is_set():
-                return RewriteOutcome.finished("".join(text), "cancelled", {})
+                return RewriteOutcome.finished("".join(text), "cancelled", Stats.before_start())
             raise EngineUnavailableError(f"the cluster engine at {self.address} ended the rewrite half-way")
         except (OSError, http.client.HTTPException, ProtocolError, ValueError, EngineUnavailableError) as error:
             if cancel.is_set():  # we hung up
-                return RewriteOutcome.finished("".join(text), "cancelled", {})
+                return RewriteOutcome.finished("".join(text), "cancelled", Stats.before_start())
             if isinstance(error, EngineUnavailableError):
                 raise
             raise EngineUnavailableError(f"the cluster engine at {self.address}: {error}") from error
@@ -147,7 +152,7 @@ class ClusterBackend:
             stopped.set()
             connection.close()
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         connection = self._connect()
         try:
             return json_object(self._send(connection, "GET", "/status", None).read())
@@ -183,7 +188,7 @@ class ClusterBackend:
         connection: http.client.HTTPConnection,
         method: str,
         path: str,
-        body: dict[str, Any] | None,
+        body: Mapping[str, object] | None,
         *,
         stream: bool = False,
     ) -> http.client.HTTPResponse:
@@ -210,7 +215,7 @@ def _refusal(response: http.client.HTTPResponse, address: str) -> SpeceditError:
     """The error an answer other than 200 says (unauthorized: the engine is unavailable to us)."""
     try:
         detail = json_object(response.read())
-        return error_from(detail["error_code"], detail["error_message"])
+        return error_from(str(detail["error_code"]), str(detail["error_message"]))
     except (ProtocolError, KeyError, OSError):
         return EngineUnavailableError(f"{address} answered {response.status} {response.reason}")
 

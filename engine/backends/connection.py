@@ -10,7 +10,7 @@ import os
 import secrets
 import time
 from collections import Counter
-from typing import Any
+from typing import Generic, TypeVar
 
 from specedit.engine.backends.protocol import (
     HANDSHAKE_NONCE_BYTES,
@@ -26,10 +26,11 @@ from specedit.engine.backends.protocol import (
 from specedit.engine.records.wire import ErrorCode
 
 log = logging.getLogger(__name__)
+Job = TypeVar("Job")  # the daemon's record of a rewrite (`doors.daemon_jobs.Job`)
 
 
-class Connection:
-    """One client connection of the daemon; lives on the event loop thread."""
+class Connection(Generic[Job]):
+    """One client connection of the daemon, and the rewrites it asked for; lives on the event loop thread."""
 
     def __init__(self, number: int, writer: asyncio.StreamWriter) -> None:
         self.number = number
@@ -37,7 +38,7 @@ class Connection:
         self.greeted = False
         self.nonces: tuple[bytes, bytes] | None = None  # TCP, between the challenge and the proof: (hello's, ours)
         self.client = "?"
-        self.jobs: dict[str, Any] = {}  # the daemon's rewrites for it, by id
+        self.jobs: dict[str, Job] = {}  # the daemon's rewrites for it, by id
         self.dropped = False  # the peer is gone (or going): nothing more is written
 
     @property
@@ -121,7 +122,7 @@ class QuietLoopErrors:
         self._last: dict[str, float] = {}
         self._suppressed: Counter[str] = Counter()
 
-    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
         message = str(context.get("message") or "event loop error")
         error = context.get("exception")
         key = f"{message}: {type(error).__name__}" if error is not None else message

@@ -28,11 +28,13 @@ from specedit.engine.records.errors import SpeceditError
 from specedit.engine.records.events import Event, Phase, Text
 from specedit.engine.records.options import EngineOptions
 from specedit.engine.records.requests import CompletionRequest, RewriteOutcome, RewriteRequest, WarmRequest
+from specedit.engine.records.stats import Stats
 
 if TYPE_CHECKING:
     from specedit.engine.loop.generate import Engine
     from specedit.engine.model.loading import LoadedModel
     from specedit.engine.model.prefix_cache import PrefixCache
+    from specedit.engine.sketch.sketch import Sketch
     from specedit.engine.store.fetch import ProgressCallback
 
 log = logging.getLogger(__name__)
@@ -114,8 +116,8 @@ def _torchless_engine(options: EngineOptions, progress: ProgressCallback | None)
     if options.threads is not None:
         target.set_threads(options.threads)
     log.info("loaded %s without torch (kept by an earlier load: model.torchless)", source)
-    # (what the loop reads of a target and of a prefix cache: `TorchlessModel`, `KeptHead`)
-    return Engine(cast("LoadedModel", target), prefix_cache=cast("PrefixCache | None", head))
+    # (what the loop reads of a prefix cache: `KeptHead`)
+    return Engine(target, prefix_cache=cast("PrefixCache | None", head))
 
 
 def load_target(
@@ -357,6 +359,7 @@ class LocalBackend:
         emit: Callable[[Event], None],
         cancel: threading.Event,
         client: str,
+        sketch: Sketch | None = None,
     ) -> RewriteOutcome:
         loading = self._engine is None
         if loading:
@@ -375,7 +378,7 @@ class LocalBackend:
             refuse_early_completion(engine, request)
         turn = _Turn(self, client, emit, cancel)
         if not turn.take(told=loading):
-            return RewriteOutcome.cancelled_before_start({"queue_seconds": round(turn.waited, 4)})
+            return RewriteOutcome.cancelled_before_start(Stats.before_start(queue_seconds=round(turn.waited, 4)))
         on_text = lambda delta: emit(Text(delta))  # noqa: E731
 
         def work() -> RewriteOutcome:
@@ -385,7 +388,9 @@ class LocalBackend:
                     engine, request, on_text=on_text, on_step=emit, cancel=cancel.is_set, pause=turn.give_way
                 )
                 return run.outcome()
-            done = rewrite(engine, request, on_text=on_text, on_step=emit, cancel=cancel.is_set, pause=turn.give_way)
+            done = rewrite(
+                engine, request, on_text=on_text, on_step=emit, cancel=cancel.is_set, pause=turn.give_way, sketch=sketch
+            )
             return done.outcome()
 
         try:
@@ -395,7 +400,9 @@ class LocalBackend:
             turn.leave()
             release_freed_memory(collect=False)  # a big request's buffers go back to the system
             self._warm_soon()
-        return dataclasses.replace(outcome, stats={**outcome.stats, "queue_seconds": round(turn.waited, 4)})
+        return dataclasses.replace(
+            outcome, stats=dataclasses.replace(outcome.stats, queue_seconds=round(turn.waited, 4))
+        )
 
     # -- warming
 

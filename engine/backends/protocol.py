@@ -50,16 +50,15 @@ import socket
 import struct
 import typing
 from collections.abc import Mapping
-from typing import Any, Literal, TypedDict, cast
+from typing import Literal, TypedDict, cast
 
 import msgpack
 
 from specedit.engine.records.wire import ProtocolError, conforms
 
-PROTOCOL_VERSION = 9  # 2: requests, steps and outcomes as their dataclasses (`to_wire`); 3: warm, document;
-# 4: a request's `merge`; 5: `queued` says whether the model is loading; 6: TCP's challenge-response (no token);
-# 7: a request's `sketch_format`; 8: one `event` message for a rewrite's events (`events`), judged outcomes;
-# 9: a request's `path`
+# A new version whenever a message, or a record it carries, changes shape: the hello compares them, and a
+# client and a daemon of different versions part with `version_mismatch` before anything else.
+PROTOCOL_VERSION = 9
 # A request holds at most MAX_INPUT_BYTES (1 MB) each of original, instruction and sketch (`requests`).
 DEFAULT_MAX_FRAME_SIZE = 4 * 1024 * 1024
 HELLO_MAX_FRAME_SIZE = 64 * 1024  # before the hello is accepted (TCP: until the client's proof checks out)
@@ -87,7 +86,7 @@ class Proof(TypedDict):
 class Rewrite(TypedDict):
     type: Literal["rewrite"]
     id: str  # chosen by the client, unique among its own outstanding requests
-    request: dict[str, Any]  # a `RewriteRequest` (`to_wire`)
+    request: dict[str, object]  # a `RewriteRequest` (`to_wire`)
 
 
 class Cancel(TypedDict):
@@ -99,7 +98,7 @@ class Warm(TypedDict):
     """Prefill this document's shared prompt start while idle; a newer one of the same name replaces it."""
 
     type: Literal["warm"]
-    request: dict[str, Any]  # a `WarmRequest` (`to_wire`)
+    request: dict[str, object]  # a `WarmRequest` (`to_wire`)
 
 
 class Status(TypedDict):
@@ -133,7 +132,7 @@ class Event(TypedDict):
 
     type: Literal["event"]
     id: str
-    event: dict[str, Any]
+    event: dict[str, object]
 
 
 class WarmOk(TypedDict):
@@ -143,7 +142,7 @@ class WarmOk(TypedDict):
 
 class StatusOk(TypedDict):
     type: Literal["status_ok"]
-    info: dict[str, Any]
+    info: dict[str, object]  # `doors.daemon.DaemonStatus`
 
 
 class StopOk(TypedDict):
@@ -162,7 +161,7 @@ DaemonMessage = Challenge | HelloOk | Event | WarmOk | StatusOk | StopOk | Error
 Message = ClientMessage | DaemonMessage
 
 
-def _schemas(*declarations: type) -> dict[str, dict[str, Any]]:
+def _schemas(*declarations: type) -> dict[str, dict[str, object]]:
     """`type` value -> {field: type hint}, read from the TypedDicts above."""
     schemas = {}
     for declaration in declarations:
@@ -176,7 +175,7 @@ _CLIENT_SCHEMAS = _schemas(Hello, Proof, Rewrite, Cancel, Warm, Status, Stop)
 _DAEMON_SCHEMAS = _schemas(Challenge, HelloOk, Event, WarmOk, StatusOk, StopOk, Error)
 
 
-def _parse(payload: object, schemas: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+def _parse(payload: object, schemas: Mapping[str, dict[str, object]]) -> dict[str, object]:
     if not isinstance(payload, dict) or not isinstance(payload.get("type"), str):
         raise ProtocolError("malformed_frame", "a message is a msgpack map with a string 'type'")
     request_id = payload.get("id") if isinstance(payload.get("id"), str) else None
@@ -235,7 +234,7 @@ def is_handshake_proof(
 # ---------------------------------------------------------------------------------------- frames
 
 
-def encode_frame(message: Message | Mapping[str, Any]) -> bytes:
+def encode_frame(message: Message | Mapping[str, object]) -> bytes:
     payload: bytes = msgpack.packb(message, use_bin_type=True)
     return _HEADER.pack(len(payload)) + payload
 

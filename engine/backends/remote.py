@@ -18,9 +18,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from specedit.engine.backends.client import EngineAddress, EngineClient, answers
 from specedit.engine.backends.config import DaemonConfig, prepare_state_dir
@@ -28,6 +28,9 @@ from specedit.engine.records.errors import EngineUnavailableError, InputError, S
 from specedit.engine.records.events import Event
 from specedit.engine.records.options import EngineOptions
 from specedit.engine.records.requests import CompletionRequest, RewriteOutcome, RewriteRequest, WarmRequest
+
+if TYPE_CHECKING:
+    from specedit.engine.sketch.sketch import Sketch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -66,6 +69,7 @@ class DaemonBackend:
         emit: Callable[[Event], None],
         cancel: threading.Event,
         client: str,
+        sketch: Sketch | None = None,  # not sent: the host reads the request's sketch once there
     ) -> RewriteOutcome:
         if not isinstance(request, RewriteRequest):
             raise InputError(f"{self.address} takes rewrites; completions (OpenAI's API) go to its HTTP door")
@@ -177,7 +181,7 @@ def ensure_daemon(
 
 
 @contextlib.contextmanager
-def _spawn_turn(path: Path, deadline: float) -> Any:
+def _spawn_turn(path: Path, deadline: float) -> Iterator[None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         while True:

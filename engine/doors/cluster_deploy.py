@@ -19,7 +19,10 @@ import dataclasses
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
+
+from starlette.requests import Request
+from starlette.responses import Response
 
 from specedit.engine.backends.cluster import DEFAULT_PORT
 from specedit.engine.backends.local import LocalBackend
@@ -73,10 +76,10 @@ class EngineReplica:
             others=models,
             session_for=session_for,
             status=lambda: {"model": options.model, "models": list(models), "pid": os.getpid()},
-            stamp={"replica": os.getpid()},
+            replica=os.getpid(),
         )
 
-    async def __call__(self, http: Any) -> Any:  # starlette's Request -> Response
+    async def __call__(self, http: Request) -> Response:
         return await self._door.handle(http)
 
 
@@ -117,17 +120,24 @@ class ClusterConfig:
         return f"{'https' if self.tls_cert else 'http'}://{host}:{self.port}{self.route.rstrip('/')}"
 
 
+class Scaling(TypedDict, total=False):
+    """Serve's replicas: a fixed number, or bounds it scales between."""
+
+    num_replicas: int
+    autoscaling_config: dict[str, int]
+
+
 def deploy(config: ClusterConfig) -> str:
     """Deploy (or update) the engine on the Ray cluster this process is connected to; its HTTP address.
     Returns once every replica has loaded its model. The HTTP proxy's place (host, port, TLS) is set by
     the first deployment of a cluster; later ones share it."""
     from ray import serve
 
-    http: dict[str, Any] = {"host": config.host, "port": config.port}
+    http: dict[str, object] = {"host": config.host, "port": config.port}
     if config.tls_cert is not None:
         http.update(ssl_certfile=config.tls_cert, ssl_keyfile=config.tls_key)
     serve.start(http_options=http)
-    scaling: dict[str, Any]
+    scaling: Scaling
     if config.min_replicas == config.max_replicas:
         scaling = {"num_replicas": config.min_replicas}
     else:

@@ -1,28 +1,17 @@
 """The engine daemon (`specedit serve`): one model in memory, shared by every editor and the command line.
 
-Connections are served by asyncio; each rewrite streams from the daemon's session (`session.Session`
-over a `backends.local.LocalBackend`, which runs one rewrite at a time in turns fair across connections,
-and warms the documents editors said are open between them): its events go back as `event` frames, its
-phases first, then text and steps, and last its judged `done` (or an error).
-
-Every door keeps a budget of connections (`listening`): the soft limit of open files is raised to the
-hard one at start; over TCP, peers that have not proven they hold the token are few (the oldest closed
-to make room) and short-lived (`PROVE_SECONDS` for the whole handshake); the HTTP door keeps the same
-budget (`http.server`); and the descriptors a network door may take leave a reserve for the owner's unix
-socket. A request's text is checked off the event loop (a sketch's format is found in it), so one request
-never stalls the others' doors. Any request through any door keeps an idle-timed daemon alive.
-
-Cancelling (a `cancel` message, or the client disconnecting) sets a flag that the speculative loop checks
-before every step, so the engine is free within one step; a request still waiting leaves the line at once.
-
-Starting is race-free: the daemon holds an exclusive flock on `<socket>.lock` for its whole life, so of
-two daemons started at the same moment one serves and the other exits (status 0, "already running").
-Whoever holds the lock owns the socket path: a socket file left by a crashed daemon is stale by
-definition and is replaced. The lock file itself is never deleted (deleting lock files reopens the race).
-Next to the socket: `<socket>.json` (pid, address, model) and, when a client spawned the daemon,
-`<socket>.log` (`listening`). This module imports neither torch nor transformers until it loads the
-model. `python -m specedit.engine.doors.daemon` serves
-the `DaemonConfig` it reads as JSON on standard input (how `ensure_daemon` starts one).
+The daemon's host serves connections on asyncio, over a unix socket or TCP, and each rewrite streams from its
+session (`session.Session` over a `backends.local.LocalBackend`, which runs one rewrite at a time in turns
+fair across connections and warms the documents editors said are open between them; `daemon_jobs`). It
+can open the HTTP door on the same session (`http.door`). Every door keeps a budget of connections
+(`listening`), and a request through any door keeps an idle-timed daemon alive. Cancelling (a `cancel`
+message, or the client disconnecting) sets a flag the loop checks before every step, so the engine is free
+within one step. Starting is race-free: the daemon holds an exclusive flock on `<socket>.lock` for its whole
+life, so of two daemons started at once one serves and the other exits (status 0, "already running"); a
+socket file left by a crashed daemon is stale by definition and is replaced, and the lock file is never
+deleted (deleting lock files reopens the race). This module imports neither torch nor transformers until it
+loads the model. `python -m specedit.engine.doors.daemon` serves the `DaemonConfig` it reads as JSON on
+standard input (how `ensure_daemon` starts one).
 """
 
 from __future__ import annotations
@@ -38,11 +27,9 @@ import socket
 import sys
 import threading
 import time
-from collections import Counter, deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from specedit.engine.backends.config import DaemonConfig, http_address, peer_uid, prepare_state_dir, read_token
 from specedit.engine.backends.connection import Connection, QuietLoopErrors, version_of_another_hello
@@ -52,7 +39,6 @@ from specedit.engine.backends.protocol import (
     HELLO_MAX_FRAME_SIZE,
     PROTOCOL_VERSION,
     ClientMessage,
-    Rewrite,
     StatusOk,
     StopOk,
     Warm,
@@ -60,20 +46,54 @@ from specedit.engine.backends.protocol import (
     parse_client_message,
     read_payload,
 )
-from specedit.engine.backends.protocol import Event as EventMessage
 from specedit.engine.doors import listening
+from specedit.engine.doors.daemon_jobs import FinishedJob, Job, Jobs, RunningJob, error_event
 from specedit.engine.records.errors import EngineUnavailableError, SpeceditError
-from specedit.engine.records.events import Done, Phase, Step, error_to_wire, event_to_wire
-from specedit.engine.records.requests import RewriteOutcome, RewriteRequest, WarmRequest
+from specedit.engine.records.requests import WarmRequest
 from specedit.engine.records.wire import ErrorCode, ProtocolError, error_code_for, from_wire
 from specedit.engine.session.session import Session
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from specedit.engine.doors.http.door import Door
 
 log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT = listening.PROVE_SECONDS  # seconds a new connection has for its hello (and over TCP, its proof)
 STOP_GRACE = 30.0  # seconds to wait for the running request to notice its cancel flag when stopping
-RECENT_REQUESTS = 16  # finished requests kept for `status`
 _SHUTTING_DOWN: tuple[ErrorCode, str] = ("shutting_down", "the engine daemon is stopping")
+
+DaemonState = Literal["loading", "ready", "stopping", "failed"]
+
+
+class DaemonStatus(TypedDict):
+    """What `status` answers (`StatusOk.info`, the HTTP door's `/status`)."""
+
+    pid: int
+    address: str
+    protocol: int
+    state: DaemonState
+    model: str
+    device: str | None  # None: the options leave it to the load
+    exactness: dict[str, object] | None  # the self-check's verdict (`model.exactness`)
+    dtype: str
+    fallback: str | None
+    uptime_seconds: float
+    started: str
+    clients: int  # connections through the hello
+    queue_length: int
+    running: RunningJob | None
+    served: dict[str, int]  # finished requests by status
+    prefix_cache: dict[str, object] | None
+    warming: str | None  # the document being prefilled now
+    to_warm: int
+    recent: list[FinishedJob]
+    idle_timeout: float | None
+    max_frame_size: int
+    http: str | None  # the HTTP door's address, once it listens
+    door_limit: int  # connections each network door holds at most
+    unproven: int  # TCP connections not through the handshake yet
 
 
 # -------------------------------------------------------------------------------------------- serve
@@ -134,17 +154,6 @@ def serve(
 # ------------------------------------------------------------------------------------------ daemon
 
 
-@dataclass(eq=False)
-class _Job:
-    id: str
-    connection: Connection
-    wire: dict[str, Any]  # the request as it came (`RewriteRequest`, checked off the event loop)
-    cancel: threading.Event = field(default_factory=threading.Event)
-    started_at: float | None = None  # when its turn came
-    steps: int = 0
-    refused: bool = False  # told the daemon is stopping before its turn came: nothing more is sent for it
-
-
 class Daemon:
     """The serving state: connections, and each rewrite streamed from the session (which keeps the turns,
     fair across connections, and warms open documents between them). Built by `serve`; `run` on its own
@@ -166,26 +175,23 @@ class Daemon:
         self._backend = backend
         self._session = Session(backend)
         self._token = token if config.tcp else None  # the handshake's; a unix socket's peer is checked by uid
-        self._state = "ready" if backend.engine is not None else "loading"
+        self._state: DaemonState = "ready" if backend.engine is not None else "loading"
         self._failure: tuple[ErrorCode, str] | None = None
         self._exit_code = 0
-        self._connections: set[Connection] = set()
+        self._connections: set[Connection[Job]] = set()
         self.door_limit = listening.door_connections(descriptors)  # connections each network door holds at most
         self._unproven = listening.Unproven()  # TCP peers not through the handshake yet
         self._refused = 0  # TCP connections closed at once: the door was full of proven ones
-        self._handlers: set[asyncio.Task[Any]] = set()
-        self._jobs: set[asyncio.Task[None]] = set()
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._jobs = Jobs(self._session)
         self._numbers = itertools.count(1)
-        self._running: _Job | None = None
-        self._served: Counter[str] = Counter()
-        self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_REQUESTS)
         self._started_wall = time.time()
         self._started = time.monotonic()
         self._idle_since = time.monotonic()
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._http_task: asyncio.Task[None] | None = None
-        self._door: Any = None  # the HTTP door (`http.door.Door`), once it listens
+        self._door: Door | None = None  # the HTTP door, once it listens
         self.http_address: str | None = None  # the HTTP door's http://HOST:PORT, once it listens
         self._stop_requested: asyncio.Event | None = None
         if config.tcp:
@@ -216,8 +222,8 @@ class Daemon:
 
         log.info("stopping")
         server.close()  # no new connections; the socket file goes when `serve` returns
-        if self._jobs:
-            _, late = await asyncio.wait(self._jobs, timeout=STOP_GRACE)
+        if self._jobs.tasks:
+            _, late = await asyncio.wait(self._jobs.tasks, timeout=STOP_GRACE)
             if late:
                 log.warning("the engine did not stop within %.0f s; exiting anyway", STOP_GRACE)
         loading.cancel()
@@ -253,12 +259,12 @@ class Daemon:
             for job in connection.jobs.values():
                 if job.started_at is None and not job.refused:
                     job.refused = True
-                    connection.send(_error_event(job.id, ProtocolError(*_SHUTTING_DOWN)))
+                    connection.send(error_event(job.id, ProtocolError(*_SHUTTING_DOWN)))
                 job.cancel.set()
         assert self._stop_requested is not None
         self._stop_requested.set()
 
-    async def _open_http(self) -> Any:
+    async def _open_http(self) -> uvicorn.Server:
         """The HTTP door (`http.door`: OpenAI's API and the cluster's wire) on the same session, served by
         uvicorn on this event loop within the door's budget of connections (`http.server`); its server (to
         stop). Signals stay the daemon's: it stops the server."""
@@ -319,7 +325,7 @@ class Daemon:
         while not self._stopping:
             await asyncio.sleep(min(1.0, timeout / 4))
             door = self._door
-            if self._clients() or self._jobs or (door is not None and door.running):
+            if self._clients() or self._jobs.tasks or (door is not None and door.running):
                 continue
             last = max(self._idle_since, door.last_request if door is not None else 0.0)
             if time.monotonic() - last >= timeout:
@@ -331,7 +337,7 @@ class Daemon:
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.config.tcp and not self._admitted(writer):
             return
-        connection = Connection(next(self._numbers), writer)
+        connection: Connection[Job] = Connection(next(self._numbers), writer)
         self._connections.add(connection)
         if self.config.tcp:
             peer = writer.get_extra_info("peername")
@@ -375,7 +381,7 @@ class Daemon:
         uid = peer_uid(sock)
         return uid is None or uid in (os.getuid(), 0)
 
-    async def _converse(self, connection: Connection, reader: asyncio.StreamReader) -> None:
+    async def _converse(self, connection: Connection[Job], reader: asyncio.StreamReader) -> None:
         # Until the hello is accepted, frames are small and the whole handshake must be over soon: an
         # unauthenticated peer can make the daemon neither allocate much nor stay alive by lingering.
         deadline = asyncio.get_running_loop().time() + HELLO_TIMEOUT
@@ -409,7 +415,7 @@ class Daemon:
                 return
             await connection.writer.drain()
 
-    def _dispatch(self, connection: Connection, message: ClientMessage) -> bool:
+    def _dispatch(self, connection: Connection[Job], message: ClientMessage) -> bool:
         """Act on one message; False to close the connection."""
         if message["type"] in ("hello", "proof"):
             if message["type"] == "hello":
@@ -423,7 +429,8 @@ class Daemon:
             connection.error("hello_required", "the first message must be hello")
             return False
         if message["type"] == "rewrite":
-            self._submit(connection, message)
+            refusal = self._failure or (_SHUTTING_DOWN if self._stopping else None)
+            self._jobs.submit(connection, message, refusal)
         elif message["type"] == "cancel":
             job = connection.jobs.get(message["id"])
             if job is not None:
@@ -432,14 +439,14 @@ class Daemon:
         elif message["type"] == "warm":
             connection.send(WarmOk(type="warm_ok", accepted=self._offer_warm(message)))
         elif message["type"] == "status":
-            connection.send(StatusOk(type="status_ok", info=self.status_info()))
+            connection.send(StatusOk(type="status_ok", info=dict(self.status_info())))
         elif message["type"] == "stop":
             log.info("connection %d (%s) asked to stop", connection.number, connection.client)
             connection.send(StopOk(type="stop_ok"))
             self._begin_stop()
         return True
 
-    def _drop(self, connection: Connection) -> None:
+    def _drop(self, connection: Connection[Job]) -> None:
         """A connection closed: cancel what it asked for."""
         connection.dropped = True
         self._connections.discard(connection)
@@ -449,68 +456,12 @@ class Daemon:
         if connection.greeted and not self._clients():
             self._idle_since = time.monotonic()
 
-    def _clients(self) -> list[Connection]:
+    def _clients(self) -> list[Connection[Job]]:
         """The connections that said hello: only they keep an idle daemon alive (a peer that connects
         and never authenticates, again and again, does not)."""
         return [connection for connection in self._connections if connection.greeted]
 
     # -- rewrites
-
-    def _submit(self, connection: Connection, message: Rewrite) -> None:
-        request_id = message["id"]
-        if request_id in connection.jobs:
-            connection.error("duplicate_id", f"request {request_id!r} is already queued or running", request_id)
-            return
-        if self._failure is not None or self._stopping:
-            connection.send(_error_event(request_id, ProtocolError(*(self._failure or _SHUTTING_DOWN))))
-            return
-        job = _Job(request_id, connection, message["request"])
-        connection.jobs[request_id] = job
-        log.info("connection %d: request %s", connection.number, request_id)
-        task = asyncio.create_task(self._serve_job(job))
-        self._jobs.add(task)
-        task.add_done_callback(self._jobs.discard)
-
-    async def _serve_job(self, job: _Job) -> None:
-        """Stream one rewrite's events to its connection (nothing, once it is refused or gone). The request
-        is checked on a thread first: finding a sketch's format takes a while for a long one (`patches`),
-        and the event loop serves every door."""
-        connection = job.connection
-        try:
-            request = await asyncio.to_thread(from_wire, RewriteRequest, job.wire)
-        except (ProtocolError, ValueError) as error:
-            connection.jobs.pop(job.id, None)
-            if not job.refused:
-                connection.send(_error_event(job.id, ProtocolError("bad_request", str(error))))
-            return
-        if job.refused:  # the daemon began to stop meanwhile: it said so
-            connection.jobs.pop(job.id, None)
-            self._remember(job, None, None)
-            return
-        events = self._session.stream(request, cancel=job.cancel, client=f"connection {connection.number}")
-        outcome: RewriteOutcome | None = None
-        failure: Exception | None = None
-        try:
-            async for event in events:
-                if isinstance(event, Phase) and event.name == "started":
-                    job.started_at, self._running = time.monotonic(), job
-                elif isinstance(event, Step):
-                    job.steps = event.step
-                elif isinstance(event, Done):
-                    outcome = event.outcome
-                if not job.refused:
-                    connection.send(EventMessage(type="event", id=job.id, event=event_to_wire(event)))
-        except Exception as error:  # the client is told; the daemon carries on
-            if not isinstance(error, SpeceditError):
-                log.exception("request %s failed", job.id)
-            failure = error
-            if not job.refused:
-                connection.send(_error_event(job.id, error))
-        finally:
-            if self._running is job:
-                self._running = None
-            connection.jobs.pop(job.id, None)
-            self._remember(job, outcome, failure)
 
     def _offer_warm(self, message: Warm) -> bool:
         if self._failure is not None or self._stopping:
@@ -521,38 +472,17 @@ class Daemon:
             return False
         return self._session.warm(request)
 
-    def _remember(self, job: _Job, outcome: RewriteOutcome | None, failure: Exception | None) -> None:
-        """The request is over: remember it for `status`."""
-        status = "refused" if job.refused else outcome.status if outcome is not None else "error"
-        stats = outcome.stats if outcome is not None else {}
-        self._served[status] += 1
-        self._recent.append(
-            {
-                "id": job.id,
-                "connection": job.connection.number,
-                "status": status,
-                "finish_reason": outcome.finish_reason if outcome is not None else None,
-                "steps": job.steps,
-                "steps_after_cancel": stats.get("steps_after_cancel"),
-                "queue_seconds": stats.get("queue_seconds"),
-                "wall_seconds": stats.get("wall_seconds"),
-                "error_code": error_code_for(failure) if failure is not None else None,
-            }
-        )
-        log.info("request %s: %s after %d steps", job.id, status, job.steps)
-
     # -- status
 
-    def status_info(self) -> dict[str, Any]:
+    def status_info(self) -> DaemonStatus:
         engine = self._backend.engine
-        running = self._running
         options = self.config.options
         dtype = engine.loaded.dtype_name if engine is not None else options.dtype
         return {
             "pid": os.getpid(),
             "address": self.address,
             "protocol": PROTOCOL_VERSION,
-            "state": self._state,  # loading | ready | stopping | failed
+            "state": self._state,
             "model": engine.loaded.name if engine is not None else options.model or "default",
             "device": str(engine.device) if engine is not None else options.device,
             "exactness": engine.loaded.exactness.to_dict() if engine is not None and engine.loaded.exactness else None,
@@ -562,33 +492,20 @@ class Daemon:
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self._started_wall)),
             "clients": len(self._clients()),
             "queue_length": self._backend.waiting,
-            "running": None
-            if running is None
-            else {
-                "id": running.id,
-                "connection": running.connection.number,
-                "steps": running.steps,
-                "seconds": round(time.monotonic() - (running.started_at or time.monotonic()), 3),
-                "cancelled": running.cancel.is_set(),
-            },
-            "served": dict(self._served),
+            "running": self._jobs.running_info(),
+            "served": dict(self._jobs.served),
             "prefix_cache": engine.prefix_cache.describe()
             if engine is not None and engine.prefix_cache is not None
             else None,
             "warming": self._backend.warming,
             "to_warm": self._backend.to_warm(),
-            "recent": list(self._recent),
+            "recent": list(self._jobs.recent),
             "idle_timeout": self.config.idle_timeout,
             "max_frame_size": self.config.max_frame_size,
             "http": self.http_address,
-            "door_limit": self.door_limit,  # connections each network door holds at most
-            "unproven": len(self._unproven),  # TCP connections not through the handshake yet
+            "door_limit": self.door_limit,
+            "unproven": len(self._unproven),
         }
-
-
-def _error_event(request_id: str, error: Exception) -> EventMessage:
-    """The message that ends a request with `error` (`ProtocolError`s carry their own code)."""
-    return EventMessage(type="event", id=request_id, event=error_to_wire(error))
 
 
 def _loop_thread_is_current(loop: asyncio.AbstractEventLoop) -> bool:

@@ -26,7 +26,7 @@ class Completion:
     prompt_tokens: int
 
     def outcome(self) -> RewriteOutcome:
-        return RewriteOutcome.finished(self.text, self.generation.finish_reason, self.generation.stats.to_dict())
+        return RewriteOutcome.finished(self.text, self.generation.finish_reason, self.generation.stats)
 
 
 def complete(

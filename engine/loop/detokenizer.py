@@ -8,13 +8,17 @@ tokens (the prefix/read offsets of vLLM's and TGI's detokenizers), never the who
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Protocol
 
 REPLACEMENT_CHARACTER = "\ufffd"
 
 
+class Decodes(Protocol):
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
+
+
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Any, context: Sequence[int] = ()) -> None:
+    def __init__(self, tokenizer: Decodes, context: Sequence[int] = ()) -> None:
         """`context`: a few token ids that precede the output, so that decoding starts in the right state
         (sentencepiece tokenizers drop a leading space at the start of a decode)."""
         self._tokenizer = tokenizer
@@ -33,8 +37,8 @@ class IncrementalDetokenizer:
 
     def _release(self, *, final: bool) -> str:
         decode = self._tokenizer.decode
-        prefix_text: str = decode(self._ids[self._prefix_offset : self._read_offset], skip_special_tokens=True)
-        new_text: str = decode(self._ids[self._prefix_offset :], skip_special_tokens=True)
+        prefix_text = decode(self._ids[self._prefix_offset : self._read_offset], skip_special_tokens=True)
+        new_text = decode(self._ids[self._prefix_offset :], skip_special_tokens=True)
         if len(new_text) <= len(prefix_text) or (new_text.endswith(REPLACEMENT_CHARACTER) and not final):
             return ""
         self._prefix_offset = self._read_offset

@@ -66,7 +66,7 @@ def build_drafter(
         else:
             assert fallback.layers is not None
             drafter = LayerSkipDrafter(
-                engine.loaded,
+                engine.torch_target,
                 cache,
                 fallback.layers,
                 output_start=output_start,

@@ -6,20 +6,23 @@ feedback to the drafter -> emit the committed text. See `engine.model.kv_cache` 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from specedit.drafters.base import NO_DRAFT, Draft, Drafter, NoDrafter
 from specedit.engine.loop.detokenizer import IncrementalDetokenizer
-from specedit.engine.loop.governor import CostGovernor, StepCost
-from specedit.engine.loop.stats import Clock, DrafterStats, Stats
+from specedit.engine.loop.governor import CostGovernor
+from specedit.engine.loop.step import StepRecord
 from specedit.engine.loop.verify import verify
 from specedit.engine.model import kv_positions
 from specedit.engine.model.energy import EnergyMeter
 from specedit.engine.model.kv_positions import Cache
+from specedit.engine.model.protocols import Target, Tokenizer
 from specedit.engine.records.events import Step
 from specedit.engine.records.requests import FinishReason, SamplingConfig
+from specedit.engine.records.stats import Stats
 
 if TYPE_CHECKING:  # (not imported here: this loop runs a target without torch too, `model.torchless`)
     from specedit.drafters.fallback import FallbackConfig
@@ -36,8 +39,8 @@ class Generation:
 
 
 # Prompt tokens a prefill forwards at a time where others may want the model between (`generate`'s
-# `pause`): about a second of a 0.5B model's prefill on 2 cores (2026-12), what a short rewrite waits at
-# most behind a long one.
+# `pause`): about a second of a 0.5B model's prefill on 2 cores, what a short rewrite waits at most
+# behind a long one.
 PREFILL_CHUNK = 512
 
 
@@ -50,7 +53,7 @@ class Engine:
     """
 
     def __init__(
-        self, loaded: LoadedModel, fallback: FallbackConfig | None = None, prefix_cache: PrefixCache | None = None
+        self, loaded: Target, fallback: FallbackConfig | None = None, prefix_cache: PrefixCache | None = None
     ) -> None:
         self.loaded = loaded
         self.fallback = fallback
@@ -64,6 +67,13 @@ class Engine:
     @property
     def max_positions(self) -> int | None:
         return self.loaded.max_positions
+
+    @property
+    def torch_target(self) -> LoadedModel:
+        """The target as torch loaded it, for what only that one has: layer skip, the prefix cache's own
+        prefills, the bench's stock kernels. (A target without torch is a one-off rewrite's, which uses none
+        of these; a test's stand-in for a `LoadedModel` passes as one.)"""
+        return cast("LoadedModel", self.loaded)
 
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -101,51 +111,28 @@ class Engine:
         if max_new_tokens < 0:
             raise ValueError("max_new_tokens must be >= 0")
         drafter = drafter or NoDrafter()
-        clock = Clock()
-        joules_at_start = self.energy.read()
-        stats = Stats(prompt_tokens=len(prompt_ids))
-        if self.loaded.exactness is not None:
-            stats.exactness = self.loaded.exactness.to_dict()
+        cache = self.loaded.new_cache() if cache is None else cache
+        clock, joules_at_start = Clock(), self.energy.read()
         tokens = list(prompt_ids)  # committed: prompt, then output
-        output_start = len(tokens)
+        start = len(tokens)
+        exactness = self.loaded.exactness
+        stats = Stats(prompt_tokens=start, exactness=exactness.to_dict() if exactness is not None else None)
         output = _OutputText(IncrementalDetokenizer(self.tokenizer, prompt_ids), stop)
         finish: FinishReason = "length"
-        if cache is None:
-            cache = self.loaded.new_cache()
-        reused = kv_positions.length(cache)
-        if reused >= len(tokens):
-            raise ValueError("the cache must hold less than the prompt: its last token is the first step's input")
-        stats.reused_tokens, stats.prefill_tokens = reused, len(tokens) - 1 - reused
-
         with self.loaded.inference():
-            # Prefill every prompt token but the last (and those the cache already holds). The last is
-            # pending: it is the first input of the first step's forward, which predicts the first output.
-            chunk = PREFILL_CHUNK if pause is not None and self.loaded.row_invariant else len(tokens)
-            for start in range(reused, len(tokens) - 1, chunk):
-                if start > reused and pause is not None:
-                    pause()
-                    if cancel is not None and cancel():  # (the first step says so: the cache holds a prefix)
-                        break
-                self.loaded.forward(tokens[start : min(start + chunk, len(tokens) - 1)], cache, logits_to_keep=1)
+            stats.reused_tokens, stats.prefill_tokens = self._prefill(tokens, cache, pause, cancel)
             stats.prefill_seconds = clock.wall()
-
-            step = 0
-            while (budget := max_new_tokens - (len(tokens) - output_start)) > 0:
+            while (budget := max_new_tokens - (len(tokens) - start)) > 0:
                 if cancel is not None and cancel():
                     finish = "cancelled"
                     break
-                step_clock = Clock()
-                committed_before = len(tokens)
+                wall, cpu, committed = time.perf_counter(), time.process_time(), len(tokens)
                 # 1. Draft: at most budget - 1 tokens, since the bonus takes one more slot.
-                draft = drafter.propose(tokens, budget - 1) if budget > 1 else NO_DRAFT
-                draft = _cap(draft, budget - 1)
-
+                draft = _cap(drafter.propose(tokens, budget - 1), budget - 1) if budget > 1 else NO_DRAFT
                 # 2. One target forward over the pending token and the draft: (k + 1, V) logits.
                 logits = self.loaded.forward([tokens[-1], *draft.tokens], cache)
-
                 # 3. Verify: the accepted prefix and the target's bonus token.
-                verdict = verify(draft, logits, sampling, position=len(tokens) - output_start)
-
+                verdict = verify(draft, logits, sampling, position=len(tokens) - start)
                 # 4. Commit token by token (EOS or a stop may cut the step short), then roll the cache
                 #    back to the committed tokens: rejected draft positions are dropped.
                 for token in [*draft.tokens[: verdict.n_accepted], verdict.bonus]:
@@ -157,63 +144,77 @@ class Engine:
                         finish = "stop"
                         break
                 kv_positions.rollback(cache, keep=len(tokens) - 1)
-
-                # 5. Feedback: to the drafter, and what the step cost to the governor.
+                # 5. Feedback to the drafter; the step's one record to the governor and the stats.
                 drafter.observe(verdict.n_accepted)
+                step = StepRecord(
+                    draft.source, len(draft), verdict.n_accepted, len(tokens) - committed,
+                    time.perf_counter() - wall, time.process_time() - cpu, len(tokens),
+                )  # fmt: skip
                 if governor is not None:
-                    governor.record(
-                        StepCost(
-                            draft.source,
-                            len(draft),
-                            verdict.n_accepted,
-                            len(tokens) - committed_before,
-                            step_clock.wall(),
-                            step_clock.cpu(),
-                            len(tokens),
-                        )
-                    )
-                step += 1
-                stats.target_forwards += 1
-                stats.drafted_tokens += len(draft)
-                stats.accepted_tokens += verdict.n_accepted
-                stats.accepted_length_histogram[verdict.n_accepted] += 1
-                if draft.tokens:
-                    by_drafter = stats.drafters.setdefault(draft.source or "draft", DrafterStats())
-                    by_drafter.add(len(draft), verdict.n_accepted)
-
-                # 6. Emit the committed text.
-                out_of_budget = len(tokens) - output_start >= max_new_tokens
-                if finish == "eos" or (finish == "length" and out_of_budget):
+                    governor.record(step)
+                stats.add(step.drafted, step.accepted, step.source)
+                # 6. Emit the committed text, and the step.
+                if finish == "eos" or (finish == "length" and len(tokens) - start >= max_new_tokens):
                     output.flush()  # the end: release text held back for an incomplete character
                 output.emit(on_text)
                 if on_step is not None:
-                    on_step(
-                        Step(
-                            step=step,
-                            committed_length=len(tokens),
-                            cache_length=kv_positions.length(cache),
-                            drafted=len(draft),
-                            accepted=verdict.n_accepted,
-                            generated_tokens=len(tokens) - output_start,
-                            drafted_total=stats.drafted_tokens,
-                            accepted_total=stats.accepted_tokens,
-                            seconds=round(clock.wall(), 4),
-                        )
-                    )
+                    on_step(_event(step, stats, kv_positions.length(cache), start, clock.wall()))
                 if finish != "length":
                     break
-
-        stats.generated_tokens = len(tokens) - output_start
-        stats.wall_seconds = clock.wall()
-        stats.decode_seconds = stats.wall_seconds - stats.prefill_seconds
-        stats.cpu_seconds = clock.cpu()
+        stats.ended(len(tokens) - start, clock.wall(), clock.cpu())
         if joules_at_start is not None:
             stats.joules = (self.energy.read() or joules_at_start) - joules_at_start
         if governor is not None:
-            for name, link in governor.links.items():
-                stats.drafters.setdefault(name, DrafterStats()).held_back_steps = link.suppressed
-            stats.cost_probes = governor.probes
-        return Generation(tokens[output_start:], output.text, finish, stats)
+            governor.report(stats)
+        return Generation(tokens[start:], output.text, finish, stats)
+
+    def _prefill(
+        self, tokens: list[int], cache: Cache, pause: Callable[[], None] | None, cancel: Callable[[], bool] | None
+    ) -> tuple[int, int]:
+        """Prefill every prompt token but the last (and those the cache already holds). The last is pending:
+        it is the first input of the first step's forward, which predicts the first output. Returns the
+        tokens the cache held, and those prefilled. A cancel between two parts stops it: the first step
+        says so, and the cache holds a prefix."""
+        reused = kv_positions.length(cache)
+        if reused >= len(tokens):
+            raise ValueError("the cache must hold less than the prompt: its last token is the first step's input")
+        chunk = PREFILL_CHUNK if pause is not None and self.loaded.row_invariant else len(tokens)
+        for begin in range(reused, len(tokens) - 1, chunk):
+            if begin > reused and pause is not None:
+                pause()
+                if cancel is not None and cancel():
+                    break
+            self.loaded.forward(tokens[begin : min(begin + chunk, len(tokens) - 1)], cache, logits_to_keep=1)
+        return reused, len(tokens) - 1 - reused
+
+
+def _event(step: StepRecord, stats: Stats, cache_length: int, start: int, seconds: float) -> Step:
+    """The step as its callback hears it (`events.Step`)."""
+    return Step(
+        step=stats.target_forwards,
+        committed_length=step.position,
+        cache_length=cache_length,
+        drafted=step.drafted,
+        accepted=step.accepted,
+        generated_tokens=step.position - start,
+        drafted_total=stats.drafted_tokens,
+        accepted_total=stats.accepted_tokens,
+        seconds=round(seconds, 4),
+    )
+
+
+class Clock:
+    """Wall and process-CPU time since creation."""
+
+    def __init__(self) -> None:
+        self.wall_start = time.perf_counter()
+        self.cpu_start = time.process_time()
+
+    def wall(self) -> float:
+        return time.perf_counter() - self.wall_start
+
+    def cpu(self) -> float:
+        return time.process_time() - self.cpu_start
 
 
 class _OutputText:
@@ -258,7 +259,7 @@ def _cap(draft: Draft, k: int) -> Draft:
     return Draft(draft.tokens[:k], p_draft, draft.source)
 
 
-def _eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+def _eos_token_ids(model: object, tokenizer: Tokenizer) -> frozenset[int]:
     ids: set[int] = set()
     configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     for value in (configured, getattr(tokenizer, "eos_token_id", None)):

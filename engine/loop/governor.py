@@ -18,8 +18,7 @@ what it cost, added to the balance; every step of the request, its own or not, d
   copy run keeps its long drafts, and new text shrinks them within a few steps: 64 -> 32 -> ... -> 1 ->
   off costs about as much as five plain tokens, once. The balance keeps a drafter near break-even from
   climbing back to long drafts on small wins and losing it all on one rejected long draft (layer skip
-  on a CPU, traced 2026-11-30: 4-token wins saved 20-50 ms each, an 8-token draft with 2 accepted lost
-  560 ms).
+  on a CPU: 4-token wins saved 20-50 ms each, an 8-token draft with 2 accepted lost 560 ms).
 - at cap 0 the link is *off*. A cheap link (the copy drafter: a proposal costs microseconds) keeps
   proposing in the shadow; when a shadow draft would have been accepted (its first token is the token
   the target wrote), the copy has found a match again and the cap comes back at 2. An expensive link
@@ -49,6 +48,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from specedit.drafters.base import NO_DRAFT, CatchesUp, Draft, Drafter
+from specedit.engine.loop.step import StepRecord
+from specedit.engine.records.stats import DrafterStats, Stats
 
 # The plain cost is a running average of plain steps: new ones weigh this much. Plain steps vary by
 # ~10% here (other processes share the cores); 0.3 follows the slow growth of the attention cost.
@@ -87,17 +88,6 @@ class LinkState:
         self.cap = self.max_cap
 
 
-@dataclass(frozen=True)
-class StepCost:
-    source: str  # the link that drafted, "" for a plain step
-    drafted: int
-    accepted: int
-    committed: int
-    wall_seconds: float
-    cpu_seconds: float
-    position: int  # committed length after the step
-
-
 class CostGovernor:
     """Caps each drafter's drafts by what they saved so far in this request; see the module docstring."""
 
@@ -107,7 +97,7 @@ class CostGovernor:
         self.plain_cpu: float | None = None
         self._plain_position = 0  # committed length when the plain cost was last measured
         self._probe = False  # hold all drafting back for one step, to measure the plain cost
-        self._unjudged: StepCost | None = None  # a step that needs the plain cost, until the probe
+        self._unjudged: StepRecord | None = None  # a step that needs the plain cost, until the probe
         self._drafting_spent = False  # this step, an expensive link drafted and proposed nothing
         self.probes = 0
 
@@ -122,7 +112,7 @@ class CostGovernor:
     def probing(self) -> bool:
         return self._probe
 
-    def record(self, step: StepCost) -> None:
+    def record(self, step: StepRecord) -> None:
         """The engine reports every step's cost; the drafting link's cap follows whether it paid."""
         for state in self.links.values():  # every step ages every balance, so a link that is off forgets
             state.balance *= BALANCE_DECAY  # its losses and can come back after its probes pay
@@ -148,6 +138,12 @@ class CostGovernor:
         else:
             self._judge(link, step)
 
+    def report(self, stats: Stats) -> None:
+        """Into a generation's stats: the steps each link was held back, and the probes taken."""
+        for name, link in self.links.items():
+            stats.drafters.setdefault(name, DrafterStats()).held_back_steps = link.suppressed
+        stats.cost_probes = self.probes
+
     def revive(self, name: str) -> None:
         """A link that was off would have drafted well: back on, with a short cap."""
         link = self.links[name]
@@ -163,7 +159,7 @@ class CostGovernor:
             if link.cap == 0:
                 self._switch_off(link)
 
-    def _record_plain(self, step: StepCost) -> None:
+    def _record_plain(self, step: StepRecord) -> None:
         if self.plain_wall is None or self.plain_cpu is None:
             self.plain_wall, self.plain_cpu = step.wall_seconds, step.cpu_seconds
         else:
@@ -180,7 +176,7 @@ class CostGovernor:
             if link is not None:
                 self._judge(link, unjudged)
 
-    def _saving(self, step: StepCost) -> float | None:
+    def _saving(self, step: StepRecord) -> float | None:
         """Seconds the step saved against plain decoding of its committed tokens, on the worse of the
         two clocks (CPU time scaled to wall time); None while the plain cost is unknown."""
         if self.plain_wall is None or self.plain_cpu is None:
@@ -189,7 +185,7 @@ class CostGovernor:
         cpu = step.committed * self.plain_cpu - step.cpu_seconds
         return min(wall, cpu * self.plain_wall / self.plain_cpu if self.plain_cpu > 0 else cpu)
 
-    def _judge(self, link: LinkState, step: StepCost, *, paid: bool | None = None) -> None:
+    def _judge(self, link: LinkState, step: StepRecord, *, paid: bool | None = None) -> None:
         saving = self._saving(step)
         if saving is not None:
             link.balance += saving
@@ -211,7 +207,7 @@ class CostGovernor:
             link.cooldown = min(2 * link.cooldown, MAX_COOLDOWN)
 
 
-def _without(step: StepCost, seconds: float) -> StepCost:
+def _without(step: StepRecord, seconds: float) -> StepRecord:
     """`step` less `seconds` of its wall time, and the same share of its CPU time."""
     share = min(1.0, seconds / step.wall_seconds) if step.wall_seconds > 0 else 0.0
     return replace(step, wall_seconds=step.wall_seconds * (1 - share), cpu_seconds=step.cpu_seconds * (1 - share))

@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from specedit.engine.loop.drafting import generate_drafted
 from specedit.engine.loop.generate import Engine, Generation
@@ -32,7 +31,8 @@ from specedit.engine.records.requests import (
     WarmRequest,
     status_of,
 )
-from specedit.engine.sketch.merge import SketchMerge, merge_sketch
+from specedit.engine.sketch.merge import SketchMerge
+from specedit.engine.sketch.sketch import Sketch
 from specedit.engine.store.kept import kept_file
 
 
@@ -44,7 +44,7 @@ class RewriteRun:
     text: str  # the rewritten region, in the original's line endings
     finish_reason: FinishReason
     generation: Generation
-    merge: dict[str, Any] | None = None  # for a sketch: how it was merged (the model), and why not by lines
+    merge_unresolved: tuple[str, ...] | None = None  # a sketch merged by the model: why not by its lines
 
     @property
     def complete(self) -> bool:
@@ -52,8 +52,10 @@ class RewriteRun:
         return status_of(self.finish_reason) == "complete"
 
     def outcome(self) -> RewriteOutcome:
-        stats = self.generation.stats.to_dict()
-        return RewriteOutcome.finished(self.text, self.finish_reason, {**stats, **(self.merge or {})})
+        stats = self.generation.stats
+        if self.merge_unresolved is not None:
+            stats = dataclasses.replace(stats, merge="model", merge_unresolved=self.merge_unresolved)
+        return RewriteOutcome.finished(self.text, self.finish_reason, stats)
 
 
 @dataclass(frozen=True)
@@ -84,12 +86,16 @@ class PreparedRewrite:
         return code.replace("\n", "\r\n") if self.crlf else code
 
 
-def prepare_rewrite(engine: Engine, request: RewriteRequest) -> PreparedRewrite:
-    """The prompt, its ids and the budget of `request` (`ContextLengthError` when it does not fit)."""
+def prepare_rewrite(engine: Engine, request: RewriteRequest, sketch: Sketch | None = None) -> PreparedRewrite:
+    """The prompt, its ids and the budget of `request` (`ContextLengthError` when it does not fit). `sketch`
+    is the request's sketch as the session read it (`sketch.Sketch`); without it, the request's sketch is
+    read here, as it is."""
+    if request.sketch is not None and sketch is None:
+        sketch = Sketch.read(request.original, request.sketch, request.sketch_format, from_chat=False, merge=False)
     # The model sees "\n" line endings; the answer gets the original's back (CRLF files stay CRLF).
     crlf = "\r\n" in request.original
     prompt = dataclasses.replace(
-        request.prompt(),
+        request.prompt(sketch.format if sketch is not None else None),
         original=request.original.replace("\r\n", "\n"),
         sketch=request.sketch.replace("\r\n", "\n") if request.sketch is not None else None,
     )
@@ -99,11 +105,12 @@ def prepare_rewrite(engine: Engine, request: RewriteRequest) -> PreparedRewrite:
     original_ids = engine.tokenize(prompt.original)
     source_ids = original_ids
     sketch_merge = None
-    if prompt.sketch is not None:
+    if prompt.sketch is not None and sketch is not None:
         # The sketch merged by its lines is the first draft: a model that agrees with it writes it at copy
         # speed; where it does not (or a chunk could not be placed), the original and the sketch's new code.
-        sketch_merge = merge_sketch(prompt.original, prompt.sketch, request.sketch_format)
-        source_ids = engine.tokenize(sketch_merge.text) + original_ids + engine.tokenize(prompt.sketch)
+        sketch_merge = sketch.by_lines()
+        merged = sketch_merge.text.replace("\r\n", "\n")  # in the original's line endings
+        source_ids = engine.tokenize(merged) + original_ids + engine.tokenize(prompt.sketch)
     max_new_tokens = _budget(engine, request, len(prompt_ids), len(original_ids))
     return PreparedRewrite(request, prompt, prompt_text, prompt_ids, source_ids, max_new_tokens, crlf, sketch_merge)
 
@@ -165,10 +172,8 @@ def run_rewrite(
     code = trailing.finish(answer.code)
     if on_text is not None and trailing.released_at_end:
         on_text(trailing.released_at_end.replace("\n", "\r\n") if crlf else trailing.released_at_end)
-    merge = None
-    if prepared.sketch_merge is not None:
-        merge = {"merge": "model", "merge_unresolved": list(prepared.sketch_merge.unresolved)}
-    return RewriteRun(code.replace("\n", "\r\n") if crlf else code, generation.finish_reason, generation, merge)
+    unresolved = tuple(prepared.sketch_merge.unresolved) if prepared.sketch_merge is not None else None
+    return RewriteRun(code.replace("\n", "\r\n") if crlf else code, generation.finish_reason, generation, unresolved)
 
 
 def rewrite(
@@ -179,9 +184,11 @@ def rewrite(
     cancel: Callable[[], bool] | None = None,
     on_step: Callable[[Step], None] | None = None,
     pause: Callable[[], None] | None = None,
+    sketch: Sketch | None = None,
 ) -> RewriteRun:
-    """Rewrite `request.original`; `on_text` streams the new region's text as it is committed."""
-    prepared = prepare_rewrite(engine, request)
+    """Rewrite `request.original`; `on_text` streams the new region's text as it is committed. `sketch`: the
+    request's sketch as the session read it (`prepare_rewrite`)."""
+    prepared = prepare_rewrite(engine, request, sketch)
     return run_rewrite(engine, prepared, on_text=on_text, cancel=cancel, on_step=on_step, pause=pause)
 
 
@@ -201,7 +208,7 @@ def warm_document(engine: Engine, request: WarmRequest, should_stop: Callable[[]
     ids = engine.tokenize(file_prefix(engine.tokenizer, document, request.language))
     if limit is not None and len(ids) >= limit // 2:  # no answer of its size would fit after it
         return 0, 0
-    return prefix_cache.warm(engine.loaded, ids, should_stop), len(ids)
+    return prefix_cache.warm(engine.torch_target, ids, should_stop), len(ids)
 
 
 def keep_prompt_head(engine: Engine, folder: Path | None) -> int:
@@ -214,9 +221,10 @@ def keep_prompt_head(engine: Engine, folder: Path | None) -> int:
     from specedit.engine.model.loading import weight_files
     from specedit.engine.model.prefix_cache import common_prefix
 
-    prefix_cache, loaded = engine.prefix_cache, engine.loaded
-    if prefix_cache is None or not loaded.row_invariant:
+    prefix_cache = engine.prefix_cache
+    if prefix_cache is None or not engine.loaded.row_invariant:
         return 0
+    loaded = engine.torch_target
     # Two prompts that differ from their code on: the tokens they share are every prompt's start.
     one, other = (engine.tokenize(file_prefix(engine.tokenizer, code, tag)) for code, tag in (("a", "py"), ("1", "")))
     ids = one[: common_prefix(one, other, len(one))]

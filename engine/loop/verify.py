@@ -30,6 +30,8 @@ from specedit.engine.records.requests import SamplingConfig
 if TYPE_CHECKING:  # torch only where sampling draws (a greedy target may run without it: `model.torchless`)
     import torch
 
+    from specedit.engine.model.protocols import Logits
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -37,7 +39,7 @@ class Verdict:
     bonus: int
 
 
-def verify(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig, position: int) -> Verdict:
+def verify(draft: Draft, target_logits: Logits, sampling: SamplingConfig, position: int) -> Verdict:
     """Verify `draft` against the target's (k + 1, V) logits.
 
     `position` is the output index of the first drafted token; random draws are keyed by it, so plain
@@ -67,7 +69,7 @@ def verify(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig, 
     return _verify_stochastic(draft.tokens, probs, draft.p_draft, sampling.seed, position)
 
 
-def _verify_greedy(tokens: tuple[int, ...], target_logits: torch.Tensor) -> Verdict:
+def _verify_greedy(tokens: tuple[int, ...], target_logits: Logits) -> Verdict:
     argmax = target_logits.argmax(-1).tolist()  # (k + 1,); (numpy's too: `model.torchless`)
     n = 0
     while n < len(tokens) and tokens[n] == argmax[n]:

@@ -1,30 +1,16 @@
 """The Llama family's decoder (Qwen2, Qwen2.5, Llama) in plain torch: the target's forward on the CPU.
 
-transformers' own model classes cost 1.6 s to import (its model-loading machinery pulls in torch's
-compiler, its distributed tensors and sympy), a third of a one-off rewrite's start-up, and their glue (masks
-built every forward, the attention-function registry, argument plumbing, a cache copied whole at every
-step) costs a one-token step of the 0.5B model 7-17% of its time (2026-12, AVX-512 VNNI, 300-1,000 tokens
-of context). specedit computes attention, rotary angles and linear layers its own way anyway
-(`model.invariant`, `model.quantized`): what is left is the embedding, the norms, the residual sums and the
-MLP's activation. In float32 on specedit's kernels (`kernels.rms_norm`, `kernels.rotary`,
-`kernels.silu_mul`, and q, k and v, gate and up each in one call of the linear kernel) those take one call
-each where torch's operators took 6-8 and as many Python calls: 4.2 ms of the 1.5B model's 38 ms one-token
-forward, 3.5 of the 0.5B's 18, before (2026-12-05). The rotary embeddings are torch's bits; the norm sums
-its squares in double and SiLU takes its own exponential, so the logits are transformers' to rounding, as
-on a float64 model, where this module computes in torch's operators and transformers' order
-(tests/test_decoder.py). Each row's result is its own either way: what speculation's exactness needs.
-
-On integer weights (`model.quantized`), a layer whose heads are whole vectors wide runs as one call
-(`specedit::decoder_layer`): the same ops in the same order, this forward's keys and values written into
-the cache on the way, the logits and the cache bit for bit those of the layer called op by op. What it
-saves is the Python between a layer's dozen calls (2.6-2.8 ms of the 0.5B model's one-token step) and how
-the threads meet it, which depends on the hour of a shared machine: plain decoding 0.83-0.88x the time in a
-slow hour, 0.98x in a fast one (AMD EPYC steered to AVX2, 2026-12-06; docs/kernels.md).
-
-The modules are named as transformers names them (`model.layers.3.self_attn.q_proj`, ...), so a model
-folder's safetensors load by name and every tool that walks a model's linear layers (packing,
-quantizing, layer skip, the interruptible prefill) finds them where it looks. A folder this module does
-not cover (another architecture, RoPE scaling, sliding windows, a GGUF, a hub id) loads with transformers.
+transformers' own model classes are slow to import and add glue to every forward (masks, an attention
+registry, a cache copied at every step). specedit computes attention, rotary angles and linear layers its
+own way anyway (`model.invariant`, `model.quantized`), so this module keeps the rest: the embedding, the
+norms, the residual sums and the MLP's activation. In float32 on specedit's kernels each of those is one
+call; on integer weights a whole layer is one call (`specedit::decoder_layer`), bit for bit the layer
+called op by op. On a float64 model it computes in torch's operators and transformers' order, so the
+logits are transformers' to rounding (tests/test_decoder.py). Each row's result is its own either way,
+which is what speculation's exactness needs. The modules are named as transformers names them, so a model
+folder's safetensors load by name and every tool that walks a model's layers finds them. A folder this
+module does not cover (another architecture, RoPE scaling, sliding windows, a GGUF) loads with
+transformers. Measurements: docs/kernels.md.
 """
 
 from __future__ import annotations
@@ -33,14 +19,17 @@ import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from specedit.engine.model import invariant, kernels, quantized
-from specedit.engine.model.kv_cache import KVCache, KVLayer
+from specedit.engine.model.kv_cache import KVCache, KVLayer, TensorCache
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM")
 
@@ -144,7 +133,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(heads * width, hidden, bias=False)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, first: int, own: bool = False
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: TensorCache, first: int, own: bool = False
     ) -> torch.Tensor:
         """`first`: the position of x's first row (what the cache held before). `own`: on specedit's kernels
         (`Decoder.forward`), cos and sin (T, D)."""
@@ -200,10 +189,10 @@ class Layer(nn.Module):
         self._whole: tuple[tuple[nn.Module | None, ...], _WholeLayer | None] = ((), None)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, first: int, own: bool = False
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: TensorCache, first: int, own: bool = False
     ) -> torch.Tensor:
-        whole = self._whole_layer() if own and isinstance(cache, KVCache) else None
-        if whole is not None:  # the whole layer in one call of specedit's kernels
+        if own and isinstance(cache, KVCache) and (whole := self._whole_layer()) is not None:
+            # the whole layer in one call of specedit's kernels
             return whole.forward(x, cos, sin, cache.layer(self.index), first)
         x = x + self.self_attn(self.input_layernorm(x, own), cos, sin, cache, first, own)
         output: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x, own), own)
@@ -322,7 +311,7 @@ class Decoder(nn.Module):
         they built."""
         return dtype == self.model.norm.weight.dtype == torch.float32 and self.device.type == "cpu" and kernels.loaded()
 
-    def transformers_twin(self) -> Any:
+    def transformers_twin(self) -> PreTrainedModel:
         return transformers_twin(self)
 
     def get_input_embeddings(self) -> nn.Module:
@@ -333,7 +322,9 @@ class Decoder(nn.Module):
         self.model.embed_tokens = embedding
 
     @torch.inference_mode()  # a `KVCache`'s buffers are inference tensors, which autograd refuses as inputs
-    def forward(self, input_ids: torch.Tensor, cache: Any = None, logits_to_keep: int = 0, **_: Any) -> Output:
+    def forward(
+        self, input_ids: torch.Tensor, cache: TensorCache | None = None, logits_to_keep: int = 0, **_: object
+    ) -> Output:
         """`cache` (a `KVCache`, or anything with its `update` and `get_seq_length`) grows by the forward's
         positions; without one, a new one is made and dropped. In inference mode, as every caller ran it."""
         cache = self.new_cache() if cache is None else cache
@@ -389,7 +380,7 @@ def load(folder: Path, config: DecoderConfig, dtype: torch.dtype | str) -> Decod
     return model.eval()
 
 
-def transformers_twin(model: Decoder) -> Any:
+def transformers_twin(model: Decoder) -> PreTrainedModel:
     """A model of transformers' own class for `model`'s config, on `model`'s modules (its linear layers,
     in whatever form they are, and its embedding: shared, not copied) and its norms' weights: what a user
     of transformers runs, for a peer's baseline (`invariant.stock_kernels`)."""
@@ -411,4 +402,5 @@ def transformers_twin(model: Decoder) -> Any:
         twin.model.rotary_emb = type(twin.model.rotary_emb)(config=config)  # its frequencies, off "meta"
     twin.generation_config.eos_token_id = model.generation_config.eos_token_id
     twin.set_attn_implementation("sdpa")
-    return twin.eval()
+    evaluated: PreTrainedModel = twin.eval()
+    return evaluated

@@ -9,10 +9,13 @@ so CPU work is measured in process CPU seconds instead.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported where there is a GPU (a CPU target may run without torch: `model.torchless`)
     import torch
+
+    from specedit.engine.model.protocols import Device
 
 log = logging.getLogger(__name__)
 
@@ -20,13 +23,16 @@ log = logging.getLogger(__name__)
 class EnergyMeter:
     """Reads the energy counter of the GPU behind a torch device; `read()` is None where there is none."""
 
-    def __init__(self, device: torch.device) -> None:
-        self._nvml: Any = None
-        self._handle: Any = None
+    def __init__(self, device: Device) -> None:
+        self._nvml: ModuleType | None = None
+        self._handle: object = None
         if device.type != "cuda":
             return
         try:
             import pynvml
+            import torch
+
+            assert isinstance(device, torch.device)  # (a GPU is torch's)
 
             pynvml.nvmlInit()
             self._handle = _nvml_handle(pynvml, device)
@@ -50,7 +56,7 @@ class EnergyMeter:
         return float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)) / 1000.0
 
 
-def _nvml_handle(pynvml: Any, device: torch.device) -> Any:
+def _nvml_handle(pynvml: ModuleType, device: torch.device) -> object:
     """NVML numbers GPUs by PCI order and CUDA may not (CUDA_VISIBLE_DEVICES): match by PCI bus id."""
     import torch
 

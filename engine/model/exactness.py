@@ -42,13 +42,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, Protocol
 
 import torch
 
 from specedit.engine.model import decoder, invariant, kernels, kv_cache, quantized
 from specedit.engine.model.cpu import cpu_class, cpu_flags, cpu_model
-from specedit.engine.model.kv_cache import Cache
+from specedit.engine.model.kv_cache import Cache, TensorCache
+from specedit.engine.model.protocols import ModelConfig
 from specedit.engine.store.integrity import is_sealed
 from specedit.engine.store.kept import versions, write_atomically
 
@@ -106,14 +107,31 @@ class Exactness:
             f"{rows} steps)"
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         record = asdict(self)
         record["claim"] = self.claim
         record["probe_seconds"] = round(self.probe_seconds, 3)
         return record
 
 
-def settle(loaded: Any, verdicts: Path | None = None) -> Exactness:
+class Probed(Protocol):
+    """What the self-check reads, and sets, of a loaded model (`loading.LoadedModel`)."""
+
+    model: torch.nn.Module
+    device: torch.device
+    dtype: torch.dtype
+    step_rows: int
+    exactness: Exactness | None
+
+    @property
+    def config(self) -> ModelConfig: ...
+
+    def forward(self, ids: Sequence[int], cache: Cache, logits_to_keep: int = 0) -> torch.Tensor: ...
+
+    def new_cache(self) -> TensorCache: ...
+
+
+def settle(loaded: Probed, verdicts: Path | None = None) -> Exactness:
     """Choose `loaded`'s kernels by the probe (see the module docstring) and return the verdict.
 
     `loaded` is a `LoadedModel` whose `step_rows` this sets; its model's linear layers end up packed
@@ -177,30 +195,30 @@ def settle(loaded: Any, verdicts: Path | None = None) -> Exactness:
     return verdict
 
 
-def remember(loaded: Any, verdicts: Path) -> None:
+def remember(loaded: Probed, verdicts: Path) -> None:
     """Save `loaded`'s verdict in the `verdicts` folder, for the next load with the same fingerprint."""
     if loaded.exactness is not None:
         _write_verdict(verdicts / f"{fingerprint(loaded)}.json", loaded.exactness)
 
 
-def cache_dtype(loaded: Any) -> str:
+def cache_dtype(loaded: Probed) -> str:
     """The dtype `loaded`'s KV cache keeps: a `KVCache`'s own (`Decoder.new_cache`), else the model's."""
     return str(getattr(loaded.new_cache(), "dtype", None) or loaded.dtype).removeprefix("torch.")
 
 
-def fingerprint(loaded: Any) -> str:
+def fingerprint(loaded: Probed) -> str:
     """A digest of everything that chooses the kernels a forward of `loaded` runs (module docstring)."""
     modules = (
         invariant.__file__,
         kernels.__file__,
-        kernels.SOURCE,
+        *map(str, kernels.SOURCES),
         quantized.__file__,
         decoder.__file__,
         kv_cache.__file__,
         __file__,
     )
     sources = [Path(path).read_bytes() for path in modules if path]
-    config = {key: value for key, value in loaded.model.config.to_dict().items() if key != "_name_or_path"}
+    config = {key: value for key, value in loaded.config.to_dict().items() if key != "_name_or_path"}
     described = {
         "config": config,  # the shapes; not the name: the same shapes on the same machine take the same kernels
         "dtype": str(loaded.dtype),
@@ -223,10 +241,10 @@ def _fewer_threads() -> list[int]:
     return sorted({count for count in (threads - 1, 1) if 1 <= count < threads})
 
 
-def same_on_threads(loaded: Any, threads: int) -> bool:
+def same_on_threads(loaded: Probed, threads: int) -> bool:
     """Whether the probe's reference (plain decoding) and its one-forward split give the same logits on
     `threads` threads as on torch's own count, bitwise (a kernel may split a sum across threads)."""
-    ids = probe_ids(int(loaded.model.config.vocab_size), PROBE_CONTEXT + sum(PROBE_SPLITS[0]))
+    ids = probe_ids(loaded.config.vocab_size, PROBE_CONTEXT + sum(PROBE_SPLITS[0]))
     own = torch.get_num_threads()
 
     def logits() -> list[torch.Tensor]:
@@ -272,10 +290,10 @@ def probe_ids(vocab_size: int, length: int) -> list[int]:
     return [(index * 7919 + 13) % vocab_size for index in range(length)]
 
 
-def probe_holds(loaded: Any) -> bool:
+def probe_holds(loaded: Probed) -> bool:
     """True when every split of the probe gives the reference's logits, bitwise: the continuation computed
     in forwards of other sizes, and after the context prefilled in two pieces (as a kept prefix is)."""
-    ids = probe_ids(int(loaded.model.config.vocab_size), PROBE_CONTEXT + sum(PROBE_SPLITS[0]))
+    ids = probe_ids(loaded.config.vocab_size, PROBE_CONTEXT + sum(PROBE_SPLITS[0]))
     with torch.inference_mode():
         cache = _prefilled(loaded, ids, (PROBE_CONTEXT,))
         reference = _split_logits(loaded, ids, PROBE_SPLITS[0], cache)
@@ -285,7 +303,7 @@ def probe_holds(loaded: Any) -> bool:
         return torch.equal(_split_logits(loaded, ids, PROBE_SPLITS[2], pieces), reference)
 
 
-def _prefilled(loaded: Any, ids: Sequence[int], pieces: Sequence[int]) -> Cache:
+def _prefilled(loaded: Probed, ids: Sequence[int], pieces: Sequence[int]) -> Cache:
     """A cache holding the probe's context, prefilled `pieces[i]` tokens per forward."""
     cache, position = loaded.new_cache(), 0
     for size in pieces:
@@ -294,7 +312,7 @@ def _prefilled(loaded: Any, ids: Sequence[int], pieces: Sequence[int]) -> Cache:
     return cache
 
 
-def _split_logits(loaded: Any, ids: Sequence[int], split: Sequence[int], cache: Cache) -> torch.Tensor:
+def _split_logits(loaded: Probed, ids: Sequence[int], split: Sequence[int], cache: Cache) -> torch.Tensor:
     """The probe's continuation, `split[i]` tokens per forward; the cache is left holding the context."""
     rows, position = [], PROBE_CONTEXT
     for size in split:
@@ -304,14 +322,14 @@ def _split_logits(loaded: Any, ids: Sequence[int], split: Sequence[int], cache: 
     return torch.cat(rows)  # (sum(split), V)
 
 
-def _integer_linear(model: Any) -> Linear | None:
+def _integer_linear(model: torch.nn.Module) -> Linear | None:
     """The linear kernel of the model's integer weights (`quantized`): int8, int5 (5 bits where the GGUF has
     them, 8 elsewhere) or int4; None on float ones."""
     bits = quantized.weight_bits(model)
     return INTEGER_LINEARS[bits] if bits is not None else None
 
 
-def _use_linear(model: Any, linear: Linear) -> None:
+def _use_linear(model: torch.nn.Module, linear: Linear) -> None:
     if linear in INTEGER_LINEARS.values():
         return  # loaded so: integer weights cannot come back from the float ones
     quantized.dequantize_linears(model)

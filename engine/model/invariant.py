@@ -1,59 +1,33 @@
 """Row-invariant arithmetic: a position's logits do not depend on how many positions one forward computes.
 
 Speculative decoding is exact only if the target's verdict on a position is the same whether a forward
-computes that position alone (plain decoding: one token per forward) or among a draft of k tokens
-(verification). In exact arithmetic it is; on a CPU it was not: kernels are chosen by the shape of the
-call and sum in another order, and a near-tie between the two best tokens flips now and then (measured on
-Qwen2.5-Coder-0.5B, 2 cores, torch 2.13: bf16 logits differ by up to 0.3 between a 1-token and a 16-token
-forward; 1 whole-file rewrite in 30, 3 polyglot edits in 10 and 5 docstrings in 10 came out different).
-Thinking Machines' "Defeating Nondeterminism in LLM Inference" (2025) calls this batch invariance.
-
-What varies depends on the CPU class (measured with torch 2.13, 1 and 2 threads, 2026-11):
-- a linear layer. AVX512-BF16, bf16 (oneDNN): a 1-row product differs from the same row in a product of
-  2 or more rows; 2..200 rows agree. AVX2, float32 (MKL sgemm): rows agree only among products of 4+
-  rows on one thread, and with 2 threads products of 5 and 9 rows differ again; AVX2, bf16 (ATen's own
-  kernel): every size agrees. oneDNN's *prepacked* float32 linear (`PackedLinear`: the weights reordered
-  once at load, as Inductor's freezing does) agrees row for row from 1 to 200 rows on AVX2, and is faster
-  there too: 97 ms for a 1-row forward of the 0.5B model's linears where MKL takes 168, 583 ms for 64
-  rows where MKL takes 856 (2 threads).
-- attention (`scaled_dot_product_attention`'s CPU flash kernel): a row's result depends on the length of
-  the keys it is given (masked or not) and on the rows beside it: calls of 1, of 2-3 and of 4 or more query
-  rows give three different answers, and the kernel works through the queries in blocks of 32 rows.
-- rotary position embeddings: transformers computes cos and sin of the forward's positions in each forward,
-  and ATen's vectorized cos/sin take another code path for the tail of a tensor, so a position's angle can
-  differ by the forward's size where the head dimension is small (seen on tiny test models; the 0.5B
-  model's 64-wide heads keep every position in the vector body). `install_rotary_table` computes every
-  position's cos and sin once.
-
-`invariant_attention` therefore computes every query at position p against the keys of positions
-0 .. `_kv_length(p)` - 1, a length that depends on p alone (p + 1 rounded up to `KV_BUCKET`; the keys past
-the cache are zeros, masked), in calls of 4 to 32 query rows (a short call repeats its last row). That
-held where it was measured (AMD EPYC AVX2, AVX512-BF16), not everywhere: on an Intel Xeon steered to AVX2,
-on 1 thread, a row came out differently in calls of 30 and of 32 rows (2026-12). So in float32, where
-specedit's own kernels build (`model.kernels`), the attention runs on its own kernel, row-invariant by
-construction: each query's scores, softmax and weighted values over the keys up to its own position, in
-their order, one call a layer (0.5B model, 2 cores, AVX-512, 500 tokens of context: 2.0 ms a forward of 1
-token against 6.7 for the two products it replaced, one call per key-length bucket; 6.9 against 19 ms for
-16 tokens); the flash kernel in calls of 4 to 32 rows stays for bf16 and where they do not build. The
-prefill goes the same way, so a prompt's cache computed in pieces (a prefix kept from an earlier request,
-then the rest) is bit for bit the cache computed at once (`model.prefix_cache`); the flash kernel's way
-costs the same as transformers' attention for 500 tokens, 1% more for 2,000 and 18% more for 6,000 (AVX2, float32,
-2026-11). Which linear kernel, and whether a one-token step must run as two rows, is not assumed: the
-self-check at load (`model.exactness`) asks the machine. On CUDA none of this holds as such (cuBLAS
-picks kernels by shape too, differently): the kernels here are for the CPU only.
+computes it alone (plain decoding) or among a draft of k tokens (verification). On a CPU it is not by
+default: kernels are chosen by the shape of the call and sum in another order, so a near-tie between the
+two best tokens flips now and then. Thinking Machines' "Defeating Nondeterminism in LLM Inference" (2025)
+calls this batch invariance. This module removes the three causes found: linear layers run on oneDNN's
+prepacked weights (`PackedLinear`), rotary angles come from a table computed once (`install_rotary_table`),
+and attention sees keys of a length that depends on the position alone, in calls of 4 to 32 query rows
+(`invariant_attention`; in float32 specedit's own kernel, row-invariant by construction). Which linear
+kernel holds, and whether a one-token step must run as two rows, is asked of the machine at load
+(`model.exactness`). The kernels here are for the CPU only; docs/kernels.md has the measurements.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 import torch
 import torch.nn.functional as F
 
 from specedit.engine.model import kernels
-from specedit.engine.model.linears import children, linear_bias, linear_weight, replace_modules
+from specedit.engine.model.linears import children, device_of, linear_bias, linear_weight, replace_modules
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+Rotary = tuple[torch.Tensor, torch.Tensor]  # a position's cos and sin
 
 ATTENTION_NAME = "specedit_row_invariant"
 
@@ -61,19 +35,19 @@ KV_BUCKET = 64  # keys are padded to a multiple of this: at most 63 wasted key p
 MIN_QUERY_ROWS = 4  # calls of 1 and of 2-3 query rows take other code paths in the kernel
 MAX_QUERY_ROWS = 32  # the kernel's query block below 192 rows; a call of 33 ends with a 1-row block
 # Heads narrower than this are zero-padded: with 8-wide heads the kernel's answer for a row changes with
-# the call's row count even within a block (calls of 29 and 31 rows differ from 32 on AVX2, 2026-11);
-# from 16 on, calls of 4..32 rows agree. Only tiny models have such heads.
+# the call's row count even within a block; from 16 on, calls of 4..32 rows agree (only tiny models have
+# such heads).
 MIN_HEAD_DIM = 16
 
 
-def install_attention(model: Any) -> bool:
+def install_attention(model: torch.nn.Module) -> bool:
     """Make `model` (a transformers model on the CPU) compute attention row-invariantly.
 
     Returns False, changing nothing, where it does not apply: a model off the CPU, or one whose attention
     does not go through transformers' attention interface.
     """
     own = getattr(model, "invariant_attention", False)  # `model.decoder`'s: always row-invariant
-    if model.device.type != "cpu" or not (own or model._can_set_attn_implementation()):
+    if device_of(model).type != "cpu" or not (own or _transformers(model)._can_set_attn_implementation()):
         return False
     kernels.available()  # specedit's own products, where they build: row-invariant on every CPU
     if own:
@@ -83,40 +57,53 @@ def install_attention(model: Any) -> bool:
 
     AttentionInterface.register(ATTENTION_NAME, invariant_attention)
     AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)  # the prefill's mask, as for "sdpa"
-    model.set_attn_implementation(ATTENTION_NAME)
+    _transformers(model).set_attn_implementation(ATTENTION_NAME)
     return True
+
+
+@runtime_checkable
+class HasTwin(Protocol):
+    """A model of specedit's own (`decoder.Decoder`), which makes transformers' class on its weights."""
+
+    def transformers_twin(self) -> PreTrainedModel: ...
+
+
+def _transformers(model: torch.nn.Module) -> PreTrainedModel:
+    """A model that is not `model.decoder`'s: transformers' own (not imported here for the other)."""
+    return cast("PreTrainedModel", model)
 
 
 STATIC_ROPE_TYPES = ("default", "linear", "llama3")  # inverse frequencies that do not depend on the length
 
 
-def install_rotary_table(model: Any) -> int:
+def install_rotary_table(model: torch.nn.Module) -> int:
     """Give each rotary embedding of `model` a table of every position's cos and sin, computed once, so
     that a position's angles do not depend on the forward (RoPE types whose frequencies change with the
     length are left alone). Returns how many were given one; `stock_kernels` takes them away for a while."""
     installed = 0
     for module in model.modules():
-        if not (type(module).__name__.endswith("RotaryEmbedding") and hasattr(module, "inv_freq")):
+        inverse_frequencies = getattr(module, "inv_freq", None)
+        if not (type(module).__name__.endswith("RotaryEmbedding") and isinstance(inverse_frequencies, torch.Tensor)):
             continue
         if getattr(module, "rope_type", "default") not in STATIC_ROPE_TYPES or "forward" in vars(module):
             continue
-        length = int(getattr(module, "max_seq_len_cached", 0) or model.config.max_position_embeddings)
-        probe = torch.zeros(1, dtype=torch.float32, device=module.inv_freq.device)
+        positions = getattr(module, "max_seq_len_cached", 0) or _transformers(model).config.max_position_embeddings
+        probe = torch.zeros(1, dtype=torch.float32, device=inverse_frequencies.device)
         with torch.no_grad():
-            cos, sin = module.forward(probe, torch.arange(length, device=probe.device)[None])  # (1, L, D) each
-        module.forward = _table_forward(cos[0], sin[0])
+            cos, sin = module.forward(probe, torch.arange(int(positions), device=probe.device)[None])  # (1, L, D) each
+        vars(module)["forward"] = _table_forward(cos[0], sin[0])
         installed += 1
     return installed
 
 
-def _table_forward(cos: torch.Tensor, sin: torch.Tensor) -> Any:
-    def forward(x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _table_forward(cos: torch.Tensor, sin: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], Rotary]:
+    def forward(x: torch.Tensor, position_ids: torch.Tensor) -> Rotary:
         return cos[position_ids].to(x.dtype), sin[position_ids].to(x.dtype)  # (B, T, D) each
 
     return forward
 
 
-def remove_rotary_tables(model: Any) -> list[Any]:
+def remove_rotary_tables(model: torch.nn.Module) -> list[tuple[torch.nn.Module, object]]:
     """Take the tables away (transformers' own computation again); returns what to give back."""
     removed = []
     for module in model.modules():
@@ -161,7 +148,7 @@ def can_pack(dtype: torch.dtype) -> bool:
     return True
 
 
-def pack_linears(model: Any, dtype: torch.dtype | None = None) -> int:
+def pack_linears(model: torch.nn.Module, dtype: torch.dtype | None = None) -> int:
     """Replace every `nn.Linear` (and GPT-2's `Conv1D`, its transpose) of a CPU model by a `PackedLinear`,
     its weights converted to `dtype` on the way (a model loaded in the dtype it was stored in is upcast
     layer by layer: one copy of its weights in memory, not two; then `model.to(dtype)` for the rest).
@@ -182,13 +169,13 @@ def pack_linears(model: Any, dtype: torch.dtype | None = None) -> int:
     return replace_modules(model, packed)
 
 
-def unpack_linears(model: Any) -> int:
+def unpack_linears(model: torch.nn.Module) -> int:
     """Undo `pack_linears` (a GPT-2 `Conv1D` comes back as the `nn.Linear` it is equal to)."""
     return replace_modules(model, lambda module: module.unpacked() if isinstance(module, PackedLinear) else None)
 
 
 @contextmanager
-def stock_kernels(model: Any) -> Iterator[Any]:
+def stock_kernels(model: torch.nn.Module) -> Iterator[PreTrainedModel]:
     """transformers' own attention and ATen's linear kernels while inside: the model as a user of
     transformers runs it, for a peer's baseline (`specedit bench`). Yields the model to run: `model`
     itself, or for a model of specedit's own (`model.decoder`), transformers' class on its weights. Its
@@ -200,18 +187,18 @@ def stock_kernels(model: Any) -> Iterator[Any]:
     packed = {(parent, name): child for parent, name, child in children(model) if isinstance(child, kinds)}
     for (parent, name), child in packed.items():
         setattr(parent, name, child.unpacked())
-    own = hasattr(model, "transformers_twin")
-    attention = None if own else model.config._attn_implementation
+    own = isinstance(model, HasTwin)
+    attention = None if own else _transformers(model).config._attn_implementation
     if attention == ATTENTION_NAME:
-        model.set_attn_implementation("sdpa")
+        _transformers(model).set_attn_implementation("sdpa")
     tables = [] if own else remove_rotary_tables(model)
     try:
-        yield model.transformers_twin() if own else model
+        yield model.transformers_twin() if isinstance(model, HasTwin) else _transformers(model)
     finally:
         for module, forward in tables:
-            module.forward = forward
+            vars(module)["forward"] = forward
         if attention == ATTENTION_NAME:
-            model.set_attn_implementation(ATTENTION_NAME)
+            _transformers(model).set_attn_implementation(ATTENTION_NAME)
         for (parent, name), child in packed.items():
             setattr(parent, name, child)
 

@@ -1,29 +1,16 @@
-"""specedit's own CPU kernels (`kernels.cpp`): products whose rows never depend on the rows beside them.
+"""specedit's own CPU kernels: products whose rows never depend on the rows beside them, loaded as torch ops.
 
 The engine's exactness rests on a row's logits not depending on the forward that computes it (see
-`model.invariant`). torch's kernels do so on some CPUs and not on others, as measured; these do by
-construction: every output of a product is one chain of float32 fused multiply-adds in the order of its
-inputs (or of its groups of 32 or 128 inputs, each summed exactly in integers), and every other output is
-computed from its own row alone, whatever the number of rows, the thread count or the CPU. The ops:
-
-- `specedit::q8_linear`: a linear layer on int8 weights (`model.quantized`), its activations quantized as it
-  goes (to 127 levels either side of zero, in int8), the products summed in integers; `q5_linear` and
-  `q4_linear` the same on 5-bit levels (a GGUF's Q5_0, a byte each) and 4-bit ones (two a byte);
-- `specedit::q8_quantize`: those int8 weights, scales and offsets from a layer's weights, in one pass;
-- `specedit::linears`: several layers on one input (a layer's q, k and v projections; its gate and up), each
-  of its own width, the activations quantized once per group size, every layer's outputs as its own call's;
-- `specedit::attention`: causal attention (`attention`: scores, softmax and weighted values in one pass),
-  where the CPU's flash kernel is not row-invariant everywhere (Intel Xeon steered to AVX2, 1 thread: a
-  prefill of 61 rows at once and in two pieces differ; 2026-12);
-- `specedit::rms_norm`, `specedit::rotary`, `specedit::silu_mul`: a decoder layer's elementwise glue, one
-  call each where torch takes 6-8 operators (`model.decoder`);
-- `specedit::decoder_layer`: a whole decoder layer on integer weights in one call (those ops in the order
-  `model.decoder`'s layer calls them, the cache's keys and values written on the way), bit for bit the layer
-  called op by op, without the Python between its ops.
-
-They are compiled on first use with the machine's C++ compiler against the installed torch (about 10 s),
-into a folder keyed by the source, torch's version and the flags, sealed there (`integrity`: a library
-changed since is never loaded), and need an x86 CPU with AVX2, FMA and F16C; where that fails, `available`
+`model.invariant`). torch's kernels do so on some CPUs and not on others; these do by construction: every
+output of a product is one chain of float32 fused multiply-adds in the order of its inputs (or of its groups
+of 32 or 128 inputs, each summed exactly in integers), computed from its own row alone, whatever the number
+of rows, the thread count or the CPU. The C++ sits beside this module, one file an op family (`SOURCES`):
+linear layers on int8, int5 and int4 weights and their packing (`model.quantized`), causal attention
+(torch's flash kernel is not row-invariant on every CPU), a decoder layer's glue and the whole layer in one
+call (`model.decoder`), and a C ABI for a process without torch's Python (`model.torchless`). This module
+compiles them on first use with the machine's C++ compiler against the installed torch (about 10 s), into a
+folder keyed by every source's bytes, torch's version and the flags, sealed there (`integrity`: a library
+changed since is never loaded). They need an x86 CPU with AVX2, FMA and F16C; where that fails, `available`
 says why and the model keeps torch's kernels. Where torch's own kernels are AVX-512's, so are these, with
 VNNI where the CPU has it (`variant`): each output is computed the same way on every variant, bit for bit.
 """
@@ -49,7 +36,21 @@ log = logging.getLogger(__name__)
 
 PANEL = 16  # outputs per packed panel
 HEAD_WIDTHS = 16  # `attention` takes heads a multiple of this wide: whole vectors of 8 or 16 lanes
-SOURCE = Path(__file__).with_name("kernels.cpp")
+# The library's one translation unit, which includes the others (a compile parses ATen's headers once).
+UNIT = Path(__file__).with_name("kernels.cpp")
+# Every file the library is compiled from: its cache key and a kept file's name cover all of their bytes.
+SOURCES = tuple(
+    Path(__file__).with_name(name)
+    for name in (
+        "kernels.cpp",
+        "kernels.h",
+        "kernels_linears.cpp",
+        "kernels_packing.cpp",
+        "kernels_attention.cpp",
+        "kernels_layer.cpp",
+        "kernels_c_abi.cpp",
+    )
+)
 # -ffp-contract=off: a multiply and an add stay two roundings unless the source fuses them itself.
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++20")
 NEEDED_FLAGS = ("avx2", "fma", "f16c")  # what FLAGS compile for, as /proc/cpuinfo names it
@@ -167,7 +168,7 @@ def library(folder: Path | None) -> Path | str:
         return "specedit's kernels need a C++ compiler (g++) to build them once"
     name = variant()
     flags = compile_flags(name)
-    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), torch.__version__.encode(), " ".join(flags).encode()]))
+    key = hashlib.sha256(b"\0".join([source_bytes(), torch.__version__.encode(), " ".join(flags).encode()]))
     base = folder if folder is not None else Path(tempfile.gettempdir()) / f"specedit-kernels-{os.getuid()}"
     found = base / f"kernels-{name}-{key.hexdigest()[:16]}.so"
     if is_sealed(found):
@@ -182,16 +183,23 @@ def library(folder: Path | None) -> Path | str:
     return found
 
 
+def source_bytes() -> bytes:
+    """Every source file's bytes, in `SOURCES`' order: what a compiled library, or anything derived by its
+    ops, is keyed by."""
+    return b"\0".join(path.read_bytes() for path in SOURCES)
+
+
 def compile_flags(name: str) -> tuple[str, ...]:
     """The compiler's flags for a variant: `FLAGS`, the variant's own, and torch's C++ ABI."""
     return (*FLAGS, *variant_flags(name), f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}")
 
 
 def compile_library(compiler: str, flags: Sequence[str], out: Path) -> str | None:
-    """Compiles `SOURCE` with `flags` into the library `out`: None, or why it did not compile."""
+    """Compiles `UNIT` (which includes the rest of `SOURCES`) with `flags` into the library `out`: None, or
+    why it did not compile."""
     torch_dir = Path(torch.__file__).parent
     command = [
-        compiler, *flags, f"-I{torch_dir / 'include'}", str(SOURCE), "-o", str(out),
+        compiler, *flags, f"-I{torch_dir / 'include'}", str(UNIT), "-o", str(out),
         f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}",
     ]  # fmt: skip
     try:

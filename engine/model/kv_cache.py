@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Protocol, cast, runtime_checkable
 
 import torch
 from safetensors import safe_open
@@ -30,14 +30,33 @@ from specedit.engine.model.kv_positions import length as length
 from specedit.engine.model.kv_positions import rollback as rollback
 
 
-def new_cache(model: Any) -> Cache:
+class TensorCache(Cache, Protocol):
+    """A cache of torch's tensors (a `KVCache`, transformers' `DynamicCache`): what a forward writes."""
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, index: int, /) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class TensorLayer(Protocol):
+    @property
+    def keys(self) -> torch.Tensor | None: ...
+
+    @property
+    def values(self) -> torch.Tensor | None: ...
+
+
+@runtime_checkable
+class MakesCache(Protocol):
+    def new_cache(self) -> TensorCache: ...
+
+
+def new_cache(model: torch.nn.Module) -> TensorCache:
     """An empty cache for `model`: a `KVCache` where the model makes its own (`model.decoder`, which needs
     nothing of transformers), else transformers' `DynamicCache`."""
-    if hasattr(model, "new_cache"):
+    if isinstance(model, MakesCache):
         return model.new_cache()
     from transformers import DynamicCache
 
-    return DynamicCache()
+    return cast(TensorCache, DynamicCache())  # (its layers' `crop` is on their concrete classes)
 
 
 class KVLayer:
@@ -148,9 +167,10 @@ def copy_prefix(cache: Cache, keep: int) -> Cache:
     """A new cache holding copies of the first `keep` positions of `cache` (left as it is)."""
     if length(cache) < keep:
         raise ValueError(f"cannot copy {keep} positions of a cache holding {length(cache)}")
-    copy = KVCache(cache.dtype) if isinstance(cache, KVCache) else type(cache)()
-    for index, layer in enumerate(cache.layers):
-        keys, values = cast(Any, layer).keys, cast(Any, layer).values
+    copy = KVCache(cache.dtype) if isinstance(cache, KVCache) else cast(TensorCache, type(cache)())
+    for index, layer in enumerate(cast(Sequence[TensorLayer], cache.layers)):
+        keys, values = layer.keys, layer.values
+        assert keys is not None and values is not None
         copy.update(keys[..., :keep, :].clone(), values[..., :keep, :].clone(), index)
     return copy
 
@@ -168,7 +188,7 @@ def write(cache: Cache, ids: Sequence[int], path: Path) -> None:
 
 
 @torch.inference_mode()  # as a forward makes them: a later forward appends to them in place
-def read(path: Path, cache: Cache) -> list[int]:
+def read(path: Path, cache: TensorCache) -> list[int]:
     """Fill the empty `cache` with what `write` saved in `path`; returns the ids whose keys and values they
     are. Raises `OSError` or safetensors' error for an unreadable file, `ValueError` for another kind."""
     with safe_open(path, framework="pt") as stored:

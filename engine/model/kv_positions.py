@@ -7,10 +7,23 @@ crops where it does.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Protocol
 
-# a `KVCache` (for `model.decoder`'s models), transformers' `DynamicCache` (for its own), a `TorchlessCache`
-Cache = Any
+
+class CacheLayer(Protocol):
+    def crop(self, keep: int, /) -> None:
+        """Keep the first `keep` positions; a negative `keep` drops that many from the end."""
+        ...
+
+
+class Cache(Protocol):
+    """A KV cache as the loop measures and crops it: a `KVCache` (for `model.decoder`'s models),
+    transformers' `DynamicCache` (for its own), a `TorchlessCache`."""
+
+    @property
+    def layers(self) -> Sequence[CacheLayer]: ...
+
+    def get_seq_length(self, index: int = 0, /) -> int: ...
 
 
 def length(cache: Cache) -> int:
@@ -30,7 +43,7 @@ def rollback(cache: Cache, keep: int) -> None:
     for index, layer in enumerate(cache.layers):
         drop = int(cache.get_seq_length(index)) - keep
         if drop > 0:
-            cast(Any, layer).crop(-drop)  # `crop` is on the concrete (full-attention) layer class
+            layer.crop(-drop)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:

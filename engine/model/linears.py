@@ -7,7 +7,6 @@ both walk the model the same way, here. Only torch: the modules that import this
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import torch
 
@@ -29,14 +28,20 @@ def linear_bias(module: torch.nn.Module) -> torch.Tensor | None:
     return bias if isinstance(bias, torch.Tensor) else None
 
 
-def children(model: Any) -> Iterator[tuple[torch.nn.Module, str, torch.nn.Module]]:
+def device_of(model: torch.nn.Module) -> torch.device:
+    """Where the model's weights are (`device`, as transformers' models and `decoder.Decoder` say it)."""
+    device = getattr(model, "device", None)
+    return device if isinstance(device, torch.device) else next(model.parameters()).device
+
+
+def children(model: torch.nn.Module) -> Iterator[tuple[torch.nn.Module, str, torch.nn.Module]]:
     """Every (parent, name, child) of the model, listed before any is replaced."""
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             yield parent, name, child
 
 
-def replace_modules(model: Any, replacement: Callable[[torch.nn.Module], torch.nn.Module | None]) -> int:
+def replace_modules(model: torch.nn.Module, replacement: Callable[[torch.nn.Module], torch.nn.Module | None]) -> int:
     """Each module for which `replacement` gives another is replaced by it; returns how many were."""
     replaced = 0
     for parent, name, child in list(children(model)):

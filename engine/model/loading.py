@@ -11,19 +11,23 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from specedit.engine.model import decoder, exactness, invariant, kernels, kv_cache, quantized
-from specedit.engine.model.kv_cache import Cache
+from specedit.engine.model.kv_cache import Cache, TensorCache
 from specedit.engine.model.memory import release_freed_memory
+from specedit.engine.model.protocols import ModelConfig, Tokenizer
 from specedit.engine.model.tokenizer import KeptTokenizer, compact_pipeline, kept_files
 from specedit.engine.records.errors import ModelLoadError
 from specedit.engine.records.options import DTYPE_CHOICES
 from specedit.engine.store.integrity import is_sealed
 from specedit.engine.store.kept import kept_file, write_atomically
 from specedit.engine.store.store import auto_weights, source_gguf
+
+if TYPE_CHECKING:
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +50,11 @@ def default_device() -> torch.device:
 
 @dataclass
 class LoadedModel:
-    model: Any
-    tokenizer: Any
+    """A model on torch and its tokenizer: a `protocols.Target` for the loop, and what the self-check and
+    the drafters on torch read besides (the module, its dtype, its layers)."""
+
+    model: torch.nn.Module  # `model.decoder`'s `Decoder`, or a transformers model
+    tokenizer: Tokenizer
     device: torch.device
     dtype: torch.dtype
     name: str
@@ -65,6 +72,10 @@ class LoadedModel:
     def dtype_name(self) -> str:
         """The dtype as the command line spells it: `bfloat16`, `float32`, ..."""
         return str(self.dtype).removeprefix("torch.")
+
+    @property
+    def config(self) -> ModelConfig:
+        return cast(ModelConfig, self.model.config)  # (a module's attributes are typed as modules or tensors)
 
     @property
     def row_invariant(self) -> bool:
@@ -91,7 +102,7 @@ class LoadedModel:
             return logits
         return self._run(ids, cache, logits_to_keep)
 
-    def new_cache(self) -> Cache:
+    def new_cache(self) -> TensorCache:
         """An empty KV cache of the kind the model takes (`kv_cache.new_cache`)."""
         return kv_cache.new_cache(self.model)
 
@@ -112,7 +123,7 @@ class LoadedModel:
         forward (prefilling a file in idle time) gives way to a request within one layer's time. The
         caller rolls the cache back (`kv_cache.rollback` crops each layer to what it held before)."""
 
-        def check(*_: Any) -> None:
+        def check(*_: object) -> None:
             if should_stop():
                 raise Interrupted
 
@@ -123,7 +134,7 @@ class LoadedModel:
             for handle in handles:
                 handle.remove()
 
-    def _layers(self) -> list[Any]:
+    def _layers(self) -> list[torch.nn.Module]:
         """The decoder's layers: the module list as long as the model is deep."""
         depth = getattr(self.model.config, "num_hidden_layers", None)
         for module in self.model.modules():
@@ -154,16 +165,8 @@ def precision(
 
     `dtype="auto"` is float32 where the linear layers then take int8 weights (asked for, or `auto` on a CPU
     whose kernels run them); else bf16 on CUDA and on CPUs with native bf16 (AVX512-BF16, AMX), float32
-    elsewhere (on AVX2, bf16 without native arithmetic costs 4-7x float32 for a forward of 16 or more
-    tokens). On AVX512-BF16 the int8 kernel is the faster (every such CPU has AVX-512 VNNI): it reads half
-    of bf16's bytes at each step and sums four products a lane per instruction to vdpbf16ps's two. Measured
-    on two machines of the same kind (2 cores, the 0.5B model, 500 tokens of context): a forward of 1 / 16
-    / 64 / 128 tokens took 86 / 148 / 281 / 500 ms in bf16 on AVX512-BF16, 43 / 75 / 200 / 338 ms on int8
-    weights on AVX-512 VNNI, and a 500-token prefill 1.5 s against 1.16 s. With AMX too (Intel Xeon,
-    Sapphire Rapids, 2 cores, 2026-12-05): bf16 on oneDNN's tiles took 52 / 62 / 88 / 251 ms for 1 / 16 /
-    64 / 256 tokens against int8's 25 / 44 / 130 / 412 ms, but its kernels are not row-invariant there (the
-    self-check's verdict: up to near-ties), and plain decoding is its one-token steps: int8 there too
-    (docs/kernels.md: AMX's int8 tiles for the int8 kernel's many-row forwards were tried, and not kept).
+    elsewhere (bf16 without native arithmetic costs 4-7x float32). Where both run, int8 is the faster: it
+    reads half of bf16's bytes at each step, and AMX's bf16 kernels are not row-invariant (docs/kernels.md).
     """
     if dtype != "auto":
         try:
@@ -208,9 +211,9 @@ def load_model(
     verdicts: Path | None = None,
     kernel_folder: Path | None = None,
     kept_folder: Path | None = None,
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
 ) -> LoadedModel:
-    """Load a model for inference. Any failure is a `ModelLoadError` that says what was tried.
+    """Load a model for inference. Every failure is a `ModelLoadError` that says what was tried.
 
     A `target`'s logits decide the output, so its kernels are chosen by the self-check
     (`model.exactness`), which also says whether speculation keeps plain decoding's answer bit for bit.
@@ -241,7 +244,7 @@ def load_model(
         mine = not kwargs and torch_device.type == "cpu" and os.environ.get(DECODER_VARIABLE) != "transformers"
         own = decoder.covered(Path(source)) if mine else None
         if own is not None:
-            model: Any = decoder.load(Path(source), own, stored)
+            model: torch.nn.Module = decoder.load(Path(source), own, stored)
         else:
             from transformers import AutoModelForCausalLM
 
@@ -259,7 +262,7 @@ def load_model(
     if pack:
         invariant.pack_linears(model, torch_dtype)
     model.to(device=torch_device, dtype=torch_dtype).eval()
-    if own is not None and kv_cache == "float16":
+    if isinstance(model, decoder.Decoder) and kv_cache == "float16":
         model.cache_dtype = torch.float16
     loaded = LoadedModel(model, tokenizer, torch_device, torch_dtype, name_or_path, kept_weights=kept_weights)
     if target:
@@ -285,7 +288,7 @@ def auto_integer(source: str) -> str:
     return integer
 
 
-def load_tokenizer(source: str, kwargs: dict[str, Any], kept_folder: Path | None = None) -> Any:
+def load_tokenizer(source: str, kwargs: dict[str, str], kept_folder: Path | None = None) -> Tokenizer:
     """The tokenizer of a model folder (or a GGUF, a hub id: `kwargs`), as `AutoTokenizer` builds it.
 
     That takes 0.75-1.0 s for the default model at every start, and 0.5 s more to import transformers: it
@@ -300,7 +303,8 @@ def load_tokenizer(source: str, kwargs: dict[str, Any], kept_folder: Path | None
     if kept is None:
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(source, **kwargs)
+        # (its `apply_chat_template` returns text when asked for text, which its declared type does not say)
+        return cast(Tokenizer, AutoTokenizer.from_pretrained(source, **kwargs))
     pipeline, settings = kept
 
     def read_kept() -> KeptTokenizer:
@@ -313,7 +317,7 @@ def load_tokenizer(source: str, kwargs: dict[str, Any], kept_folder: Path | None
 
     built = AutoTokenizer.from_pretrained(source)
     if is_sealed(settings) and not pipeline.is_file():  # found not to read back alike: not tried again
-        return built
+        return cast(Tokenizer, built)
     try:
         write_atomically(settings, lambda path: path.write_text(json.dumps(_tokenizer_settings(built))))
         pipeline_text = compact_pipeline(built.backend_tokenizer.to_str())
@@ -325,11 +329,11 @@ def load_tokenizer(source: str, kwargs: dict[str, Any], kept_folder: Path | None
         with contextlib.suppress(OSError):
             pipeline.unlink(missing_ok=True)
         log.info("the tokenizer of %s is not kept: %s", source, error)
-    return built
+    return cast(Tokenizer, built)
 
 
 def _quantize(
-    model: Any, weights_files: list[Path], kept_folder: Path | None, bits: int = 8, gguf: Path | None = None
+    model: torch.nn.Module, weights_files: list[Path], kept_folder: Path | None, bits: int = 8, gguf: Path | None = None
 ) -> Path | None:
     """The model's linear layers on integer weights of `bits` (`quantized`), quantized once: kept in
     `kept_folder`, mapped into memory at the next load (509 MB for the 0.5B model at 8 bits; 0.8 s of
@@ -342,7 +346,7 @@ def _quantize(
     kept = None
     if kept_folder and weights_files:  # named after `specedit::q8_quantize`'s source too
         sources = [*weights_files, *([gguf] if gguf else [])]
-        kept = kept_file(kept_folder, f"int{bits}", sources, "safetensors", kernels.SOURCE.read_bytes())
+        kept = kept_file(kept_folder, f"int{bits}", sources, "safetensors", kernels.source_bytes())
     stored: dict[str, torch.Tensor] = {}
     if kept is not None and is_sealed(kept):
         try:
@@ -359,7 +363,7 @@ def _quantize(
     return kept if kept is not None and is_sealed(kept) else None
 
 
-def _tokenizer_settings(tokenizer: Any) -> dict[str, Any]:
+def _tokenizer_settings(tokenizer: PreTrainedTokenizerBase) -> dict[str, object]:
     """What a tokenizer's class sets beside its pipeline: special tokens, chat template, maximum length."""
     tokens = {name: str(token) for name, token in tokenizer.special_tokens_map.items() if isinstance(token, str)}
     return {**tokens, "chat_template": tokenizer.chat_template, "model_max_length": tokenizer.model_max_length}
@@ -373,7 +377,7 @@ PROBES = (
 PROBE_CHAT = [{"role": "system", "content": 'Be "brief" <b>.'}, {"role": "user", "content": PROBES[0]}]
 
 
-def _tokenize_alike(kept: KeptTokenizer, reference: Any) -> bool:
+def _tokenize_alike(kept: KeptTokenizer, reference: PreTrainedTokenizerBase) -> bool:
     """Whether a kept tokenizer gives the reference's ids, text (special tokens kept or skipped), vocabulary,
     end and padding tokens, and chat prompt on `PROBES` and `PROBE_CHAT`."""
     same = all(kept.encode(text, add_special_tokens=False) == reference.encode(text, add_special_tokens=False)
@@ -391,7 +395,7 @@ def _tokenize_alike(kept: KeptTokenizer, reference: Any) -> bool:
 
 def forward_costs(loaded: LoadedModel, sizes: Sequence[int], context: int = 100, repeats: int = 3) -> dict[int, float]:
     """Median seconds of one forward of k tokens after `context` tokens, for each k in `sizes`."""
-    ids = exactness.probe_ids(int(loaded.model.config.vocab_size), context + max(sizes))
+    ids = exactness.probe_ids(loaded.config.vocab_size, context + max(sizes))
     cache = loaded.new_cache()
     costs = {}
     with torch.inference_mode():
@@ -414,7 +418,7 @@ def weight_files(name_or_path: str) -> list[Path]:
     return [] if kwargs else sorted(Path(source).glob("*.safetensors"))
 
 
-def _source(name_or_path: str) -> tuple[str, dict[str, Any]]:
+def _source(name_or_path: str) -> tuple[str, dict[str, str]]:
     path = Path(name_or_path).expanduser()
     if path.suffix.lower() == ".gguf":
         if not path.is_file():

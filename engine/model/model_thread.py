@@ -19,13 +19,13 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from functools import partial
+from typing import TypeVar
 
 T = TypeVar("T")
 
-_Job = tuple[Callable[[], Any], "Future[Any]"]
-
-_jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()  # None wakes a `serve_while` whose wait is over
+# Calls for the model thread; None wakes a `serve_while` whose wait is over.
+_jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
 _started = threading.Lock()
 _thread: threading.Thread | None = None
 _serving = 0  # calls on the model thread now waiting in `serve_while` (each below the calls it serves)
@@ -37,7 +37,7 @@ def on_model_thread(work: Callable[[], T]) -> T:
         return work()
     future: Future[T] = Future()
     _start()
-    _jobs.put((work, future))
+    _jobs.put(partial(_run, work, future))
     return future.result()
 
 
@@ -70,7 +70,7 @@ def serve_while(wait: Callable[[], T]) -> T:
         while not waited.done():
             job = _jobs.get()
             if job is not None:  # (a None is this wait's, or an outer one's that ended first: it checks again)
-                _run(*job)
+                job()
     finally:
         _serving -= 1
     return waited.result()
@@ -88,10 +88,10 @@ def _serve() -> None:
     while True:
         job = _jobs.get()
         if job is not None:
-            _run(*job)
+            job()
 
 
-def _run(work: Callable[[], Any], future: Future[Any]) -> None:
+def _run(work: Callable[[], T], future: Future[T]) -> None:
     if not future.set_running_or_notify_cancel():
         return
     try:

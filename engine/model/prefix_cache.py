@@ -26,7 +26,6 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -184,7 +183,7 @@ class PrefixCache:
         """Whether requests' prompts are kept (a budget above 0), beside the head."""
         return self.budget_bytes > 0
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         return {
             "head_tokens": len(self._head.ids) if self._head is not None else 0,
             "documents": len(self._entries),

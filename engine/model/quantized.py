@@ -1,83 +1,21 @@
-"""int8 (and int5, int4) weights on the CPU: 8.25 bits a weight to stream at every step, not float32's 32
-(int5: 9, int4: 5; scales and offsets counted), row-invariant arithmetic.
+"""Integer weights on the CPU: int8, int5 and int4 linear layers with row-invariant arithmetic.
 
-A forward of a few tokens (plain decoding, a short draft) costs what streaming the weights from memory
-costs: float32's 2 GB for the 0.5B model, against llama.cpp's 4-6 bits a weight. `QuantizedLinear` keeps
-each linear layer's weights as 8-bit levels with a float16 scale and offset per group of 128 inputs (32
-where the input size is not a multiple of 128: `group_size`), and computes with `specedit::q8_linear`
-(`model.kernels`): each row's activations quantized per group to 127 levels either side of zero (8 bits, as
-llama.cpp's CPU kernels take them), the products of levels summed exactly in integers per group, 4 a lane
-per instruction (AVX-512 VNNI) or 2 and 2 as 16-bit words (AVX2), and the groups' sums scaled and added in
-float32 in the order of the inputs: a row's result never depends on the rows beside it, the forward's size,
-the thread count or the CPU (what `model.exactness` asks of every kernel).
-
-Groups of 128 since 2026-12-06 (32 before; the figures below until then are of groups of 32): a group's
-scaling, 4-5 instructions a row and output vector, came after every 8 of VNNI's products (16 of AVX2's);
-with a quarter of them the 0.5B model's prefill and verifications took 0.77-0.79x the time with VNNI and
-0.85-0.89x steered to AVX2, a one-token step 0.91x (fewer scale bytes), the expected answers
-teacher-forced 0.2% less likely (docs/kernels.md). 4-bit weights keep groups of 32: 16 levels over 128
-inputs cost the 1.5B model 3%.
-
-Measured on 2 cores of an Intel Xeon (AVX-512 with VNNI, no bf16; torch 2.13, the 0.5B model's 169 linear
-layers with random weights, two runs alternated, load 1.5; 2026-12-01), forwards of 1 / 4 / 8 / 16 / 32 /
-64 / 256 rows, ms. "float32 activations" is the kernel before this one: weights dequantized in registers
-(up to 4 rows) or into a buffer in the cache, float32 fused multiply-adds:
-
-| kernel | 1 | 4 | 8 | 16 | 32 | 64 | 256 |
-|---|---|---|---|---|---|---|---|
-| float32 activations, steered to AVX2 | 36 | 63 | 106 | 142 | 248 | 428 | 1532 |
-| 8-bit activations, AVX2 | 29 | 39 | 63 | 107 | 195 | 378 | 1502 |
-| float32 activations, AVX-512 | 30 | 40 | 93 | 105 | 170 | 286 | 942 |
-| 8-bit activations, AVX-512 without VNNI (`SPECEDIT_KERNELS=avx512`) | 29 | 39 | 57 | 97 | 184 | 288 | 1139 |
-| 8-bit activations, AVX-512 VNNI | 25 | 30 | 35 | 47 | 70 | 135 | 435 |
-
-With VNNI on 8 lanes (`SPECEDIT_KERNELS=avx2-vnni`, as AVX-VNNI laptops run it): 192 ms at 64 rows.
-What 8-bit activations cost in quality, teacher-forced on the 30 whole-file rewrites' expected answers
-(8,532 tokens, `scripts/answer_likelihood.py`): mean negative log-likelihood 0.1198 against 0.1196 with
-float32 activations on the same weights, the expected token the argmax at 97.42% of positions against
-97.46%, the two argmaxes the same at 99.92%. From 2026-12-04 to 12-06 the levels were 63 a side, so that
-AVX2 multiplied the weights' stored levels without `vpsignb` (0.73-0.81x the time at 16-256 rows): over
-groups of 32 that cost nothing measurable, over groups of 128 it more than doubled the 0.5B model's
-distance from float32 (docs/kernels.md), so they are 127 again.
-
-The weights are quantized from the model as loaded: per group, 256 levels from the group's lowest to
-its highest weight, the scale and offset rounded to float16 and the levels chosen for them (an error of at
-most 1/510 of the group's range, and 2^-11 of its largest weight where the offset's rounding pushes a
-weight past the top or bottom level). Scales and offsets were float32 until 2026-12-04 (10 bits a weight):
-float16's took 0.85-0.92x the time of a one-row forward over the 0.5B model's 24 layers (steered to AVX2,
-int4 and int8; 0.92-0.97x with VNNI), the same at 64-256 rows, and left the quality as it was: the 30
-answers teacher-forced, mean negative log-likelihood 0.1198 and the expected token the argmax at 97.42%,
-before and after (docs/kernels.md). A model converted from a GGUF (the
-default one: Q5_0, Q8_0, Q4_K and Q6_K groups of 32 and 16) has at most 32 or 256 distinct values per
-group: its int8 copy is its GGUF's weights within that error, not bit for bit.
-
-At 4 bits (`--weights int4`, `specedit::q4_linear`): 16 levels a group of 32, two a byte, the same scale
-and offset and the same arithmetic; the 1.5B model's one-token forward 48-52 ms against 75-78 ms at 8 bits
-(AMD EPYC, AVX512-BF16, 2 threads; docs/kernels.md). The levels start at the group's lowest weight and
-reach its highest in 8 to 15 steps, whichever leaves the least squared error (`specedit::q4_quantize`), so
-that a group of a GGUF's Q4_K levels (16 evenly spaced values, not always all of them used) is kept on its
-own grid: the 1.5B model's int4 copy is its GGUF's Q4_K weights within their bf16 rounding (since
-2026-12-06; with 15 steps always, a fifth of those groups fell between levels).
-
-At 5 bits (`--weights int5`, `specedit::q5_linear`): levels 0..31 a byte in groups of 32, packed as the
-int8 levels, with the same scale and offset and the same arithmetic; for a model converted from a GGUF, the
-layers it holds as Q5_0 are read from it as they are (`gguf_packed`: the default 0.5B's q, k, o, gate and up,
-half its v; 51% of a token's products, its output layer a Q8_0 of its own), the others kept at 8 bits. On
-AVX2 without VNNI, `vpmaddubsw` multiplies 5-bit levels by the activations' in one instruction where int8
-takes two (a forward of 4-256 rows 0.87-0.92x int8's time, steered to AVX2); with VNNI they cost what int8
-in groups of 32 costs (1.03-1.12x int8's time in groups of 128). See docs/kernels.md.
-
-The kernel is one of specedit's own (`model.kernels`: compiled once, on first use); where it is not
-available, the model keeps float32. Quantizing the 0.5B model takes 0.8 s; a load keeps the result in a
-file (`loading.load_model`'s `kept_folder`: 509 MB for the 0.5B) that the next load maps into memory in
-milliseconds: the same bits.
+A forward of a few tokens costs what streaming the weights from memory costs. `QuantizedLinear` keeps a
+layer's weights as levels with a float16 scale and offset per group of inputs: 8 bits in groups of 128 (32
+where the input size is no multiple of 128), 5 and 4 bits in groups of 32. It computes on specedit's
+kernels (`model.kernels`): each row's activations are quantized per group to 8 bits, the products summed
+exactly in integers, and the groups' sums added in float32 in input order. So a row's result never depends
+on the rows beside it, the forward's size, the thread count or the CPU (what `model.exactness` asks of
+every kernel). At 5 bits the layers a model's GGUF holds as Q5_0 are taken as they are (`gguf_packed`); at
+4 bits the levels follow a Q4_K group's own grid. A load quantizes once and keeps the result in a file the
+next load maps (`loading.load_model`'s `kept_folder`). Figures and what was tried: docs/kernels.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -223,7 +161,7 @@ def dequantize(q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, bit
 
 
 def quantize_linears(
-    model: Any,
+    model: torch.nn.Module,
     kept: dict[str, torch.Tensor] | None = None,
     bits: int = 8,
     given: Mapping[str, tuple[torch.Tensor, ...]] | None = None,
@@ -260,7 +198,7 @@ def quantize_linears(
     return quantized_here + len(given)
 
 
-def packed_layers(model: Any) -> dict[str, torch.Tensor]:
+def packed_layers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The integer layers of `model` as they are kept (`quantize_linears`' `kept`): `NAME.q`, `NAME.scales`,
     `NAME.offsets` and `NAME.bits` (a uint8 scalar: 8, 5 or 4) per layer."""
     layers = {name: module for name, module in model.named_modules() if isinstance(module, QuantizedLinear)}
@@ -268,7 +206,7 @@ def packed_layers(model: Any) -> dict[str, torch.Tensor]:
     return parts | {f"{name}.bits": torch.tensor(module.bits, dtype=torch.uint8) for name, module in layers.items()}
 
 
-def gguf_packed(model: Any, gguf: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def gguf_packed(model: torch.nn.Module, gguf: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """The linear layers of `model` that the GGUF it was converted from holds as Q5_0 (`gguf_levels`),
     packed for the 5-bit kernel: each only where its weights as loaded are the GGUF's, rounded to their
     dtype (a model tied otherwise, or converted from another file, keeps its own)."""
@@ -310,9 +248,20 @@ class StoredEmbedding(torch.nn.Module):
         return self.bits[ids].view(self.stored).to(torch.float32)
 
 
-def keep_embedding_stored(model: Any) -> bool:
+@runtime_checkable
+class Embedded(Protocol):
+    """A model that names its input embedding: transformers' models, `decoder.Decoder`."""
+
+    def get_input_embeddings(self) -> torch.nn.Module: ...
+
+    def set_input_embeddings(self, value: torch.nn.Module) -> None: ...
+
+
+def keep_embedding_stored(model: torch.nn.Module) -> bool:
     """Replace the model's input embedding by a `StoredEmbedding` where its table is 16-bit and no other
     layer shares it (an output layer tied to it stays tied); returns whether it was replaced."""
+    if not isinstance(model, Embedded):
+        return False
     embedding = model.get_input_embeddings()
     if not isinstance(embedding, torch.nn.Embedding) or embedding.weight.dtype not in (torch.bfloat16, torch.float16):
         return False
@@ -323,16 +272,16 @@ def keep_embedding_stored(model: Any) -> bool:
     return True
 
 
-def dequantize_linears(model: Any) -> int:
+def dequantize_linears(model: torch.nn.Module) -> int:
     """Every `QuantizedLinear` back to an `nn.Linear` on its dequantized weights; returns how many."""
     return replace_modules(model, lambda module: module.unpacked() if isinstance(module, QuantizedLinear) else None)
 
 
-def is_quantized(model: Any) -> bool:
+def is_quantized(model: torch.nn.Module) -> bool:
     return weight_bits(model) is not None
 
 
-def weight_bits(model: Any) -> int | None:
+def weight_bits(model: torch.nn.Module) -> int | None:
     """The bits of the model's narrowest integer weights (8, 5 or 4: `--weights int5` keeps some layers at
     8), None where its linear layers are not quantized."""
     return min((module.bits for module in model.modules() if isinstance(module, QuantizedLinear)), default=None)

@@ -1,17 +1,14 @@
 """The target model without torch's Python: `model.decoder`'s forward on specedit's kernels, called through
 their C ABI (`kernels.cpp`) on numpy's buffers, for a process that has not imported torch.
 
-A one-off `specedit rewrite` spent most of its cold start importing torch (1.6-2.3 s of the 3.1 s to its
-first streamed byte on an AMD EPYC Zen 3, 2026-12-07), though its forward runs wholly on specedit's own
-kernels, which need only torch's C++ libraries. So a load on torch that runs the model wholly on them
-(`loading.load_model`, through `backends.local.load_target`) keeps a description of it beside its kept
-weights (`keep`): the kernels' library, the kept integer weights, the cos and sin tables as torch computed
-them, the self-check's verdict, and the conditions it holds under (the options, the CPU, the steering
-variables). The next one-off rewrite with the same options finds it (`load`) and runs the same ops on the
-same inputs in the same order (`torchless_model.TorchlessModel`): each function of the C ABI wraps its
-buffers as tensors and calls the op `model.decoder` calls, so the logits are the torch path's, bit for bit
-(tests/test_torchless.py). Where anything differs or is missing, `find` returns None and the rewrite
-imports torch as before. This module imports neither torch nor numpy: a one-off rewrite asks it first.
+A one-off `specedit rewrite` would spend most of its cold start importing torch, though its forward runs
+wholly on specedit's own kernels. So a load on torch that runs the model wholly on them keeps a
+description of it beside its kept weights (`keep`): the kernels' library, the integer weights, the cos and
+sin tables, the self-check's verdict, and the conditions it holds under (the options, the CPU, the
+steering variables). The next one-off rewrite with the same options finds it (`find`) and runs the same
+ops on the same inputs in the same order (`torchless_model.TorchlessModel`), so the logits are the torch
+path's, bit for bit (tests/test_torchless.py). Where anything differs or is missing, `find` returns None
+and the rewrite imports torch. This module imports neither torch nor numpy: a one-off rewrite asks it first.
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from specedit.engine.model.cpu import cpu_flags, cpu_model
 from specedit.engine.store.integrity import is_sealed
@@ -29,15 +26,17 @@ from specedit.engine.store.kept import kept_file, write_atomically
 
 if TYPE_CHECKING:
     from specedit.engine.model.loading import LoadedModel
-    from specedit.engine.model.torchless_model import TorchlessModel
+    from specedit.engine.model.protocols import Tokenizer
+    from specedit.engine.model.torchless_model import Description, TorchlessModel
     from specedit.engine.records.options import EngineOptions
 
 log = logging.getLogger(__name__)
 
 # The sources whose change changes what a kept description stands for: it is named after them.
 SOURCES = (
-    "torchless.py", "torchless_model.py", "decoder.py", "quantized.py", "kernels.cpp", "kv_cache.py", "loading.py",
-    "exactness.py",
+    "torchless.py", "torchless_model.py", "decoder.py", "quantized.py", "kv_cache.py", "loading.py", "exactness.py",
+    "kernels.cpp", "kernels.h", "kernels_linears.cpp", "kernels_packing.cpp", "kernels_attention.cpp",
+    "kernels_layer.cpp", "kernels_c_abi.cpp",
 )  # fmt: skip
 # The variables that choose the kernels, or the decoder, as a load reads them (`exactness.KERNEL_ENV`, and
 # `loading.DECODER_VARIABLE`): a description holds where they are as they were when it was kept.
@@ -51,7 +50,7 @@ STEERING = (
 )
 
 
-def described_conditions(options: EngineOptions) -> dict[str, Any]:
+def described_conditions(options: EngineOptions) -> dict[str, object]:
     """What a kept description must have been kept under to hold for `options` on this machine now."""
     return {
         "options": {
@@ -141,7 +140,7 @@ def keep(
     return True
 
 
-def find(options: EngineOptions, folder: Path, source: str) -> dict[str, Any] | None:
+def find(options: EngineOptions, folder: Path, source: str) -> Description | None:
     """The description `keep` kept in `folder` of the model `source`, where it holds for `options` here now;
     else None (never kept, kept under other conditions, or a file it names changed or gone: the torch path
     then loads the model, and keeps it again)."""
@@ -150,7 +149,7 @@ def find(options: EngineOptions, folder: Path, source: str) -> dict[str, Any] | 
     if path is None or not is_sealed(path):
         return None
     try:
-        description: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        description: Description = json.loads(path.read_text(encoding="utf-8"))
         if description["conditions"] != json.loads(json.dumps(described_conditions(options))):
             return None
         named = [Path(description[key]) for key in ("library", "weights", "tables")]
@@ -160,7 +159,7 @@ def find(options: EngineOptions, folder: Path, source: str) -> dict[str, Any] | 
     return description if all(is_sealed(file) for file in named) else None
 
 
-def load(options: EngineOptions, folder: Path, source: str, tokenizer: Any) -> TorchlessModel | None:
+def load(options: EngineOptions, folder: Path, source: str, tokenizer: Tokenizer) -> TorchlessModel | None:
     """The model `find` finds, loaded with `tokenizer` (`torchless_model.TorchlessModel`); None where it
     finds none."""
     from specedit.engine.model.torchless_model import TorchlessModel

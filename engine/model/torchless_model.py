@@ -17,16 +17,52 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
-from specedit.engine.model.kv_positions import common_prefix, held_after_crop, whole_buckets
+from specedit.engine.model.kv_positions import Cache, common_prefix, held_after_crop, whole_buckets
+from specedit.engine.model.protocols import Tokenizer
 from specedit.engine.store.integrity import is_sealed
 
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
            "mlp.up_proj", "mlp.down_proj")  # fmt: skip  # `specedit_decoder_layer`'s order
 NORMS = ("input_layernorm", "post_attention_layernorm")
+
+
+class Shapes(TypedDict):
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    eps: float
+    max_positions: int | None
+
+
+class KeptHeadFile(TypedDict):
+    ids: list[int]  # the start every prompt shares
+    file: str  # its cache (`PrefixCache.keep_head`)
+
+
+class Description(TypedDict):
+    """What `torchless.keep` writes of a model and `torchless.find` reads back: the files a forward without
+    torch maps, and the conditions they hold under."""
+
+    conditions: dict[str, object]  # `torchless.described_conditions`
+    name: str
+    folder: str  # the model's safetensors
+    library: str  # the kernels' compiled library
+    weights: str  # the kept integer weights
+    tables: str  # the cos and sin tables
+    cache: str  # float32 or float16
+    bucket: int
+    spare: int
+    exactness: dict[str, object]
+    head: KeptHeadFile | None
+    eos_token_id: int | list[int] | None
+    config: Shapes
 
 
 class KernelError(RuntimeError):
@@ -90,7 +126,7 @@ def _check(error: bytes | None) -> None:
 class KeptVerdict:
     """The self-check's verdict as the torch path's load settled it (`exactness.Exactness.to_dict()`)."""
 
-    found: dict[str, Any]
+    found: dict[str, object]
 
     @property
     def bitwise(self) -> bool:
@@ -98,9 +134,10 @@ class KeptVerdict:
 
     @property
     def fewer_threads(self) -> tuple[int, ...]:
-        return tuple(self.found.get("fewer_threads") or ())
+        threads = self.found.get("fewer_threads")
+        return tuple(int(count) for count in threads) if isinstance(threads, (list, tuple)) else ()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return dict(self.found)
 
 
@@ -179,19 +216,29 @@ class TorchlessLayer:
 
 
 @dataclass(frozen=True)
+class CPU:
+    """Where a model without torch runs (`protocols.Device`)."""
+
+    type: str = "cpu"
+
+    def __str__(self) -> str:
+        return self.type
+
+
+@dataclass(frozen=True)
 class _Layer:
     input_norm: np.ndarray
     post_norm: np.ndarray
-    linears: Any  # a ctypes array of seven `_PackedLinear`
+    linears: ctypes.Array[_PackedLinear]  # seven, in `LINEARS`' order
 
 
 class TorchlessModel:
     """A kept model (`keep`'s description) run through the kernels' C ABI: see the module docstring."""
 
-    device = SimpleNamespace(type="cpu")
+    device = CPU()
     dtype_name = "float32"
 
-    def __init__(self, description: dict[str, Any], tokenizer: Any) -> None:
+    def __init__(self, description: Description, tokenizer: Tokenizer) -> None:
         self.name: str = description["name"]
         self.tokenizer = tokenizer
         self.exactness = KeptVerdict(description["exactness"])
@@ -202,7 +249,7 @@ class TorchlessModel:
         self.model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=description["eos_token_id"]))
         self._cache_dtype = np.float16 if description["cache"] == "float16" else np.float32
         self._bucket, self._spare = int(description["bucket"]), int(description["spare"])
-        self._kept_head: dict[str, Any] | None = description.get("head")
+        self._kept_head = description["head"]
         self._kernels = _Kernels(Path(description["library"]))
         stored = _mapped(Path(description["folder"]).glob("*.safetensors"))
         packed = _mapped([Path(description["weights"])])
@@ -261,9 +308,10 @@ class TorchlessModel:
             len(self._layers), self.kv_heads, self.width, self._cache_dtype, self._bucket, self._spare
         )
 
-    def forward(self, ids: Sequence[int], cache: TorchlessCache, logits_to_keep: int = 0) -> np.ndarray:
+    def forward(self, ids: Sequence[int], cache: Cache, logits_to_keep: int = 0) -> np.ndarray:
         """`LoadedModel.forward` (a 1-row step as one row): (T, V) logits, or the last `logits_to_keep`
         rows'; the cache grows by len(ids) positions."""
+        assert isinstance(cache, TorchlessCache)  # (`new_cache`'s)
         first, count = cache.get_seq_length(), len(ids)
         x = self._embedded(ids)  # (T, hidden)
         out = np.empty_like(x)

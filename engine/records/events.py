@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from specedit.engine.records.requests import RewriteOutcome
 from specedit.engine.records.wire import ProtocolError, error_code_for, error_from, from_wire, to_wire
@@ -72,11 +72,11 @@ _KINDS: dict[str, type[Event]] = {"text": Text, "step": Step, "phase": Phase, "d
 _NAMES = {kind: name for name, kind in _KINDS.items()}
 
 
-def event_to_wire(event: Event) -> dict[str, Any]:
+def event_to_wire(event: Event) -> dict[str, object]:
     return {"type": _NAMES[type(event)], **to_wire(event)}
 
 
-def error_to_wire(error: BaseException) -> dict[str, Any]:
+def error_to_wire(error: BaseException) -> dict[str, object]:
     """The record that ends a stream an error ended (`event_from_wire` raises it again)."""
     return {"type": "error", "code": error_code_for(error), "message": str(error)}
 

@@ -13,14 +13,19 @@ import argparse
 import dataclasses
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
+
+from specedit.engine.records.wire import conforms
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "float64")
 WEIGHTS_CHOICES = ("auto", "int8", "int5", "int4", "float")
 KV_CACHE_CHOICES = ("float32", "float16")
 
 
-def _option(default: Any, help_text: str, *, metavar: str | None = None, choices: tuple[str, ...] | None = None) -> Any:
+T = TypeVar("T")
+
+
+def _option(default: T, help_text: str, *, metavar: str | None = None, choices: tuple[str, ...] | None = None) -> T:
     return field(default=default, metadata={"help": help_text, "metavar": metavar, "choices": choices})
 
 
@@ -50,8 +55,8 @@ class EngineOptions:
         "mostly Q5_0 (the 0.5B) on AVX2 without VNNI, else int8",
         choices=WEIGHTS_CHOICES,
     )
-    # float16 on specedit's kernels (`kv_cache.KVCache`): measured in docs/kernels.md; not the default yet, as
-    # it flips near-ties of the default model's answers like any change of arithmetic (one of aider's, 2026-12-05).
+    # float16 on specedit's kernels (`kv_cache.KVCache`, measured in docs/kernels.md) is not the default: it
+    # flips near-ties of the default model's answers, as any change of arithmetic does.
     kv_cache: str = _option(
         "float32",
         "the keys and values the model keeps of the text it has read, on specedit's CPU kernels: float32 "
@@ -102,15 +107,22 @@ class EngineOptions:
         """A draft model or layer skip drafts where the copy has nothing."""
         return self.draft_model is not None or self.draft_layers is not None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> EngineOptions:
-        """The inverse of `to_dict`; unknown keys are a ValueError (a daemon of another version)."""
+    def from_dict(cls, values: object) -> EngineOptions:
+        """The inverse of `to_dict`. A ValueError for anything else: unknown keys (a daemon of another
+        version), a value of another type."""
+        if not isinstance(values, dict):
+            raise ValueError("engine options are a map")
         unknown = set(values) - {option.name for option in dataclasses.fields(cls)}
         if unknown:
-            raise ValueError(f"unknown engine options: {', '.join(sorted(unknown))}")
+            raise ValueError(f"unknown engine options: {', '.join(sorted(map(str, unknown)))}")
+        hints = typing.get_type_hints(cls)
+        wrong = sorted(name for name, value in values.items() if not conforms(value, hints[name]))
+        if wrong:
+            raise ValueError(f"engine options of the wrong type: {', '.join(wrong)}")
         return cls(**values)
 
     @classmethod
@@ -121,7 +133,7 @@ class EngineOptions:
         return dataclasses.replace(base or cls(), **given)
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser | Any) -> None:
+def add_engine_arguments(parser: argparse._ActionsContainer) -> None:
     """The engine's flags, one per `EngineOptions` field (`--draft-layers` for `draft_layers`), on a parser
     or an argument group. Every flag defaults to None, "not given", so that `from_args` can layer them."""
     hints = typing.get_type_hints(EngineOptions)

@@ -4,7 +4,7 @@ The code comes first and the request last: the system prompt, the code, then how
 instruction or the edit sketch). Requests on one file share the prompt up to the request, and the
 engine's prefix cache (`model.prefix_cache`) computes that part once for all of them, before the user
 asks when the editor warms it. (A region is shown alone, not inside its file: with the whole file before
-it, the default model went on past the region in 4 of 12 real edits, 2026-11; docs/benchmarks.md has the figures.)
+it, the default model went on past the region in 4 of 12 real edits; docs/benchmarks.md has the figures.)
 
 The model is primed with the opening code fence (the answer already starts with "```python\\n"), so its
 first token is the first token of the code: the copy drafter can propose from the very first step, and
@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Any
+from typing import Protocol
 
 SYSTEM_PROMPT = (
     "You are a precise code editor. Rewrite the code the user gives you as instructed. Reply with the "
@@ -153,7 +153,18 @@ def _block(fence: str, language: str, text: str) -> str:
     return f"{fence}{language}\n{text}{newline}{fence}"
 
 
-def build_prompt(tokenizer: Any, prompt: RewritePrompt) -> str:
+class ChatTemplate(Protocol):
+    """What a prompt reads of a tokenizer: its chat template (None for a base model), rendered to text."""
+
+    @property
+    def chat_template(self) -> str | None: ...
+
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], *, tokenize: bool = False, add_generation_prompt: bool = False
+    ) -> str: ...
+
+
+def build_prompt(tokenizer: ChatTemplate, prompt: RewritePrompt) -> str:
     """The full prompt text, primed with the answer's opening fence.
 
     Instruct models get their chat template; base models (no template) a plain one.
@@ -163,13 +174,13 @@ def build_prompt(tokenizer: Any, prompt: RewritePrompt) -> str:
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": prompt.user_message()},
         ]
-        text: str = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     else:
         text = f"{SYSTEM_PROMPT}\n\n{prompt.user_message()}\n\nRewritten code:\n"
     return text + prompt.answer_prefix()
 
 
-def file_prefix(tokenizer: Any, document: str, language: str = "") -> str:
+def file_prefix(tokenizer: ChatTemplate, document: str, language: str = "") -> str:
     """The start of the prompt of every request on the whole of `document` (with "\\n" line endings): the
     system prompt and the code's block; what the engine prefills before it is asked
     (`loop.rewrite.warm_document`)."""

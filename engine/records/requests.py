@@ -9,11 +9,11 @@ an editor's language server start in a fraction of a second when the model runs 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from specedit.engine.records.errors import EmptyAnswerError, IncompleteOutputError, MergeError, SpeceditError
 from specedit.engine.records.prompts import RewritePrompt
-from specedit.engine.sketch.patches import SKETCH_FORMATS, SketchFormat, detect
+from specedit.engine.records.stats import Stats
 
 # auto: copy, then the configured fallback; copy: the copy drafter alone; fallback: the fallback alone
 # (a draft model or layer skip); none: plain decoding. See `loop.drafting`.
@@ -37,6 +37,10 @@ DRAFT_METHODS: tuple[DraftMethod, ...] = ("auto", "copy", "fallback", "none")
 # the model always (the merge is still its draft).
 MergeMethod = Literal["auto", "model"]
 MERGE_METHODS: tuple[MergeMethod, ...] = ("auto", "model")
+# How a sketch is written: lazy (elided with comments), or a patch (`sketch.patches`). auto: the session
+# finds it in the sketch's text when it reads the sketch (`sketch.Sketch`).
+SketchFormat = Literal["auto", "lazy", "udiff", "search-replace", "v4a"]
+SKETCH_FORMATS: tuple[SketchFormat, ...] = ("auto", "lazy", "udiff", "search-replace", "v4a")
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,7 @@ class RewriteRequest:
     sampling: SamplingConfig = SamplingConfig()
     max_new_tokens: int | None = None  # None: room for the original twice over, within the context
     merge: MergeMethod = "auto"  # for a sketch
-    sketch_format: SketchFormat = "auto"  # how the sketch is written (`patches`); auto: found in its text
+    sketch_format: SketchFormat = "auto"  # how the sketch is written; auto: found in its text (`sketch.Sketch`)
     allow_empty: bool = False  # an empty answer for a region that has code is written (else it is refused)
     # The file the region is of, as the user named it (None: not known). A chat answer's code block named
     # for another file is refused by this name (`chat_answer`).
@@ -87,7 +91,7 @@ class RewriteRequest:
             raise ValueError(f"sketch_format must be one of {SKETCH_FORMATS}, got {self.sketch_format!r}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
-        self.prompt()  # validates
+        RewritePrompt(self.original, self.instruction, self.sketch)  # validates (an instruction or a sketch)
 
     @property
     def heavy(self) -> bool:
@@ -95,12 +99,15 @@ class RewriteRequest:
         (`HEAVY_CHARS`)."""
         return len(self.original) + len(self.instruction or self.sketch or "") > HEAVY_CHARS
 
-    def prompt(self) -> RewritePrompt:
-        """What the model is asked (line endings as given): the sketch's format found in its text with `auto`."""
-        written_as = self.sketch_format
-        if self.sketch is not None and written_as == "auto":
-            written_as = detect(self.sketch, self.original)
-        return RewritePrompt(self.original, self.instruction, self.sketch, self.language, written_as)
+    def prompt(self, written_as: SketchFormat | None = None) -> RewritePrompt:
+        """What the model is asked (line endings as given). A sketch is written as its request names, else
+        as `written_as` says: the format its reading found in its text (`sketch.Sketch.format`)."""
+        written = self.sketch_format
+        if self.sketch is not None and written == "auto":
+            if written_as is None or written_as == "auto":
+                raise ValueError("a sketch's format is found by reading it (`sketch.Sketch`): give it as written_as")
+            written = written_as
+        return RewritePrompt(self.original, self.instruction, self.sketch, self.language, written)
 
 
 ChatRole = Literal["system", "developer", "user", "assistant"]
@@ -195,16 +202,16 @@ class RewriteOutcome:
     text: str  # the rewritten region, in the original's line endings
     status: OutcomeStatus
     finish_reason: FinishReason | None  # None: cancelled before it ran
-    stats: dict[str, Any]  # `Stats.to_dict()`, with queue_seconds (and steps_after_cancel) where it waited
+    stats: Stats  # what it cost; every front end shows `Stats.to_dict()`
     problem: str = ""  # why an answer is not to be written (incomplete, not_a_merge, empty)
 
     @classmethod
-    def finished(cls, text: str, finish_reason: FinishReason, stats: dict[str, Any]) -> RewriteOutcome:
+    def finished(cls, text: str, finish_reason: FinishReason, stats: Stats) -> RewriteOutcome:
         return cls(text, status_of(finish_reason), finish_reason, stats)
 
     @classmethod
-    def cancelled_before_start(cls, stats: dict[str, Any] | None = None) -> RewriteOutcome:
-        return cls("", "cancelled", None, stats or {})
+    def cancelled_before_start(cls, stats: Stats | None = None) -> RewriteOutcome:
+        return cls("", "cancelled", None, stats or Stats.before_start())
 
     @property
     def complete(self) -> bool:

@@ -2,7 +2,8 @@
 
 The records (`RewriteRequest`, `WarmRequest`, `RewriteOutcome` and the events of `events`) travel as the very
 dataclasses the engine uses, field for field (`to_wire` / `from_wire`, checked against their type hints):
-a field added there is on every wire with nothing to change here. The daemon sends them in msgpack frames
+a field added there is on every wire with nothing to change here. A `Stats` travels as its own dict
+(`Stats.to_dict`), the one every front end shows. The daemon sends them in msgpack frames
 (`backends.protocol`), the cluster and the HTTP door in JSON; the forms are the same.
 
 An error travels as a code and a message (`error_code_for` / `error_from`): the one place that maps the
@@ -27,6 +28,7 @@ from specedit.engine.records.errors import (
     RegionError,
     SpeceditError,
 )
+from specedit.engine.records.stats import Stats
 
 ErrorCode = Literal[
     "malformed_frame",  # not msgpack (or JSON), or not a map with a string `type`; the connection stays open
@@ -96,24 +98,44 @@ def error_from(code: str, message: str) -> SpeceditError:
 Record = TypeVar("Record")
 
 
-def to_wire(record: Any) -> dict[str, Any]:
-    """A frozen dataclass (`RewriteRequest`, `Step`, `RewriteOutcome`) as plain msgpack- and JSON-able data."""
-    return dataclasses.asdict(record)
+def to_wire(record: object) -> dict[str, object]:
+    """A frozen dataclass (`RewriteRequest`, `Step`, `RewriteOutcome`) as plain msgpack- and JSON-able data:
+    its fields by name, nested records as theirs, `Stats` as its dict (`Stats.to_dict`)."""
+    assert dataclasses.is_dataclass(record) and not isinstance(record, type)
+    return {field.name: _plain(getattr(record, field.name)) for field in dataclasses.fields(record)}
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, Stats):
+        return value.to_dict()
+    if dataclasses.is_dataclass(value):
+        return to_wire(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(item) for item in value)
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value
 
 
 def from_wire(cls: type[Record], value: object) -> Record:
     """The dataclass `cls` back from `to_wire`'s form: every field present and of its declared type (nested
-    dataclasses too), extra fields ignored. `ProtocolError("bad_message")` when it does not fit; the
-    dataclass's own validation (`__post_init__`) raises what it raises (ValueError)."""
+    dataclasses too, `Stats` from its dict), extra fields ignored. `ProtocolError("bad_message")` when it
+    does not fit; the dataclass's own validation (`__post_init__`) raises what it raises (ValueError)."""
     if not isinstance(value, dict):
         raise ProtocolError("bad_message", f"a {cls.__name__} is a map")
+    assert dataclasses.is_dataclass(cls)
     hints = typing.get_type_hints(cls)
     fields = {}
-    for field in dataclasses.fields(cast(Any, cls)):
+    for field in dataclasses.fields(cls):
         if field.name not in value:
             raise ProtocolError("bad_message", f"{cls.__name__}: missing field {field.name!r}")
         hint, item = hints[field.name], value[field.name]
-        if dataclasses.is_dataclass(hint):
+        if hint is Stats:
+            try:
+                item = Stats.from_dict(item)
+            except ValueError as error:
+                raise ProtocolError("bad_message", f"{cls.__name__}: {error}") from None
+        elif dataclasses.is_dataclass(hint):
             item = from_wire(cast(type, hint), item)
         elif not conforms(item, hint):
             raise ProtocolError("bad_message", f"{cls.__name__}: field {field.name!r} has the wrong type")
@@ -121,10 +143,10 @@ def from_wire(cls: type[Record], value: object) -> Record:
     return cls(**fields)
 
 
-_UNION_TYPES: tuple[Any, ...] = (Union, types.UnionType)
+_UNION_TYPES: tuple[object, ...] = (Union, types.UnionType)
 
 
-def conforms(value: object, hint: Any) -> bool:
+def conforms(value: object, hint: object) -> bool:
     """Whether a decoded value fits a type hint (the hints records and messages are declared with)."""
     origin = typing.get_origin(hint)
     if hint is Any:
@@ -141,4 +163,4 @@ def conforms(value: object, hint: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, hint)
+    return isinstance(hint, type) and isinstance(value, hint)

@@ -6,45 +6,46 @@
     session = remote_session(None, spawn=EngineOptions())                          # the shared daemon, on demand
     outcome = session.run(RewriteRequest(original, "Rename add to plus."), on_event=print)
 
-The session owns the rules around the model: a sketch whose lines say where each part goes is merged by
-them here, in milliseconds, and no backend is asked (no model loads, no daemon starts); anything else
-streams from the backend (`Backend`: in process, a daemon, a cluster, which move events and nothing else);
-the answer is judged (`judged`: an answer to a sketch that is no merge of it, an empty answer, a budget run
-out) into the outcome's status; and the events come out as one typed stream (`events`), to a callback
-(`run`, blocking) or to an asyncio host (`stream`, the one bridge from the thread that runs to the event
-loop). The command line, the language server, the daemon, the cluster's replicas and the HTTP door all
-run rewrites here and switch on the outcome's status; none holds a rule of its own. This module imports
-no torch until a local backend loads its model.
+The session owns the rules around the model. It reads a request's sketch once (`sketch.Sketch`: a chat
+answer's code, the format, the patch, the merge by lines). A sketch whose lines say where each part goes
+is merged by them here, in milliseconds, and no backend is asked (no model loads, no daemon starts).
+Anything else streams from the backend (`Backend`: in process, a daemon, a cluster, which move events and
+nothing else), with the sketch as read for the draft. The answer is judged (`judged`: an answer to a
+sketch that is no merge of it, an empty answer, a budget run out) into the outcome's status. The events
+come out as one typed stream (`events`), to a callback (`run`, blocking) or to an asyncio host (`stream`,
+the one bridge from the thread that runs to the event loop). The command line, the language server, the
+daemon, the cluster's replicas and the HTTP door all run rewrites here and switch on the outcome's
+status; none holds a rule of its own. This module imports no torch until a local backend loads its model.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import dataclasses
 import functools
 import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from specedit.engine.records.errors import InputError
 from specedit.engine.records.events import Done, Event, Step, Text
 from specedit.engine.records.options import EngineOptions
 from specedit.engine.records.requests import CompletionRequest, RewriteOutcome, RewriteRequest, WarmRequest
 
 if TYPE_CHECKING:
     from specedit.engine.backends.local import LocalBackend
-    from specedit.engine.sketch.chat_answer import AnswerSketch
+    from specedit.engine.loop.generate import Engine
+    from specedit.engine.sketch.sketch import Sketch
+    from specedit.engine.store.fetch import ProgressCallback
 
 log = logging.getLogger(__name__)
 
 EventCallback = Callable[[Event], None]
 Request = RewriteRequest | CompletionRequest
 T = TypeVar("T")
-# A heavy sketch's merge by its lines holds a turn while the others wait: it is cut off after this long
+# A heavy sketch's merge by its lines holds a turn while the others wait: its loops stop it past this long
 # (a merge takes about a second for 1 MB; more is a case the merge handles badly, not a bigger input).
 MERGE_SECONDS = 10.0
 
@@ -53,15 +54,24 @@ class Backend(Protocol):
     """Where a rewrite runs. It moves events (`Text`, `Step`, `Phase`; the session adds `Done`) and
     returns the outcome as the model left it; it holds no rule of what a rewrite is."""
 
-    def run(self, request: Request, emit: EventCallback, cancel: threading.Event, client: str) -> RewriteOutcome:
+    def run(
+        self,
+        request: Request,
+        emit: EventCallback,
+        cancel: threading.Event,
+        client: str,
+        sketch: Sketch | None = None,
+    ) -> RewriteOutcome:
         """Run one rewrite (or a completion: an OpenAI request, which only a backend in this process runs)
         to its end, or until `cancel` is set (from any thread); blocking. `client` names who asks, for fair
-        turns among clients. Errors are raised as `SpeceditError`s."""
+        turns among clients. `sketch` is the request's sketch as the session read it, for the draft of a
+        model in this process; a backend elsewhere sends the request's text, and its host reads it there.
+        Errors are raised as `SpeceditError`s."""
         ...
 
     def in_turn(self, work: Callable[[], T], emit: EventCallback, cancel: threading.Event, client: str) -> T | None:
         """Run `work`, the session's own work on a heavy request (`RewriteRequest.heavy`: a long sketch
-        merged by its lines), where it slows no other client's rewrite: in a turn of its own where the
+        read and merged by its lines), where it slows no other client's rewrite: in a turn of its own where the
         model runs in this process (told `Phase("queued")` while it waits), at once where it runs elsewhere.
         None if `cancel` was set while it waited."""
         ...
@@ -100,27 +110,32 @@ class Session:
     ) -> RewriteOutcome:
         """Run one rewrite to its end (blocking), or until `cancel` is set (from any thread): its events to
         `on_event` as they come, `Done` last; the judged outcome. Errors are raised as `SpeceditError`s."""
+        from specedit.engine.sketch.deadline import Cancelled
+
         emit = on_event or _ignore
         cancel = cancel or threading.Event()
         counted = _StepsAfterCancel(emit, cancel)
-        outcome = answer = None
-        if isinstance(request, RewriteRequest) and request.sketch is not None:  # a chat answer: its code
-            request, answer = sketch_of_answer(request)
-        if isinstance(request, RewriteRequest) and request.sketch is not None and request.merge == "auto":
-            merge = functools.partial(merged_by_lines, request, request.sketch)
-            if request.heavy:
-                bounded = functools.partial(_within, MERGE_SECONDS, merge, cancel, _too_long(request))
-                outcome = self.backend.in_turn(bounded, counted, cancel, client)
-            else:
-                outcome = merge()
+        outcome: RewriteOutcome | None = None
+        sketch: Sketch | None = None
+        if isinstance(request, RewriteRequest) and request.sketch is not None:
+            read = functools.partial(_timed, read_sketch, request, cancel)
+            try:  # a heavy sketch merged by its lines takes a turn (None: cancelled while it waited)
+                by_lines = request.merge == "auto" and request.heavy
+                found = self.backend.in_turn(read, counted, cancel, client) if by_lines else read()
+            except Cancelled:
+                found, outcome = None, RewriteOutcome.cancelled_before_start()
+            if found is not None:
+                sketch, seconds = found
+                request = sketch.asked(request)  # a chat answer: its code
+                outcome = merged_by_lines(sketch, seconds)
         if outcome is not None:
             if outcome.text:
                 emit(Text(outcome.text))
         else:
-            outcome = self.backend.run(request, counted, cancel, client)
+            outcome = self.backend.run(request, counted, cancel, client, sketch)
         outcome = counted.stamped(outcome)
         if isinstance(request, RewriteRequest):
-            outcome = judged(request, outcome, answer)
+            outcome = judged(request, outcome, sketch)
         emit(Done(outcome))
         return outcome
 
@@ -195,45 +210,49 @@ class EventStream:
         self._ended = True
 
 
-def merged_by_lines(request: RewriteRequest, sketch: str) -> RewriteOutcome | None:
-    """The answer to the request's edit sketch where its every chunk says where it goes
-    (`merge.merge_sketch`): merged by its lines in milliseconds, with no model; else None."""
-    from specedit.engine.loop.stats import Stats
-    from specedit.engine.sketch.merge import merge_sketch
+def read_sketch(request: RewriteRequest, cancel: threading.Event) -> Sketch:
+    """The request's sketch read once (`Sketch.of`), merged by its lines where the answer may be that merge
+    (`merge` auto; for the model the merge is its draft, made in its turn). A heavy one's merge holds a turn:
+    its loops stop past `MERGE_SECONDS` with a clear `InputError`, or at once when `cancel` is set
+    (`deadline.Cancelled`)."""
+    from specedit.engine.sketch.deadline import NO_DEADLINE, Deadline
+    from specedit.engine.sketch.sketch import Sketch
 
-    started = time.perf_counter()
-    merged = merge_sketch(request.original, sketch, request.sketch_format)
-    if not merged.resolved:
-        log.info("the model merges the sketch: %s", "; ".join(merged.unresolved))
+    by_lines = request.merge == "auto"
+    deadline = NO_DEADLINE
+    if by_lines and request.heavy:
+        deadline = Deadline(MERGE_SECONDS, cancel, late=_too_long(request))
+    return Sketch.of(request, merge=by_lines, deadline=deadline)
+
+
+def merged_by_lines(sketch: Sketch, seconds: float) -> RewriteOutcome | None:
+    """The answer to a sketch whose every chunk says where it goes (`merge.merge_sketch`): its merge by
+    lines, made in `seconds` with no model; else None (not merged, or not resolved)."""
+    from specedit.engine.records.stats import Stats
+
+    if sketch.merge is None:
         return None
-    stats = {**Stats(wall_seconds=time.perf_counter() - started).to_dict(), "merge": "lines"}
-    return RewriteOutcome.finished(merged.text, "stop", stats)
+    if not sketch.merge.resolved:
+        log.info("the model merges the sketch: %s", "; ".join(sketch.merge.unresolved))
+        return None
+    return RewriteOutcome.finished(sketch.merge.text, "stop", Stats(wall_seconds=seconds, merge="lines"))
 
 
-def sketch_of_answer(request: RewriteRequest) -> tuple[RewriteRequest, AnswerSketch | None]:
-    """The request with the sketch in its chat answer (`chat_answer`: the prose, file names and fences
-    around the code left out), and what the answer was; as it is, with None, for a bare sketch. Raises
-    `ChatAnswerError` naming the file an answer's code is for, where that is not the request's."""
-    from specedit.engine.sketch.chat_answer import sketch_from_answer
-
-    assert request.sketch is not None
-    answer = sketch_from_answer(request.sketch, request.original, path=request.path, language=request.language)
-    return (dataclasses.replace(request, sketch=answer.sketch), answer) if answer.blocks else (request, None)
-
-
-def judged(request: RewriteRequest, outcome: RewriteOutcome, answer: AnswerSketch | None = None) -> RewriteOutcome:
+def judged(request: RewriteRequest, outcome: RewriteOutcome, sketch: Sketch | None = None) -> RewriteOutcome:
     """The outcome with the status its answer deserves, the one place that says which answers are written:
-    a complete answer to a sketch that is no merge of it (`merge_checks`; nor one that writes the prose or
-    fences of the chat answer the sketch came in, `answer`) is `not_a_merge`; an empty or whitespace-only
-    answer for a region that has code is `empty`, unless the request allows it; a budget run out is
-    `incomplete`. Each says why (`problem`)."""
-    from specedit.engine.sketch.merge_checks import check_merge
+    a complete answer to a sketch that is no merge of it (`Sketch.check`; nor one that writes the prose or
+    fences of the chat answer the sketch came in) is `not_a_merge`; an empty or whitespace-only answer for a
+    region that has code is `empty`, unless the request allows it; a budget run out is `incomplete`. Each
+    says why (`problem`). `sketch` is the request's sketch as the session read it; without it, the
+    request's sketch is read here, as it is (no chat answer taken out)."""
+    from specedit.engine.sketch.sketch import Sketch
 
-    if answer is not None:  # the stats say where the sketch came from
-        outcome = dataclasses.replace(outcome, stats={**outcome.stats, "sketch_from": answer.describe()})
+    if sketch is not None and sketch.chat_answer is not None:  # the stats say where the sketch came from
+        stats = dataclasses.replace(outcome.stats, sketch_from=sketch.chat_answer.describe())
+        outcome = dataclasses.replace(outcome, stats=stats)
 
     if outcome.status == "incomplete":
-        generated = outcome.stats.get("generated_tokens")
+        generated = outcome.stats.generated_tokens
         return dataclasses.replace(
             outcome,
             problem=f"the model used all {generated} tokens of its budget without finishing the code; "
@@ -249,8 +268,9 @@ def judged(request: RewriteRequest, outcome: RewriteOutcome, answer: AnswerSketc
             "writes such an answer)",
         )
     if request.sketch is not None:
-        left_out = answer.left_out if answer is not None else ()
-        check = check_merge(request.original, request.sketch, outcome.text, request.sketch_format, left_out=left_out)
+        if sketch is None:
+            sketch = Sketch.read(request.original, request.sketch, request.sketch_format, from_chat=False, merge=False)
+        check = sketch.check(outcome.text)
         if not check.ok:
             return dataclasses.replace(
                 outcome,
@@ -260,46 +280,18 @@ def judged(request: RewriteRequest, outcome: RewriteOutcome, answer: AnswerSketc
     return outcome
 
 
-class _CutOff(SystemExit):
-    """Raised in a merge's thread to stop it (a `SystemExit`: no `except Exception` in the merge takes it)."""
+def _timed(
+    work: Callable[[RewriteRequest, threading.Event], T], request: RewriteRequest, cancel: threading.Event
+) -> tuple[T, float]:
+    """`work(request, cancel)`, and the seconds it took."""
+    started = time.perf_counter()
+    return work(request, cancel), time.perf_counter() - started
 
 
-def _within(
-    seconds: float, work: Callable[[], RewriteOutcome | None], cancel: threading.Event, late: InputError
-) -> RewriteOutcome | None:
-    """`work()`, run on a thread of its own and cut off when it runs over `seconds` (`late` is raised) or
-    `cancel` is set (a cancelled outcome): whoever waits for its turn waits a bounded time. The thread is
-    stopped at its next Python instruction (`PyThreadState_SetAsyncExc`); a thread inside a C call stops
-    when it returns from it, its turn given up already."""
-    results: list[RewriteOutcome | None] = []
-    errors: list[Exception] = []
-
-    def run() -> None:
-        try:
-            results.append(work())
-        except _CutOff:
-            pass  # its waiter has answered already
-        except Exception as error:
-            errors.append(error)
-
-    thread = threading.Thread(target=run, name="specedit-merge", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + seconds
-    while thread.is_alive() and time.monotonic() < deadline and not cancel.is_set():
-        thread.join(0.05)
-    if thread.is_alive() and thread.ident is not None:
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(_CutOff))
-        if cancel.is_set():
-            return RewriteOutcome.cancelled_before_start()
-        raise late
-    if errors:
-        raise errors[0]
-    return results[0]
-
-
-def _too_long(request: RewriteRequest) -> InputError:
+def _too_long(request: RewriteRequest) -> str:
+    """What a heavy sketch's merge past `MERGE_SECONDS` says (`deadline.Deadline`'s `InputError`)."""
     size = len(request.original) + len(request.sketch or "")
-    return InputError(
+    return (
         f"the edit sketch took over {MERGE_SECONDS:.0f} s to merge into the code ({size:,} characters together); "
         "nothing was written: send a smaller region or sketch"
     )
@@ -321,7 +313,7 @@ class _StepsAfterCancel:
     def stamped(self, outcome: RewriteOutcome) -> RewriteOutcome:
         if not self._cancel.is_set():
             return outcome
-        return dataclasses.replace(outcome, stats={**outcome.stats, "steps_after_cancel": self.steps})
+        return dataclasses.replace(outcome, stats=dataclasses.replace(outcome.stats, steps_after_cancel=self.steps))
 
 
 def _ignore(event: Event) -> None:
@@ -329,7 +321,11 @@ def _ignore(event: Event) -> None:
 
 
 def local_session(
-    options: EngineOptions | None = None, *, engine: Any = None, progress: Any = None, one_off: bool = False
+    options: EngineOptions | None = None,
+    *,
+    engine: Engine | None = None,
+    progress: ProgressCallback | None = None,
+    one_off: bool = False,
 ) -> Session:
     """The model in this process (`backends.local.LocalBackend`), loaded on first use (or `engine`);
     `one_off`: in a process that runs a rewrite or a few and exits (`backends.local.load_target`)."""

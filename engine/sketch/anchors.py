@@ -1,7 +1,7 @@
 """A chunk's anchors: its lines that say something and that the original has once after the chunk before,
-grown into runs of equal lines, and the chains of them that fit together (`placement`'s rules 1 and 2).
-`placement` places the chunk on them. The original's lines are read once for a merge (`Original`): where
-each is, and running sums over them, so that each chunk costs what it holds.
+grown into runs of equal lines, and the chains of them that fit together (`placement.place_chunks`' rules
+1 and 2). `placement` places the chunk on them. The original's lines are read once for a merge
+(`Original`): where each is, and running sums over them, so that each chunk costs what it holds.
 """
 
 from __future__ import annotations

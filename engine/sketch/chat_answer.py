@@ -1,53 +1,8 @@
 """The edit sketch in a chat model's whole answer: its code, without the prose and the fences around it.
-
 A user asks a chat model for a change, copies its whole answer and applies it: a sentence, a fenced code
 block (the sketch), maybe a second block for another part, a closing sentence. Only the code is the
 sketch; the prose and the fence lines must never reach the file. `sketch_from_answer` takes what the
-model answered and returns the sketch to merge:
-
-- prose before, between and after the blocks is left out, as are the fence lines;
-- a block is fenced with three or more backticks or tildes, with or without a language, indented by at
-  most three spaces (CommonMark's rule); a block whose fence is longer holds shorter fences as code;
-- a block's file is named in its fence (```` ```python title="app.py" ````, ```` ```app.py ````,
-  ```` ```python:app.py ````) or on the line above it (`app.py:`, `**app.py**`, `### app.py`, aider's bare
-  `app.py`, "Here is the new `app.py`:"); a block with no name belongs to the file of the block before it;
-- several blocks for the file are one sketch, joined by a `...` marker where neither block marks the
-  gap (so the code between them is kept); a unified diff, SEARCH/REPLACE blocks or a V4A patch in a
-  fence stay that patch (`patches`), joined as they are;
-- a block for another file is left out, and an answer with code for other files only is refused by
-  name (`ChatAnswerError`); a terminal block (```` ```bash ````: "run the tests with") beside code is
-  left out;
-- an answer with no fence, or whose fences are the code's own, is a bare sketch and passes unchanged.
-
-The code's own fences: a Markdown file, a docstring holding ```` ``` ````. A text is read as a chat
-answer only where everything it leaves out is new to the file and reads as prose: no line the original
-has, no elision marker, no patch syntax, no code between two blocks (a bare sketch of a Markdown file
-shows the file's lines or its markers between its code blocks; a split inside the code leaves code
-between). Where the file is Markdown, its own fences look like an answer's, so a block is taken as the
-answer's only where its fence says so (a `markdown` language, a file name, a fence longer than the file's
-own or of a kind the file has none of, as CommonMark asks of a fenced Markdown text) or where its code is
-the file's text or holds a marker. Reading the sketch it returns again gives the same sketch: the
-daemon's session reads the request the client's session made.
-
->>> answer = "Here's the fix:\\n\\n```python\\ndef add(a, b):\\n    return a + b\\n```\\n\\nThe rest is unchanged.\\n"
->>> sketch_from_answer(answer).sketch
-'def add(a, b):\\n    return a + b\\n'
->>> sketch_from_answer(answer).left_out
-("Here's the fix:", '```python', '```', 'The rest is unchanged.')
->>> two = "app.py:\\n```python\\ndef f():\\n    return 1\\n```\\nAnd further down:\\n"
->>> two += "```python\\ndef g():\\n    return 2\\n```\\n"
->>> print(sketch_from_answer(two, path="src/app.py").sketch, end="")
-def f():
-    return 1
-...
-def g():
-    return 2
->>> sketch_from_answer(two, path="lib.py")
-Traceback (most recent call last):
-...
-specedit.engine.sketch.chat_answer.ChatAnswerError: the answer's code is for app.py, not lib.py: apply it to that file
->>> sketch_from_answer("x = 2\\n").sketch  # a bare sketch
-'x = 2\\n'
+model answered and returns the sketch to merge, by the rules its docstring lists.
 """
 
 from __future__ import annotations
@@ -136,11 +91,58 @@ class _Block:
 
 
 def sketch_from_answer(answer: str, original: str = "", *, path: str | None = None, language: str = "") -> AnswerSketch:
-    """The sketch to merge from what a chat model answered (see the module docstring). `original` is the
-    text it is applied to, `path` its file (None: not known; a block for another file cannot be told
-    then, and of several files named the one whose code the original has most is taken), `language` its
-    language (`prompts.language_for_path`'s names). `ChatAnswerError` names the file an answer's code is
-    for, where it is for other files only."""
+    """The sketch to merge from what a chat model answered. `original` is the text it is applied to, `path`
+    its file (None: not known; a block for another file cannot be told then, and of several files named the
+    one whose code the original has most is taken), `language` its language (`prompts.language_for_path`'s
+    names). `ChatAnswerError` names the file an answer's code is for, where it is for other files only. The
+    answer is read so:
+
+    - prose before, between and after the blocks is left out, as are the fence lines;
+    - a block is fenced with three or more backticks or tildes, with or without a language, indented by at
+      most three spaces (CommonMark's rule); a block whose fence is longer holds shorter fences as code;
+    - a block's file is named in its fence (```` ```python title="app.py" ````, ```` ```app.py ````,
+      ```` ```python:app.py ````) or on the line above it (`app.py:`, `**app.py**`, `### app.py`, aider's bare
+      `app.py`, "Here is the new `app.py`:"); a block with no name belongs to the file of the block before it;
+    - several blocks for the file are one sketch, joined by a `...` marker where neither block marks the
+      gap (so the code between them is kept); a unified diff, SEARCH/REPLACE blocks or a V4A patch in a
+      fence stay that patch (`patches`), joined as they are;
+    - a block for another file is left out, and an answer with code for other files only is refused by
+      name (`ChatAnswerError`); a terminal block (```` ```bash ````: "run the tests with") beside code is
+      left out;
+    - an answer with no fence, or whose fences are the code's own, is a bare sketch and passes unchanged.
+
+    The code's own fences: a Markdown file, a docstring holding ```` ``` ````. A text is read as a chat
+    answer only where everything it leaves out is new to the file and reads as prose: no line the original
+    has, no elision marker, no patch syntax, no code between two blocks (a bare sketch of a Markdown file
+    shows the file's lines or its markers between its code blocks; a split inside the code leaves code
+    between). Where the file is Markdown, its own fences look like an answer's, so a block is taken as the
+    answer's only where its fence says so (a `markdown` language, a file name, a fence longer than the file's
+    own or of a kind the file has none of, as CommonMark asks of a fenced Markdown text) or where its code is
+    the file's text or holds a marker. Reading the sketch it returns again gives the same sketch: the
+    daemon's session reads the request the client's session made.
+
+    >>> answer = "Here's the fix:\\n\\n```python\\ndef add(a, b):\\n    return a + b\\n```\\n"
+    >>> answer += "\\nThe rest is unchanged.\\n"
+    >>> sketch_from_answer(answer).sketch
+    'def add(a, b):\\n    return a + b\\n'
+    >>> sketch_from_answer(answer).left_out
+    ("Here's the fix:", '```python', '```', 'The rest is unchanged.')
+    >>> two = "app.py:\\n```python\\ndef f():\\n    return 1\\n```\\nAnd further down:\\n"
+    >>> two += "```python\\ndef g():\\n    return 2\\n```\\n"
+    >>> print(sketch_from_answer(two, path="src/app.py").sketch, end="")
+    def f():
+        return 1
+    ...
+    def g():
+        return 2
+    >>> try:
+    ...     sketch_from_answer(two, path="lib.py")
+    ... except ChatAnswerError as error:
+    ...     print(error)
+    the answer's code is for app.py, not lib.py: apply it to that file
+    >>> sketch_from_answer("x = 2\\n").sketch  # a bare sketch
+    'x = 2\\n'
+    """
     lines = answer.splitlines(keepends=True)
     bodies = [line.rstrip("\r\n") for line in lines]
     fences = {number: fence for number, line in enumerate(bodies) if (fence := _fence(number, line))}

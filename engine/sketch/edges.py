@@ -1,11 +1,9 @@
-"""A chunk's edges and its lines' text, once its anchors say where it goes (`placement`'s rules 3 and 6):
-where its lines before the first anchor and after the last begin and end in the original, which of them
-are changes of the original's lines there and which are new; the chunk's lines re-indented like the
-original's, and the original's own text kept for the lines it repeats.
-
-A chunk's end is placed as its start is, read backwards (`Side`): from the end of the file, looking no
-farther than the lines it could replace (a chunk that looked at every line after it made a sketch of
-thousands of chunks quadratic).
+"""A chunk's edges and its lines' text, once its anchors say where it goes (`placement.place_chunks`' rules
+3 and 6): where its lines before the first anchor and after the last begin and end in the original, which
+of them are changes of the original's lines there and which are new; the chunk's lines re-indented like
+the original's, and the original's own text kept for the lines it repeats. A chunk's end is placed as its
+start is, read backwards (`Side`): from the end of the file, looking no farther than the lines it could
+replace (looking at every line after it would make a sketch of thousands of chunks quadratic).
 """
 
 from __future__ import annotations
@@ -20,16 +18,12 @@ from specedit.engine.sketch.line_index import opcodes
 from specedit.engine.sketch.merge_checks import counts
 
 # rapidfuzz's ratio (0-100) from which a chunk's line next to an anchor is taken for a change of the
-# original's line there (it replaces it) rather than a new one (it goes in beside it). Chosen on the
-# continue_lazy fixtures, sketches of git_history edits and hand-written ones (2026-11): `return round(s,
-# 2)` for `return s` scores 62, `s += item.price * item.count` for `s += item.price` 70, a changed import
-# `from x import A, B` for `from x import A` 78; a new method's first line against the one it would
-# replace ~50. 50 and 55 let one wrong merge through on continue_lazy; 60 to 70 merged the same sketches
-# of real edits, and only 60 all the hand-written ones.
+# original's line there (it replaces it) rather than a new one (it goes in beside it). A changed line
+# scores 62-78 (`return round(s, 2)` for `return s`), a new method's first line against the old one ~50.
+# Chosen on continue_lazy, git_history sketches and hand-written ones: only 60 merged all of them.
 EDGE_SCORE = 60
 # The places an edge's first line has before `start` that are weighed, nearest first (`_edge`): each costs
-# the lines between it and `start`. On the sketch sets of docs/sketches.md (8,287 sketches), an edge
-# weighed 16 at most and took one of its 6 nearest.
+# the lines between it and `start`. On docs/sketches.md's sets an edge weighs 16 at most.
 EDGE_PLACES = 32
 
 

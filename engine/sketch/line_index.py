@@ -1,9 +1,8 @@
 """Where each line of a long text is, so that work on a short text against it (a sketch's chunk, a patch's
-hunk) costs what the short one holds, not what the long one does.
-
-A sketch of thousands of chunks on a file of tens of thousands of lines made every chunk rescan the file:
-its merge and checks took seconds to minutes. `LineIndex` finds a line's places by bisection, and
-`matching_blocks` gives difflib's own matching blocks of a chunk within the file from those places alone.
+hunk) costs what the short one holds, not what the long one does: rescanning the file for every chunk
+would make a sketch of thousands of chunks on a file of tens of thousands of lines take minutes.
+`LineIndex` finds a line's places by bisection, and `matching_blocks` gives difflib's own matching blocks
+of a chunk within the file from those places alone.
 
 >>> index = LineIndex(["a", "b", "c", "a", "b"])
 >>> index.places("a", 1), index.count("b", 0, 4)

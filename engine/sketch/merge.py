@@ -1,24 +1,9 @@
-"""The deterministic merge of an edit sketch: each chunk put in place by lines it shares with the original.
-
-A sketch's *chunks* are its runs of lines between elision markers (`merge_checks.is_elision`). They are
-placed in order, each after the one before, each replacing a span of the original (`placement` says
-where, and by which rules).
-
-A chunk that cannot be placed, a merge that has a block twice in a row where neither the original nor
-the sketch has (a deletion the sketch shows like a change), or a merge that `merge_checks` refuses,
-leaves the merge *unresolved* (`SketchMerge.unresolved` says why): the model writes the answer then, with
-the partial merge as the copy drafter's draft. Measured on sketches of real edits (see docs/benchmarks.md,
-"Edit sketches").
-
-No chunk deletes code it neither shows nor marks: where it shows two blocks one after the other (two
-functions, no marker between them: chat models leave it out) and the original has blocks between them,
-those stay (`blocks.omitted`), and the checks refuse an answer without them. A deletion there is shown
-by the lines around it (`return 1` then `def b():`), not by two blocks whole.
-
->>> original = "def f():\\n    return 1\\n\\n\\ndef g():\\n    return 2\\n"
->>> sketch = "# ... existing code ...\\ndef g():\\n    return 3\\n"
->>> merge_sketch(original, sketch).text
-'def f():\\n    return 1\\n\\n\\ndef g():\\n    return 3\\n'
+"""The deterministic merge of an edit sketch: each chunk (a run of lines between elision markers,
+`merge_checks.is_elision`) put in place by lines it shares with the original, in order, each after the one
+before, each replacing a span of the original (`placement` says where, and by which rules). A merge these
+rules cannot finish is *unresolved* (`SketchMerge.unresolved` says why): the model writes the answer
+then, with the partial merge as the copy drafter's draft. Measured on sketches of real edits (see
+docs/benchmarks.md, "Edit sketches").
 """
 
 from __future__ import annotations
@@ -33,9 +18,10 @@ from rapidfuzz.distance import Indel
 
 from specedit.engine.sketch.anchors import Original
 from specedit.engine.sketch.blocks import indent, omitted, past_deeper
+from specedit.engine.sketch.deadline import NO_DEADLINE, Deadline
 from specedit.engine.sketch.edges import common_length, is_change_of
 from specedit.engine.sketch.merge_checks import check_merge, counts, is_elision
-from specedit.engine.sketch.patches import SketchFormat, apply_patch, detect, parse_patch
+from specedit.engine.sketch.patches import Patch, SketchFormat, apply_patch, detect, parse_patch
 from specedit.engine.sketch.placement import Chunk, Placement, place_chunks
 
 # Lines that say something, each a change of one of the `EDGE_LINES` lines at a sketch's edge, that a
@@ -58,13 +44,28 @@ class SketchMerge:
         return not self.unresolved
 
 
-@functools.lru_cache(maxsize=8)
-def merge_sketch(original: str, sketch: str, sketch_format: SketchFormat = "auto") -> SketchMerge:
-    """`sketch` merged into `original` where its chunks say where they go (by `placement`'s rules); in
-    the original's line endings. Kept for the last few requests: the session asks before choosing the
-    model, the model's prompt asks again for its draft, and the command line before loading anything.
-    A sketch written as a patch (a unified diff, SEARCH/REPLACE blocks, a V4A patch: `patches`, found in
-    its text with `auto`) is applied by its hunks' lines instead, and checked the same way.
+def merge_sketch(
+    original: str,
+    sketch: str,
+    sketch_format: SketchFormat = "auto",
+    *,
+    patch: Patch | None = None,
+    deadline: Deadline = NO_DEADLINE,
+) -> SketchMerge:
+    """`sketch` merged into `original` where its chunks say where they go (by `placement.place_chunks`'
+    rules); in the original's line endings. A sketch written as a patch (a unified diff, SEARCH/REPLACE
+    blocks, a V4A patch: `patches`, found in its text with `auto`) is applied by its hunks' lines instead
+    (`patch`, where it was parsed already), and checked the same way. The merge's loops check `deadline`
+    between two pieces of work (`deadline.Deadline`). A request's sketch is merged once, by `sketch.Sketch`.
+
+    A chunk that cannot be placed, a merge that has a block twice in a row where neither the original nor
+    the sketch has (a deletion the sketch shows like a change), or a merge that `merge_checks` refuses,
+    leaves the merge unresolved.
+
+    No chunk deletes code it neither shows nor marks: where it shows two blocks one after the other (two
+    functions, no marker between them: chat models leave it out) and the original has blocks between them,
+    those stay (`blocks.omitted`), and the checks refuse an answer without them. A deletion there is shown
+    by the lines around it (`return 1` then `def b():`), not by two blocks whole.
 
     A sketch with markers that has none at its start (or end) is read two ways there: as eliding what
     comes before its first chunk (after its last), and as starting (ending) the file there. A chat model
@@ -72,15 +73,23 @@ def merge_sketch(original: str, sketch: str, sketch_format: SketchFormat = "auto
     then deletes every line it was not shown; so the first is the merge, and the second only where the
     first cannot place the chunks (the end alone, the start alone, then both; the checks still refuse a
     merge that deletes code the sketch does not show), or where the sketch's edge is a change of the
-    file's, or a doubt between them (`_edge_reading`)."""
+    file's, or a doubt between them (`_edge_reading`).
+
+    >>> original = "def f():\\n    return 1\\n\\n\\ndef g():\\n    return 2\\n"
+    >>> sketch = "# ... existing code ...\\ndef g():\\n    return 3\\n"
+    >>> merge_sketch(original, sketch).text
+    'def f():\\n    return 1\\n\\n\\ndef g():\\n    return 3\\n'
+    """
     crlf = "\r\n" in original
     original = original.replace("\r\n", "\n")
     sketch = sketch.replace("\r\n", "\n")
     written_as = detect(sketch, original) if sketch_format == "auto" else sketch_format
     if written_as != "lazy":
-        text, unresolved = apply_patch(original, parse_patch(sketch, written_as))
-        if not unresolved and not (check := check_merge(original, sketch, text, written_as)).ok:
-            unresolved = (f"the merge fails its checks: {check.describe()}",)
+        patch = parse_patch(sketch, written_as) if patch is None else patch
+        text, unresolved = apply_patch(original, patch, deadline)
+        if not unresolved:
+            check = check_merge(original, sketch, text, written_as, patch=patch, deadline=deadline)
+            unresolved = () if check.ok else (f"the merge fails its checks: {check.describe()}",)
         return SketchMerge(text.replace("\n", "\r\n") if crlf else text, unresolved)
     lines = _lines(original)
     sketch_lines = _lines(sketch)
@@ -92,7 +101,7 @@ def merge_sketch(original: str, sketch: str, sketch_format: SketchFormat = "auto
     @functools.cache
     def read(edges: tuple[bool, bool]) -> SketchMerge:
         """The merge with the sketch's first chunk starting the file (`edges[0]`), its last ending it."""
-        return _reading(original, sketch, lines, sketch_lines, _at_edges(chunks, *edges))
+        return _reading(original, sketch, lines, sketch_lines, _at_edges(chunks, *edges), deadline)
 
     edges = (False, False)
     if not read(edges).resolved:
@@ -111,14 +120,19 @@ def merge_sketch(original: str, sketch: str, sketch_format: SketchFormat = "auto
     return SketchMerge(merge.text.replace("\n", "\r\n") if crlf else merge.text, merge.unresolved)
 
 
-def _reading(original: str, sketch: str, lines: list[str], sketch_lines: list[str], chunks: list[Chunk]) -> SketchMerge:
+def _reading(
+    original: str, sketch: str, lines: list[str], sketch_lines: list[str], chunks: list[Chunk], deadline: Deadline
+) -> SketchMerge:
     """The merge of `chunks` into the original's `lines` (newlines only), checked: with each chunk that
     shows a block whole replacing the rest of the original's block (`_block_end`), unless that merge
     fails where the plain placements pass (the rest was old code the sketch does not touch)."""
     read = Original(lines)
     keys = read.keys
-    placed = place_chunks(chunks, read).steps
-    steps = [(_keeping_omitted(read, chunk, place), why) for chunk, (place, why) in zip(chunks, placed, strict=True)]
+    placed = place_chunks(chunks, read, deadline).steps
+    steps = [
+        (_keeping_omitted(read, chunk, place, deadline), why)
+        for chunk, (place, why) in zip(chunks, placed, strict=True)
+    ]
     said = [line for line in sketch_lines if line.strip()]
     open_end = bool(said) and not is_elision(said[-1]) and any(is_elision(line) for line in said)
 
@@ -142,10 +156,10 @@ def _reading(original: str, sketch: str, lines: list[str], sketch_lines: list[st
         text = "".join(merged)
         if not original.endswith("\n"):
             text = text.removesuffix("\n")
-        if not unresolved and (doubled := _doubled_anew(merged, lines, sketch_lines)):
+        if not unresolved and (doubled := _doubled_anew(merged, lines, sketch_lines, deadline)):
             unresolved.append(f"the merge has {doubled[0]!r} and the lines after it twice in a row")
         if not unresolved:
-            check = check_merge(original, sketch, text, "lazy")
+            check = check_merge(original, sketch, text, "lazy", deadline=deadline)
             if not check.ok:
                 unresolved.append(f"the merge fails its checks: {check.describe()}")
         return SketchMerge(text, tuple(unresolved))
@@ -163,10 +177,11 @@ def _reading(original: str, sketch: str, lines: list[str], sketch_lines: list[st
     return assembled(plain)
 
 
-def _keeping_omitted(original: Original, chunk: Chunk, place: Placement | None) -> Placement | None:
+def _keeping_omitted(original: Original, chunk: Chunk, place: Placement | None, deadline: Deadline) -> Placement | None:
     """`place` with the original's lines put back that the chunk neither shows nor marks, between two
     blocks it shows one after the other (`blocks.omitted`: a chat model left out the marker between two
     functions), where the placement replaced them."""
+    deadline.check()
     if place is None:
         return None
     lines = [*place.lines]  # a line for each of the chunk's lines
@@ -293,17 +308,17 @@ def _changed_into(old: str, new: str) -> bool:
     return old == new or is_change_of(new, old) or (len(words) >= 2 and words <= set(_WORD.findall(new)))
 
 
-def _doubled_anew(merged: list[str], original: list[str], sketch: list[str]) -> tuple[str, ...]:
+def _doubled_anew(merged: list[str], original: list[str], sketch: list[str], deadline: Deadline) -> tuple[str, ...]:
     """A block the merge has twice in a row where neither the original nor the sketch has it so (a
     placement that put a changed block beside the one it changes, or a deletion shown like a change);
     empty if none."""
-    doubled = _doubled(merged)
+    doubled = _doubled(merged, deadline)
     if doubled:
-        doubled -= _doubled(original) | _doubled(sketch)
+        doubled -= _doubled(original, deadline) | _doubled(sketch, deadline)
     return min(doubled, default=())
 
 
-def _doubled(lines: list[str], longest: int = 24) -> set[tuple[str, ...]]:
+def _doubled(lines: list[str], deadline: Deadline, longest: int = 24) -> set[tuple[str, ...]]:
     """The blocks of two lines or more, saying something, that `lines` has twice in a row (compared
     stripped), up to `longest` lines."""
     keys = [line.strip() for line in lines]
@@ -312,6 +327,7 @@ def _doubled(lines: list[str], longest: int = 24) -> set[tuple[str, ...]]:
         said.append(said[-1] + counts(key))
     found = set()
     for size in range(2, longest + 1):
+        deadline.check()
         run = 0  # how many lines up to here equal the line `size` after them
         for start in range(len(keys) - size):
             run = run + 1 if keys[start] == keys[start + size] else 0

@@ -1,23 +1,9 @@
-"""Is an answer to an edit sketch a merge? Checked before anything is written.
-
-A chat model's edit sketch shows the changed parts of a file and stands for the rest with elision comments
-(`// ... existing code ...`, `# rest unchanged`, a lone `...`). An answer is not a merge when it
-
-- still holds an elision marker that the original does not have (the sketch was echoed, not merged);
-- lacks a line the sketch adds (a line of the sketch that is neither a marker nor in the original);
-- drops a line of the original that no part of the sketch covers: a chunk of the sketch (its lines between
-  two markers) covers the lines of the original from the first one its lines match (exactly, or alike
-  enough for rapidfuzz: a changed line) to the last, and may change or delete anything there; outside
-  every span the original must survive, at the file's start and end too (a chunk with no marker before
-  it does not cover the file's start: chat models leave the first and last markers out). A sketch that
-  is one block whole and nothing else ("the method, changed") covers that block of the original, up to
-  `BLOCK_DROPS` lines past its own; a chunk that shows a block from its first line to its closing one
-  (`func F() {` ... `}`) covers all of that block (its lines between those two), and a chunk that shows a
-  block covers nothing outside it. Nor does a chunk cover the original's blocks between two blocks it
-  shows one after the other (`blocks.omitted`: a chat model left out the marker between two functions).
-
-Lines are compared stripped (the model may re-indent), and only lines with a few letters or digits count
-(`}`, `end`, blank lines are too common to say anything).
+"""Is an answer to an edit sketch a merge? Checked before anything is written. A chat model's edit sketch
+shows the changed parts of a file and stands for the rest with elision comments (`// ... existing code
+...`, `# rest unchanged`, a lone `...`); an answer that echoes the sketch, lacks its new lines or drops
+code it did not touch is no merge (`check_merge` says which). Lines are compared stripped (the model may
+re-indent), and only lines with a few letters or digits count (`}`, `end`, blank lines are too common to
+say anything).
 """
 
 from __future__ import annotations
@@ -32,8 +18,9 @@ from rapidfuzz import fuzz, process
 
 from specedit.engine.records.errors import MergeError
 from specedit.engine.sketch.blocks import block_holding, comment_above, find_block, lines_above, omitted, shown_block
+from specedit.engine.sketch.deadline import NO_DEADLINE, Deadline
 from specedit.engine.sketch.line_index import LineIndex, matching_blocks
-from specedit.engine.sketch.patches import SYNTAX, SketchFormat, as_sketch, detect, parse_patch
+from specedit.engine.sketch.patches import SYNTAX, Patch, SketchFormat, as_sketch, detect, parse_patch
 
 # A comment line that stands for code left out, or a line that is only an ellipsis: "// ... existing code
 # ...", "# ... (same as before)", "/* rest of the file unchanged */", "-- ...". Not a comment that merely
@@ -64,9 +51,8 @@ MIN_ALNUM = 3  # a line counts when it has at least this many letters or digits
 FUZZY_SCORE = 50  # rapidfuzz's ratio (0-100) from which a changed line is taken to stand for an original one
 # How many lines that count past a chunk's first or last line matched its changed lines there are looked
 # for, and either side of where the chunks before it end for a chunk with no line matched (`_span`):
-# reading the whole file for each chunk made the checks of a large sketch quadratic (946 chunks of new
-# code on a 1 MB file: 23 s). On the sketch sets of docs/sketches.md (8,287 sketches of files up to
-# 32,000 characters), the farthest past a line matched was 477 lines.
+# reading the whole file for each chunk would make the checks of a large sketch quadratic. On
+# docs/sketches.md's sets, the farthest past a line matched is 477 lines.
 FUZZY_REACH = 512
 _SAYS = re.compile(rf"(?:[\W_]*[^\W_]){{{MIN_ALNUM}}}")  # `MIN_ALNUM` letters or digits (`str.isalnum`'s)
 
@@ -126,23 +112,48 @@ def is_fence(line: str) -> bool:
 
 
 def check_merge(
-    original: str, sketch: str, answer: str, sketch_format: SketchFormat = "auto", *, left_out: Collection[str] = ()
+    original: str,
+    sketch: str,
+    answer: str,
+    sketch_format: SketchFormat = "auto",
+    *,
+    left_out: Collection[str] = (),
+    patch: Patch | None = None,
+    deadline: Deadline = NO_DEADLINE,
 ) -> MergeCheck:
-    """What keeps `answer` from being a merge of `sketch` into `original` (nothing: `.ok`). A patch (a
-    unified diff, SEARCH/REPLACE blocks, a V4A patch: `patches`) is checked as the lazy sketches it stands
-    for: its hunks' new lines between markers say what the answer must hold, their old lines which lines
-    of the original it may change or delete (a `-` line is shown, and so deleted on purpose). An answer
-    holding a patch's syntax that the original has not (`@@ -2,7 +2,7 @@`, `<<<<<<< SEARCH`) wrote the
-    patch instead of applying it. `left_out`: the lines of a chat answer around its sketch (`chat_answer`)."""
+    """What keeps `answer` from being a merge of `sketch` into `original` (nothing: `.ok`). An answer is
+    not a merge when it
+
+    - still holds an elision marker that the original does not have (the sketch was echoed, not merged);
+    - lacks a line the sketch adds (a line of the sketch that is neither a marker nor in the original);
+    - drops a line of the original that no part of the sketch covers: a chunk of the sketch (its lines between
+      two markers) covers the lines of the original from the first one its lines match (exactly, or alike
+      enough for rapidfuzz: a changed line) to the last, and may change or delete anything there; outside
+      every span the original must survive, at the file's start and end too (a chunk with no marker before
+      it does not cover the file's start: chat models leave the first and last markers out). A sketch that
+      is one block whole and nothing else ("the method, changed") covers that block of the original, up to
+      `BLOCK_DROPS` lines past its own; a chunk that shows a block from its first line to its closing one
+      (`func F() {` ... `}`) covers all of that block (its lines between those two), and a chunk that shows a
+      block covers nothing outside it. Nor does a chunk cover the original's blocks between two blocks it
+      shows one after the other (`blocks.omitted`: a chat model left out the marker between two functions).
+
+    A patch (a unified diff, SEARCH/REPLACE blocks, a V4A patch: `patches`) is checked as the lazy sketches
+    it stands for: its hunks' new lines between markers say what the answer must hold, their old lines
+    which lines of the original it may change or delete (a `-` line is shown, and so deleted on purpose).
+    An answer holding a patch's syntax that the original has not (`@@ -2,7 +2,7 @@`, `<<<<<<< SEARCH`)
+    wrote the patch instead of applying it. `left_out`: the lines of a chat answer around its sketch
+    (`chat_answer`). `patch`: the sketch's hunks where it was parsed already (`sketch.Sketch`). `deadline`
+    is checked before each chunk's work."""
     written_as = detect(sketch, original) if sketch_format == "auto" else sketch_format
     spans = sketch  # what says which lines of the original the edit may change or delete
     if written_as != "lazy":
-        patch = parse_patch(sketch, written_as)
+        patch = parse_patch(sketch, written_as) if patch is None else patch
         sketch, spans = as_sketch(patch, "new"), as_sketch(patch, "old")
     original_lines = _counted(original)
     original_set = set(original_lines)
     answer_lines = _counted(answer)
     answer_set = set(answer_lines)
+    deadline.check()
     check = MergeCheck()
     original_all = {line.strip() for line in original.splitlines()}
     check.markers = [
@@ -155,10 +166,11 @@ def check_merge(
         for line in _counted(sketch)
         if not is_elision(line) and line not in original_set and line not in answer_set
     ]
-    shown = _shown_blocks(original, sketch) if written_as == "lazy" else []
-    gaps = _omitted(original, sketch) if written_as == "lazy" else []
+    deadline.check()
+    shown = _shown_blocks(original, sketch, deadline) if written_as == "lazy" else []
+    gaps = _omitted(original, sketch, deadline) if written_as == "lazy" else []
     covered, (new_before, new_after) = _covered(
-        original_lines, _chunks([line.strip() for line in spans.splitlines()]), shown, gaps
+        original_lines, _chunks([line.strip() for line in spans.splitlines()]), shown, gaps, deadline
     )
     if written_as == "lazy" and covered:
         block = _block_shown(original, sketch)
@@ -213,7 +225,7 @@ def _block_shown(original: str, sketch: str) -> set[int]:
     return _counted_in(_counted_numbers(lines), block)
 
 
-def _shown_blocks(original: str, sketch: str) -> list[tuple[int, int, bool] | None]:
+def _shown_blocks(original: str, sketch: str, deadline: Deadline) -> list[tuple[int, int, bool] | None]:
     """Per chunk of the sketch (`_runs`, as `_chunks` reads them), the original's lines that count (indices
     among them, from and to) of the block the chunk shows whole (`blocks.shown_block`, below a doc comment or
     annotations if any; of the original's blocks of its first line, the one holding the most of its lines),
@@ -226,6 +238,7 @@ def _shown_blocks(original: str, sketch: str) -> list[tuple[int, int, bool] | No
     firsts = LineIndex([line.strip() for line in lines])  # where each block's first line is
     found: list[tuple[int, int, bool] | None] = []
     for run in map(list, _runs(sketch.splitlines())):
+        deadline.check()
         above = lines_above(run)  # a doc comment or annotations above the block's first line
         body = run[above:]
         shown = shown_block(body)
@@ -237,20 +250,23 @@ def _shown_blocks(original: str, sketch: str) -> list[tuple[int, int, bool] | No
     return found
 
 
-def _omitted(original: str, sketch: str) -> list[list[tuple[int, int]]]:
+def _omitted(original: str, sketch: str, deadline: Deadline) -> list[list[tuple[int, int]]]:
     """Per chunk of the sketch (`_runs`, as `_chunks` reads them), the original's lines that count (indices
     among them, from and to) that it neither shows nor marks between two blocks it shows one after the
     other (`blocks.omitted`: the marker between two functions left out). A merge keeps them."""
     lines = original.splitlines()
     counted = _counted_numbers(lines)
     stripped = LineIndex([line.strip() for line in lines])
-    return [
-        [
-            (bisect.bisect_left(counted, start), bisect.bisect_left(counted, stop))
-            for _, start, stop in omitted(lines, run, stripped)
-        ]
-        for run in _runs(sketch.splitlines())
-    ]
+    found = []
+    for run in _runs(sketch.splitlines()):
+        deadline.check()
+        found.append(
+            [
+                (bisect.bisect_left(counted, start), bisect.bisect_left(counted, stop))
+                for _, start, stop in omitted(lines, run, stripped)
+            ]
+        )
+    return found
 
 
 def _counted_in(counted: list[int], block: tuple[int, int]) -> set[int]:
@@ -290,8 +306,7 @@ def _counted(text: str) -> list[str]:
 @functools.lru_cache(maxsize=1 << 16)
 def counts(line: str) -> bool:
     """Whether a line says enough to be compared: `MIN_ALNUM` letters or digits. Kept for the lines seen
-    last: a merge asks it of each line several times, and code repeats its lines (a 1 MB sketch's merge
-    took 0.8 s, 0.4 s so)."""
+    last: a merge asks it of each line several times, and code repeats its lines."""
     return _SAYS.match(line) is not None
 
 
@@ -316,6 +331,7 @@ def _covered(
     chunks: list[list[str]],
     blocks: list[tuple[int, int, bool] | None] | None = None,
     omitted: list[list[tuple[int, int]]] | None = None,
+    deadline: Deadline = NO_DEADLINE,
 ) -> tuple[set[int], tuple[int, int]]:
     """Indices of the original's lines that some chunk spans: from the first line of the original that one
     of the chunk's lines matches (in order, exactly; else the most alike, at least `FUZZY_SCORE`, between
@@ -332,6 +348,7 @@ def _covered(
     new_before, new_after = 0, 0
     after = 0  # past the last line the chunk before matched
     for number, chunk in enumerate(chunks):
+        deadline.check()
         lows = (0, after) if after else (0,)
         spans = [_span(index, chunk, low, unique, after) for low in lows for unique in (False, True)]
         found = [span for span in spans if span is not None]

@@ -1,26 +1,11 @@
 """Edits as models also write them: unified diffs, aider's SEARCH/REPLACE blocks, OpenAI's V4A patches.
-
 Beside a lazy sketch (`merge.py`: the changed parts, `// ... existing code ...` for the rest), a chat model
-answers "change this file" with one of three edit formats, each a list of *hunks*: the lines the
-original has there (context and the lines taken out) and the lines that replace them.
-
-- `udiff`: a unified diff (`--- a/x.py` / `+++ b/x.py`, `@@ -12,7 +12,8 @@`, then ` `, `-` and `+` lines).
-  Models get the numbers and counts wrong, write `@@ ... @@`, or leave a blank context line without its
-  space: the numbers are only a hint where the lines occur more than once, and a hunk ends where its lines do.
-- `search-replace`: aider's blocks (`<<<<<<< SEARCH`, the lines to find, `=======`, their replacement,
-  `>>>>>>> REPLACE`), each applied to the file as the blocks before it left it, in any order.
-- `v4a`: OpenAI's `apply_patch` format (`*** Begin Patch`, `*** Update File: x.py`, hunks after `@@` or
-  `@@ def f():` naming a line they come after, ` `/`-`/`+` lines, `*** End Patch`).
-
-A hunk is placed where its old lines are, compared without trailing spaces (a chat answer has none), else
-without any indentation (its new lines then take the original's); where they are more than once, the
-diff's line number (shifted as the hunks before it were), or V4A's `@@` line, picks the place; else the
-patch is a doubt. A patch that cannot be placed leaves the merge to the model (`merge.merge_sketch`),
-whose answer is checked against the patch's lazy sketch (`as_sketch`: each hunk's new lines, between
-markers) like any other (`merge_checks`).
-
->>> apply_patch("a\\nb\\nc\\n", parse_patch("@@ -1,3 +1,3 @@\\n a\\n-b\\n+B\\n c\\n", "udiff"))
-('a\\nB\\nc\\n', ())
+answers "change this file" with one of these three formats (`parse_patch` describes each), each a list of
+*hunks*: the lines the original has there (context and the lines taken out) and the lines that replace
+them. This module finds a sketch's format (`detect`), reads its hunks (`parse_patch`) and places them by
+their lines (`apply_patch`); a patch that cannot be placed leaves the merge to the model
+(`merge.merge_sketch`), whose answer is checked against the patch's lazy sketch (`as_sketch`: each hunk's
+new lines, between markers) like any other (`merge_checks`).
 """
 
 from __future__ import annotations
@@ -34,9 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-SketchFormat = Literal["auto", "lazy", "udiff", "search-replace", "v4a"]
-SKETCH_FORMATS: tuple[SketchFormat, ...] = ("auto", "lazy", "udiff", "search-replace", "v4a")
+from specedit.engine.records.requests import SKETCH_FORMATS as SKETCH_FORMATS
+from specedit.engine.records.requests import SketchFormat as SketchFormat
+from specedit.engine.sketch.deadline import NO_DEADLINE, Deadline
+
 PatchFormat = Literal["udiff", "search-replace", "v4a"]
+WrittenFormat = Literal["lazy", "udiff", "search-replace", "v4a"]  # a sketch's format, as `detect` finds it
 
 _HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _ANY_HUNK_HEADER = re.compile(r"^@@(?: .*)?$")
@@ -75,7 +63,7 @@ class Patch:
     files: tuple[tuple[str | None, tuple[Hunk, ...]], ...]  # (path, hunks) per file, in the patch's order
 
 
-def detect(sketch: str, original: str = "") -> Literal["lazy", "udiff", "search-replace", "v4a"]:
+def detect(sketch: str, original: str = "") -> WrittenFormat:
     """The format `sketch` is written in: a patch's syntax where it has some that the original has not
     (editing a diff file is not a diff), or where it opens with it (within its first `OPENING` lines:
     a file name and a fence may come first; SEARCH/REPLACE blocks that edit aider's own parser, whose
@@ -116,7 +104,17 @@ def _whole_lines(pattern: re.Pattern[str]) -> re.Pattern[str]:
 
 
 def parse_patch(text: str, format: PatchFormat) -> Patch:
-    """The hunks of `text`, a patch in `format`, per file."""
+    """The hunks of `text`, a patch in `format`, per file:
+
+    - `udiff`: a unified diff (`--- a/x.py` / `+++ b/x.py`, `@@ -12,7 +12,8 @@`, then ` `, `-` and `+`
+      lines). Models get the numbers and counts wrong, write `@@ ... @@`, or leave a blank context line
+      without its space: the numbers are only a hint where the lines occur more than once, and a hunk ends
+      where its lines do.
+    - `search-replace`: aider's blocks (`<<<<<<< SEARCH`, the lines to find, `=======`, their replacement,
+      `>>>>>>> REPLACE`), each applied to the file as the blocks before it left it, in any order.
+    - `v4a`: OpenAI's `apply_patch` format (`*** Begin Patch`, `*** Update File: x.py`, hunks after `@@` or
+      `@@ def f():` naming a line they come after, ` `/`-`/`+` lines, `*** End Patch`).
+    """
     lines = [line.rstrip("\r") for line in text.replace("\r\n", "\n").split("\n")]
     if format == "udiff":
         return Patch(format, _parse_udiff(lines))
@@ -254,10 +252,20 @@ class _Lines:
         return Hunk(tuple(self.old), tuple(self.new), tuple(self.context), self.line, self.scope)
 
 
-def apply_patch(original: str, patch: Patch) -> tuple[str, tuple[str, ...]]:
+def apply_patch(original: str, patch: Patch, deadline: Deadline = NO_DEADLINE) -> tuple[str, tuple[str, ...]]:
     """`patch` applied to `original` (newlines only): the text, and why a hunk could not be placed (empty:
-    every hunk was). A patch of several files is applied as the one file of them whose hunks all place."""
-    results = [_apply_file(original, hunks, patch.format) for _, hunks in patch.files]
+    every hunk was). A patch of several files is applied as the one file of them whose hunks all place.
+    `deadline` is checked before each hunk.
+
+    A hunk is placed where its old lines are, compared without trailing spaces (a chat answer has none),
+    else without any indentation (its new lines then take the original's); where they are more than once,
+    the diff's line number (shifted as the hunks before it were), or V4A's `@@` line, picks the place; else
+    the patch is a doubt.
+
+    >>> apply_patch("a\\nb\\nc\\n", parse_patch("@@ -1,3 +1,3 @@\\n a\\n-b\\n+B\\n c\\n", "udiff"))
+    ('a\\nB\\nc\\n', ())
+    """
+    results = [_apply_file(original, hunks, patch.format, deadline) for _, hunks in patch.files]
     placed = [text for text, why in results if not why]
     if not results:
         return original, ("the patch holds no change",)
@@ -269,7 +277,9 @@ def apply_patch(original: str, patch: Patch) -> tuple[str, tuple[str, ...]]:
     return original, (f"the patch edits {len(results)} files ({names}), and {len(placed)} of them fit this one",)
 
 
-def _apply_file(original: str, hunks: tuple[Hunk, ...], format: PatchFormat) -> tuple[str, tuple[str, ...]]:
+def _apply_file(
+    original: str, hunks: tuple[Hunk, ...], format: PatchFormat, deadline: Deadline
+) -> tuple[str, tuple[str, ...]]:
     lines = original.split("\n")
     ends_in_newline = lines[-1] == ""
     if ends_in_newline:
@@ -277,6 +287,7 @@ def _apply_file(original: str, hunks: tuple[Hunk, ...], format: PatchFormat) -> 
     text = _Text(lines)
     cursor, shift = 0, 0  # diffs come in order: each hunk after the one before; the numbers' error so far
     for number, hunk in enumerate(hunks, 1):
+        deadline.check()
         if not hunk.old:
             return original, (f"hunk {number} says nothing of where it goes (no lines of the original)",)
         low = 0 if format == "search-replace" else cursor  # aider's blocks each search the whole file
@@ -296,7 +307,7 @@ def _apply_file(original: str, hunks: tuple[Hunk, ...], format: PatchFormat) -> 
 class _Text:
     """A file's lines as the hunks so far left them, with each compared as `_find` compares it (without
     trailing spaces, without any indentation) and how often each is there: a hunk is looked for by its
-    rarest line, not by comparing it at every place (a diff of thousands of hunks took a minute)."""
+    rarest line, not by comparing it at every place (which makes a diff of thousands of hunks quadratic)."""
 
     def __init__(self, lines: list[str]) -> None:
         self.lines = lines

@@ -1,58 +1,8 @@
-"""Where one chunk of an edit sketch goes among the original's lines: `merge` places a sketch's chunks in
-order, each after the one before, each replacing a span of the original, by these rules:
-
-1. *Anchors*: the chunk's lines that say something (`merge_checks.counts`: a few letters or digits) and
-   occur once in the original after the chunk before, grown into runs of equal lines (compared stripped,
-   so a re-indented chunk still matches; not over a line the chunk itself has twice, which may be the
-   copy that closes new code or the start of new code shaped like the context before it, unless the
-   run reaches the chunk's end). `def total(items):` can anchor, `return this;` cannot.
-2. *Which anchors*: those that fit together (in order in both, and what lies between two of them in the
-   chunk can stand where the original has what lies between them: as many brackets opened and closed, not
-   much more code replaced than shown), and, since new code may repeat a unique line of old code, each
-   anchor alone too; the two holding the chunk's first and last lines (its context), whatever the
-   brackets between them (a template's `{{end}}}`) and over up to a screenful of code deleted there; and
-   a chunk that ends the file, at each place where the original has its first lines, replacing not much
-   more than it holds (likewise one that starts it). Each choice gives a placement; of those that cover
-   the anchors holding the chunk's first and last lines (its context) and, if any can, its runs of two
-   lines or more (new code written beside a near copy of old code repeats them; not where covering them
-   loses lines and the context alone loses none: `RUN_LOSSES`; nor where the context's two ends disagree
-   and one of them alone places it losing none), the one that loses the fewest of the original's lines
-   (lines that say something and that the chunk lacks) is taken.
-3. *Edges*: the chunk's lines before its first anchor start where the original has the most of their
-   first lines before the anchor (context it repeats: a `}` and a blank line before a new function), less
-   the lines skipping there loses (not one alike to a new line of the chunk: it is changed, as `if (x) {`
-   into `if (x) y;`), if the rest fits there; else its last lines may be changes of the lines just
-   before the anchor (alike, `edges.EDGE_SCORE`); else they are new, and go in before the anchor if they close
-   what they open and do not land inside a deeper block. Likewise after the last anchor. A chunk
-   with no marker before it starts the file, one with no marker after it ends it; one that is a changed
-   line alone (a new signature) goes where the one line alike to it is.
-4. *Repeated blocks*: a chunk none of whose lines the original has once is placed in each stretch around
-   a place of its rarest line where it changes something, losing no more than `RUN_LOSSES` lines (a
-   block it would lose more of is another block alike, not the one it changes); the place after which
-   the chunks that follow can still be placed is taken; if several can, the one whose merge changes
-   clearly fewer characters (`CLEARLY_LESS`), else none (`_places`, `place_chunks`). Failing that, a
-   chunk whose first and last lines (its context) the original has several times each goes between each
-   place of its first line and the nearest of its last after it; so does a chunk its anchors place losing
-   more than `RUN_LOSSES` lines, where they rest on one line of it outside that span (new code repeating
-   one old line) and it loses none there (`_within_context`).
-5. *A block whole*: a chunk that is one block (a `def` and its deeper body) goes over the original's
-   block of the same first line, if that line is once in the original after the chunk before and the
-   anchors leave a doubt or place it losing more lines (its new body repeats a neighbour's lines, and so
-   reached over the neighbour: `_whole_block`); a sketch that is one block and nothing else (no markers)
-   replaces that block, its last `BLOCK_DROPS` lines too (a line the edit deleted after the last one
-   the sketch keeps).
-6. Lines the chunk repeats keep the original's own text (a sketch drops trailing spaces), but for a line
-   trimmed beside a line the chunk changes.
-
-Rules 1 and 2 live in `anchors`, 3 and 6 in `edges`. The original's lines are read once for a merge
-(`anchors.Original`: where each line is, and running sums over them): each chunk costs what it holds and
-what lies near it, not the whole file.
-
-Measured on sketches of real edits (see docs/benchmarks.md, "Edit sketches"). Wrong merges seen while
-tuning: a chunk whose lines are, verbatim, another place of the file (a Go template holding the same
-imports) goes there; a new test whose generic first lines (`}`) the original has in several places
-starts at the wrong one and replaces what lies between (express); a deletion longer than the chunk shows
-(two `--no-x` options replaced by one `--x`) keeps the rest.
+"""Where one chunk of an edit sketch goes among the original's lines. `merge` places a sketch's chunks in
+order with `place_chunks`, each after the one before, each replacing a span of the original, by the rules
+its docstring lists (rules 1 and 2 live in `anchors`, 3 and 6 in `edges`). The original's lines are read
+once for a merge (`anchors.Original`: where each line is, and running sums over them): each chunk costs
+what it holds and what lies near it, not the whole file.
 """
 
 from __future__ import annotations
@@ -74,6 +24,7 @@ from specedit.engine.sketch.anchors import (
     find_lines,
 )
 from specedit.engine.sketch.blocks import comment_above, find_block, indent, lines_above, shown_block
+from specedit.engine.sketch.deadline import NO_DEADLINE, Deadline
 from specedit.engine.sketch.edges import Side, keeping_unchanged, lost, place_on, says_from
 from specedit.engine.sketch.merge_checks import BLOCK_DROPS, counts
 
@@ -83,21 +34,19 @@ from specedit.engine.sketch.merge_checks import BLOCK_DROPS, counts
 MAX_REPEATS = 8
 # Of two places for a chunk after which as many chunks are placed, the one whose merge changes at most
 # this share of the characters the other's changes is taken (the chunk is clearly more like what stands
-# there); closer, it is a doubt. On the sketch sets of every size (1,119 sketches) and HumanEvalFix's
-# (812, Rust's left out): 0.4 settles 12 of 31 such doubts, 10 rightly; 0.5 settles 15, 12 rightly; taking
-# the least change whatever the margin settles 23, 15 rightly.
+# there); closer, it is a doubt. On the sketch sets and HumanEvalFix's, 0.4 settles 12 of 31 such doubts,
+# 10 rightly; wider margins settle more, but a larger share wrongly.
 CLEARLY_LESS = 0.4
 # A chunk with more anchors than twice this tries alone only this many at either end: each is a placement
 # to make and weigh over the whole chunk (a file that repeats itself, sketched whole, has thousands: its
-# merge took minutes). The chunks of docs/sketches.md's sets have 40 at most (2026-12-03).
+# merge would take minutes). The chunks of docs/sketches.md's sets have 40 at most.
 ALONE_AT_EDGES = 32
 # A placement that covers a chunk's runs (two equal lines or more in a row) is taken over one that covers
 # only its context, unless it loses more than this many of the original's lines and the other loses none:
 # then the runs are new code repeating an old near copy far away (guzzle's XML visitor test: a new test
 # whose array lines repeat an old test's replaced the 150 lines between). Where both lose lines, the
-# covering one is an edit that deleted them (gson's tests rewritten without their try/finally). On the
-# sketch sets of docs/sketches.md (2026-12-03): 2 turned two merges losing code into exact ones and changed
-# nothing else; 0 and 1 also broke one exact merge.
+# covering one is an edit that deleted them (gson's tests rewritten without their try/finally). On
+# docs/sketches.md's sets, 2 makes two merges that lost code exact; 0 and 1 break an exact one.
 RUN_LOSSES = 2
 
 
@@ -136,12 +85,62 @@ class Placements:
         return Placements(((placement, why), *self.steps), unplaced, self.changed + changed)
 
 
-def place_chunks(chunks: list[Chunk], original: Original) -> Placements:
+def place_chunks(chunks: list[Chunk], original: Original, deadline: Deadline = NO_DEADLINE) -> Placements:
     """Where each chunk goes, after the one before: where a chunk may go in several places (`_places`), the
     one after which the fewest chunks stay unplaced (a tie is a doubt: which of two equal blocks a sketch
     meant: what each would change did not tell it reliably). Worked out from the last chunk back, for the
     states (chunk, cursor) that the first chunk's choices reach: a stack, not recursion, since a sketch may
-    have many chunks."""
+    have many chunks. `deadline` is checked before each chunk is placed. A chunk is placed by these rules:
+
+    1. *Anchors*: the chunk's lines that say something (`merge_checks.counts`: a few letters or digits) and
+       occur once in the original after the chunk before, grown into runs of equal lines (compared stripped,
+       so a re-indented chunk still matches; not over a line the chunk itself has twice, which may be the
+       copy that closes new code or the start of new code shaped like the context before it, unless the
+       run reaches the chunk's end). `def total(items):` can anchor, `return this;` cannot.
+    2. *Which anchors*: those that fit together (in order in both, and what lies between two of them in the
+       chunk can stand where the original has what lies between them: as many brackets opened and closed, not
+       much more code replaced than shown), and, since new code may repeat a unique line of old code, each
+       anchor alone too; the two holding the chunk's first and last lines (its context), whatever the
+       brackets between them (a template's `{{end}}}`) and over up to a screenful of code deleted there; and
+       a chunk that ends the file, at each place where the original has its first lines, replacing not much
+       more than it holds (likewise one that starts it). Each choice gives a placement; of those that cover
+       the anchors holding the chunk's first and last lines (its context) and, if any can, its runs of two
+       lines or more (new code written beside a near copy of old code repeats them; not where covering them
+       loses lines and the context alone loses none: `RUN_LOSSES`; nor where the context's two ends disagree
+       and one of them alone places it losing none), the one that loses the fewest of the original's lines
+       (lines that say something and that the chunk lacks) is taken.
+    3. *Edges*: the chunk's lines before its first anchor start where the original has the most of their
+       first lines before the anchor (context it repeats: a `}` and a blank line before a new function), less
+       the lines skipping there loses (not one alike to a new line of the chunk: it is changed, as `if (x) {`
+       into `if (x) y;`), if the rest fits there; else its last lines may be changes of the lines just
+       before the anchor (alike, `edges.EDGE_SCORE`); else they are new, and go in before the anchor if they close
+       what they open and do not land inside a deeper block. Likewise after the last anchor. A chunk
+       with no marker before it starts the file, one with no marker after it ends it; one that is a changed
+       line alone (a new signature) goes where the one line alike to it is.
+    4. *Repeated blocks*: a chunk none of whose lines the original has once is placed in each stretch around
+       a place of its rarest line where it changes something, losing no more than `RUN_LOSSES` lines (a
+       block it would lose more of is another block alike, not the one it changes); the place after which
+       the chunks that follow can still be placed is taken; if several can, the one whose merge changes
+       clearly fewer characters (`CLEARLY_LESS`), else none (`_places`, `place_chunks`). Failing that, a
+       chunk whose first and last lines (its context) the original has several times each goes between each
+       place of its first line and the nearest of its last after it; so does a chunk its anchors place losing
+       more than `RUN_LOSSES` lines, where they rest on one line of it outside that span (new code repeating
+       one old line) and it loses none there (`_within_context`).
+    5. *A block whole*: a chunk that is one block (a `def` and its deeper body) goes over the original's
+       block of the same first line, if that line is once in the original after the chunk before and the
+       anchors leave a doubt or place it losing more lines (its new body repeats a neighbour's lines, and so
+       reached over the neighbour: `_whole_block`); a sketch that is one block and nothing else (no markers)
+       replaces that block, its last `BLOCK_DROPS` lines too (a line the edit deleted after the last one
+       the sketch keeps).
+    6. Lines the chunk repeats keep the original's own text (a sketch drops trailing spaces), but for a line
+       trimmed beside a line the chunk changes.
+
+    Measured on sketches of real edits (see docs/benchmarks.md, "Edit sketches"). Known wrong merges: a
+    chunk whose lines are, verbatim, another place of the file (a Go template holding the same imports) goes
+    there; a new test whose generic first lines (`}`) the original has in several places
+    starts at the wrong one and replaces what lies between (express); a deletion longer than the chunk shows
+    (two `--no-x` options replaced by one `--x`) keeps the rest.
+    """
     placements: dict[tuple[int, int], Placements] = {}
     places: dict[tuple[int, int], list[Placement] | str] = {}
     stack = [(0, 0)]
@@ -155,6 +154,7 @@ def place_chunks(chunks: list[Chunk], original: Original) -> Placements:
             continue
         chunk = chunks[number]
         if state not in places:
+            deadline.check()
             places[state] = _places(original, cursor, chunk)
         found = places[state]
         nexts = [(number + 1, cursor)] if isinstance(found, str) else [(number + 1, place.stop) for place in found]

@@ -397,9 +397,8 @@ def convert_gguf(gguf_file: Path, out_dir: Path) -> str:
     """Convert a GGUF into a bfloat16 safetensors folder with its tokenizer, then check that it loads.
 
     The check loads the folder back, runs one forward over a few tokens and requires a chat template on
-    the tokenizer. Returns the dtype. Timings go to this module's logger. Measured for the 0.5B on 2
-    shared cores (2026-11): GGUF load 48-65 s (transformers dequantizes it in numpy, tensor by tensor),
-    save 3-4 s, check 2.5-3.5 s.
+    the tokenizer. Returns the dtype. Timings go to this module's logger: the GGUF's load is most of them
+    (about a minute for the 0.5B on two cores), as transformers dequantizes it in numpy, tensor by tensor.
     """
     import importlib.util
 
@@ -413,7 +412,7 @@ def convert_gguf(gguf_file: Path, out_dir: Path) -> str:
             "converting a GGUF needs the `accelerate` package, which transformers requires for GGUF"
             " files: pip install accelerate"
         )
-    load_options: dict[str, Any] = {"gguf_file": gguf_file.name, "dtype": torch.bfloat16}
+    load_options: dict[str, object] = {"gguf_file": gguf_file.name, "dtype": torch.bfloat16}
     gguf_config = getattr(transformers, "GgufConfig", None)
     if gguf_config is not None:
         # Recent transformers keep GGUF weights packed when the `kernels` package is there; packed
@@ -436,7 +435,7 @@ def convert_gguf(gguf_file: Path, out_dir: Path) -> str:
     saved = time.monotonic()
 
     # Check: the folder loads by itself, in the dtype recorded, computes, and has a chat template.
-    check: Any = AutoModelForCausalLM.from_pretrained(out_dir, dtype="auto")
+    check = AutoModelForCausalLM.from_pretrained(out_dir, dtype="auto")
     check_tokenizer = AutoTokenizer.from_pretrained(out_dir)
     dtype = str(check.dtype).removeprefix("torch.")
     if dtype != CONVERTED_DTYPE:
@@ -478,7 +477,7 @@ def _convert_locked(spec: ModelSpec, gguf: Path, converter: Converter, progress:
             if isinstance(error, OSError) and error.errno is not None:
                 raise disk_error("write the converted model into", tmp, error) from error
             raise ModelStoreError(f"converting {gguf.name} failed: {type(error).__name__}: {error}") from error
-        marker: dict[str, Any] = {
+        marker: dict[str, object] = {
             "name": spec.name,
             "source": gguf.name,
             "source_sha256": recorded_sha256(gguf),

@@ -27,7 +27,6 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from specedit.engine.records.errors import ModelLoadError
 
@@ -52,7 +51,7 @@ class FileRecord:
         return cls(digest, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
     @classmethod
-    def from_dict(cls, record: Any) -> FileRecord | None:
+    def from_dict(cls, record: object) -> FileRecord | None:
         """The record as `to_dict` wrote it; None where it is not one. A record from before signatures (a
         size, a modification time and a hash) reads with the signature unknown: its file is hashed again."""
         if not isinstance(record, dict) or not isinstance(record.get("sha256"), str):
@@ -62,7 +61,7 @@ class FileRecord:
             return None
         return cls(record["sha256"], *signature)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, str | int]:
         return asdict(self)
 
     def same_signature(self, info: os.stat_result) -> bool:

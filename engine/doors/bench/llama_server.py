@@ -25,9 +25,9 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from specedit.engine.doors.bench.method_run import MethodRun, Timer
+from specedit.engine.doors.bench.records import MethodExtra
 from specedit.engine.loop.rewrite import PreparedRewrite
 from specedit.engine.records.prompts import extract_code
 
@@ -198,7 +198,7 @@ def _complete(server: _Server, prepared: PreparedRewrite) -> MethodRun:
         raise RuntimeError(f"{server.name}: HTTP {response.status}: {response.read()[:500]!r}")
     tokens: list[int] = []
     pieces: list[str] = []
-    final: dict[str, Any] = {}
+    final: dict[str, object] = {}
     for raw in response:
         line = raw.decode("utf-8").strip()
         if not line.startswith("data:"):
@@ -215,11 +215,13 @@ def _complete(server: _Server, prepared: PreparedRewrite) -> MethodRun:
     wall, _, prefill, decode = timer.finish()
     cpu = _cpu_seconds(server.process.pid) - cpu_before  # the server's, not this process's
     text = "".join(pieces)
-    if final.get("stopping_word"):
-        text += final["stopping_word"]  # the closing fence, as the other methods' answers hold it
-    timings = final.get("timings", {})
+    stopping = final.get("stopping_word")
+    if isinstance(stopping, str):
+        text += stopping  # the closing fence, as the other methods' answers hold it
+    timings = final.get("timings")
+    timings = timings if isinstance(timings, dict) else {}
     drafted, accepted = int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
-    extra = {"spec_type": server.spec_type, "server_timings": timings}
+    extra: MethodExtra = {"spec_type": server.spec_type, "server_timings": timings}
     # The server's own count of forwards is not reported; speculating, it is about the tokens not accepted.
     forwards = max(1, len(tokens) - accepted)
     code = prepared.region_text(extract_code(text))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+
+from specedit.engine.doors.bench.records import MethodExtra, MethodRecord
 
 
 @dataclass
@@ -21,24 +23,34 @@ class MethodRun:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     joules: float | None = None  # GPU energy (NVML), on CUDA only
-    drafters: dict[str, Any] = field(default_factory=dict)  # per drafter: drafted, accepted, wasted, ...
+    drafters: dict[str, dict[str, int]] = field(default_factory=dict)  # per drafter: drafted, accepted, ...
     identical_to_plain: bool | None = None
     first_difference: int | None = None  # index of the first token that differs from plain's, if any
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: MethodExtra = field(default_factory=lambda: MethodExtra())
 
     @property
     def generated_tokens(self) -> int:
         return len(self.tokens)
 
-    def to_dict(self) -> dict[str, Any]:
-        record = asdict(self)
-        del record["tokens"], record["text"]
-        record["generated_tokens"] = self.generated_tokens
-        record["tokens_per_second"] = round(self.generated_tokens / self.wall_seconds, 3) if self.wall_seconds else 0.0
-        record["acceptance_rate"] = (
-            round(self.accepted_tokens / self.drafted_tokens, 4) if self.drafted_tokens else None
-        )
-        return record
+    def to_dict(self) -> MethodRecord:
+        """The run's figures, its tokens and text left out."""
+        return {
+            "wall_seconds": self.wall_seconds,
+            "cpu_seconds": self.cpu_seconds,
+            "prefill_seconds": self.prefill_seconds,
+            "decode_seconds": self.decode_seconds,
+            "target_forwards": self.target_forwards,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "joules": self.joules,
+            "drafters": {name: dict(counts) for name, counts in self.drafters.items()},
+            "identical_to_plain": self.identical_to_plain,
+            "first_difference": self.first_difference,
+            "extra": copy.deepcopy(self.extra),
+            "generated_tokens": self.generated_tokens,
+            "tokens_per_second": round(self.generated_tokens / self.wall_seconds, 3) if self.wall_seconds else 0.0,
+            "acceptance_rate": round(self.accepted_tokens / self.drafted_tokens, 4) if self.drafted_tokens else None,
+        }
 
 
 class Timer:

@@ -18,9 +18,9 @@ import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from specedit.engine.doors.bench.method_run import MethodRun, Timer
+from specedit.engine.doors.http.openai import Usage
 from specedit.engine.loop.generate import Engine
 from specedit.engine.loop.rewrite import PreparedRewrite
 from specedit.engine.records.prompts import SYSTEM_PROMPT
@@ -77,7 +77,7 @@ class OpenAIDoor:
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=3600)
         timer = Timer()
         pieces: list[str] = []
-        usage: dict[str, Any] = {}
+        usage: Usage | None = None
         try:
             connection.request(
                 "POST",
@@ -102,7 +102,7 @@ class OpenAIDoor:
         wall, cpu, prefill, decode = timer.finish()
         # The model's text ends with the newline before the closing fence; the region is the rewrite's.
         code = "".join(pieces) + "\n"
-        details = usage.get("completion_tokens_details", {})
+        details = usage.get("completion_tokens_details") if usage else None
         return MethodRun(
             self.engine.tokenize(code),  # (the API gives text: its tokens again, for the counts)
             prepared.region_text(code),
@@ -112,8 +112,8 @@ class OpenAIDoor:
             decode,
             target_forwards=0,
             extra={
-                "accepted_prediction_tokens": details.get("accepted_prediction_tokens"),
-                "rejected_prediction_tokens": details.get("rejected_prediction_tokens"),
-                "completion_tokens": usage.get("completion_tokens"),
+                "accepted_prediction_tokens": details.get("accepted_prediction_tokens") if details else None,
+                "rejected_prediction_tokens": details.get("rejected_prediction_tokens") if details else None,
+                "completion_tokens": usage.get("completion_tokens") if usage else None,
             },
         )

@@ -12,7 +12,7 @@ uvicorn), and each cluster replica under Ray Serve (`cluster_deploy`), so a team
 Every route takes the token as a bearer header (what every OpenAI client sends as its API key, compared
 in constant time); without it nothing runs. A body is read no further than `MAX_BODY_BYTES` (a 413 the
 client can read), and checked (`openai`, `wire`) before anything reaches the engine, off the event loop
-where that takes a while (a sketch's format is found in its text); each text holds at most
+where that takes a while (a long body's JSON, an apply request's tags); each text holds at most
 `MAX_INPUT_BYTES`. Requests take their turns fairly across clients in the engine (`backends.local.Turns`),
 each connection a client of its own, as each of the socket's is; one whose client hangs up is cancelled
 within a step. Errors come in OpenAI's shape on `/v1` and on unknown paths, in the cluster's on its own
@@ -28,8 +28,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -52,7 +51,7 @@ from specedit.engine.records.errors import (
     SpeceditError,
 )
 from specedit.engine.records.events import Done, Event, Phase, Text, error_to_wire, event_to_wire
-from specedit.engine.records.requests import CompletionRequest, RewriteOutcome, RewriteRequest
+from specedit.engine.records.requests import ChatMessage, CompletionRequest, RewriteOutcome, RewriteRequest
 from specedit.engine.records.wire import ProtocolError, from_wire
 from specedit.engine.session.session import EventStream, Session
 from specedit.engine.session.session import Request as EngineRequest
@@ -78,8 +77,8 @@ class Door:
         model: str,
         others: tuple[str, ...] = (),
         session_for: Callable[[str, asyncio.Event], Awaitable[Session]] | None = None,
-        status: Callable[[], dict[str, Any]] | None = None,
-        stamp: dict[str, Any] | None = None,
+        status: Callable[[], Mapping[str, object]] | None = None,
+        replica: int | None = None,
     ) -> None:
         if not token:
             raise ValueError("the HTTP door needs a token")
@@ -89,7 +88,7 @@ class Door:
         self._others = others
         self._session_for = session_for
         self._status = status or (lambda: {})
-        self._stamp = stamp or {}  # added to every answer's stats (a replica's pid)
+        self._replica = replica  # a cluster replica's pid, in every answer's stats
         self.running = 0  # requests in the engine now
         self.last_request = time.monotonic()  # when a request with the token came or ended (the idle timeout)
         self._cancelled = 0  # requests the engine stopped because their client went away
@@ -133,7 +132,7 @@ class Door:
             body = openai.chat_completions_body(await _json_body(http))
             asked = body.generation
             if is_apply_model(asked.model):
-                # On a thread: the sketch's format is found in its text, which takes a while for a long one.
+                # On a thread: the file and sketch are read out of the chat's tags, a while for long ones.
                 request: EngineRequest = await asyncio.to_thread(
                     apply_request, body.messages, asked.sampling, asked.max_tokens
                 )
@@ -251,7 +250,7 @@ class Door:
         try:
             # No drain: Serve's proxy, not the client, is on the other end, and answers the client itself.
             body = await _body_within(http, MAX_BODY_BYTES, drain=MAX_BODY_BYTES)
-            request = await asyncio.to_thread(_rewrite_request, body)  # a sketch's format is found in it
+            request = await asyncio.to_thread(_rewrite_request, body)  # a body of up to 4 MB of JSON
             model = self._other_model(http.headers.get(MODEL_HEADER, ""))
         except (ProtocolError, ValueError, TypeError) as error:
             code = error.code if isinstance(error, ProtocolError) else "bad_request"
@@ -304,9 +303,11 @@ class Door:
 
     def _stamped(self, event: Event) -> Event:
         """A `Done` with the door's own figures (a replica's pid) in its stats."""
-        if not isinstance(event, Done) or not self._stamp:
+        if not isinstance(event, Done) or self._replica is None:
             return event
-        return Done(dataclasses.replace(event.outcome, stats={**event.outcome.stats, **self._stamp}))
+        return Done(
+            dataclasses.replace(event.outcome, stats=dataclasses.replace(event.outcome.stats, replica=self._replica))
+        )
 
     def _other_model(self, model: str) -> str | None:
         """The other model a request names; None for the deployment's own (none named, or it)."""
@@ -357,9 +358,22 @@ def _no_such_route(method: str, path: str, status: int) -> JSONResponse:
     return _openai_error(OpenAIError(status, f"Invalid URL ({method} {path})", code="unknown_url"))
 
 
-def _completion(asked: openai.Generation, **prompt: Any) -> CompletionRequest:
+def _completion(
+    asked: openai.Generation,
+    *,
+    prompt: str | None = None,
+    messages: tuple[ChatMessage, ...] = (),
+    prediction: str | None = None,
+) -> CompletionRequest:
     try:
-        return CompletionRequest(sampling=asked.sampling, max_new_tokens=asked.max_tokens, stop=asked.stop, **prompt)
+        return CompletionRequest(
+            prompt=prompt,
+            messages=messages,
+            prediction=prediction,
+            sampling=asked.sampling,
+            max_new_tokens=asked.max_tokens,
+            stop=asked.stop,
+        )
     except ValueError as error:  # a text over the limits, a role
         code = "request_too_large" if "larger than" in str(error) else "invalid_value"
         raise invalid(str(error), code=code) from None
@@ -380,8 +394,8 @@ async def _cancel_when_gone(http: Request, cancel: threading.Event) -> None:
 
 
 def _chat_pieces(
-    request_id: str, asked: openai.Generation, text: str, outcome: RewriteOutcome, usage: dict[str, Any]
-) -> list[dict[str, Any]]:
+    request_id: str, asked: openai.Generation, text: str, outcome: RewriteOutcome, usage: openai.Usage
+) -> list[openai.ChatChunk]:
     """A whole answer as a stream: the role, the text in one piece, the end, and the usage if asked for."""
     pieces = [
         openai.chat_chunk(request_id, asked.model, {"role": "assistant", "content": ""}),
@@ -393,13 +407,13 @@ def _chat_pieces(
     return pieces
 
 
-async def _sse(pieces: list[dict[str, Any]]) -> AsyncIterator[str]:
+async def _sse(pieces: list[openai.ChatChunk]) -> AsyncIterator[str]:
     for piece in pieces:
         yield _data(piece)
     yield "data: [DONE]\n\n"
 
 
-def _data(piece: dict[str, Any]) -> str:
+def _data(piece: Mapping[str, object]) -> str:
     return f"data: {json.dumps(piece, ensure_ascii=False)}\n\n"
 
 
@@ -435,7 +449,7 @@ def _closing(status: int) -> dict[str, str] | None:
     return {"Connection": "close"} if status == 413 else None
 
 
-async def _json_body(http: Request) -> dict[str, Any]:
+async def _json_body(http: Request) -> dict[str, object]:
     """The request's JSON object, read no further than `MAX_BODY_BYTES` (`OpenAIError` for anything else)."""
     try:
         return await asyncio.to_thread(json_object, await _body_within(http, MAX_BODY_BYTES))

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal, TypedDict, TypeVar
 
 from specedit.engine.records.requests import (
     MAX_MESSAGES,
@@ -27,11 +28,12 @@ from specedit.engine.records.requests import (
     RewriteOutcome,
     SamplingConfig,
 )
+from specedit.engine.records.stats import DrafterStats
 
 # OpenAI's own default: a client that says nothing samples at temperature 1.
 DEFAULT_TEMPERATURE = 1.0
 # Options that ask for nothing as long as they hold these values (what clients send by default).
-NO_OP_DEFAULTS: dict[str, tuple[Any, ...]] = {
+NO_OP_DEFAULTS: dict[str, tuple[object, ...]] = {
     "n": (1, None),
     "presence_penalty": (0, 0.0, None),
     "frequency_penalty": (0, 0.0, None),
@@ -52,6 +54,125 @@ CLIENT_BOOKKEEPING = ("user", "metadata")  # the client's own labels; they chang
 MAX_MODEL_CHARS = 256  # a model's name (it is said back in an error)
 MAX_SEED = 2**63 - 1  # a seed the sampler's generator takes
 TEXT_PART = "text"
+T = TypeVar("T")
+D = TypeVar("D")
+JSONObject = Mapping[str, object]  # a request's body, as `cluster.json_object` parsed it
+
+FinishReason = Literal["stop", "length"]
+
+
+# ------------------------------------------------------------------------------ the shapes it answers
+
+
+class ErrorDetail(TypedDict):
+    message: str
+    type: str
+    param: str | None
+    code: str
+
+
+class ErrorBody(TypedDict):
+    error: ErrorDetail
+
+
+class CachedTokens(TypedDict):
+    cached_tokens: int
+
+
+class CompletionTokensDetails(TypedDict):
+    reasoning_tokens: int
+    accepted_prediction_tokens: int
+    rejected_prediction_tokens: int
+
+
+class Usage(TypedDict):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: CachedTokens
+    completion_tokens_details: CompletionTokensDetails
+
+
+class AssistantMessage(TypedDict):
+    role: Literal["assistant"]
+    content: str
+    refusal: None
+
+
+class ChatChoice(TypedDict):
+    index: int
+    message: AssistantMessage
+    logprobs: None
+    finish_reason: FinishReason
+
+
+class ChatCompletion(TypedDict):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class Delta(TypedDict, total=False):
+    """A streamed piece of the assistant's message: its role first, then its content."""
+
+    role: Literal["assistant"]
+    content: str
+
+
+class ChunkChoice(TypedDict):
+    index: int
+    delta: Delta
+    logprobs: None
+    finish_reason: FinishReason | None
+
+
+class _ChatChunk(TypedDict):
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+
+
+class ChatChunk(_ChatChunk, total=False):
+    usage: Usage  # the last chunk's, where the client asked for it (no choices then)
+
+
+class TextChoice(TypedDict):
+    index: int
+    text: str
+    logprobs: None
+    finish_reason: FinishReason | None
+
+
+class _TextCompletion(TypedDict):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[TextChoice]
+
+
+class TextCompletion(_TextCompletion, total=False):
+    usage: Usage  # the whole answer's (not a streamed piece's)
+
+
+class ModelCard(TypedDict):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(TypedDict):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+# ------------------------------------------------------------------------------------------ requests
 
 
 class OpenAIError(Exception):
@@ -69,7 +190,7 @@ class OpenAIError(Exception):
         super().__init__(message)
         self.status, self.code, self.kind, self.param = status, code, kind, param
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> ErrorBody:
         return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
 
 
@@ -102,7 +223,7 @@ class CompletionsBody:
     prompt: str
 
 
-def chat_completions_body(body: dict[str, Any]) -> ChatCompletionsBody:
+def chat_completions_body(body: JSONObject) -> ChatCompletionsBody:
     """The `/v1/chat/completions` request, checked (`OpenAIError` naming the first thing wrong)."""
     known = {"messages", "prediction"}
     generation = _generation(body, known)
@@ -114,7 +235,7 @@ def chat_completions_body(body: dict[str, Any]) -> ChatCompletionsBody:
     return ChatCompletionsBody(generation, tuple(_message(m, i) for i, m in enumerate(messages)), _prediction(body))
 
 
-def completions_body(body: dict[str, Any]) -> CompletionsBody:
+def completions_body(body: JSONObject) -> CompletionsBody:
     """The `/v1/completions` request (one prompt), checked."""
     generation = _generation(body, {"prompt"})
     prompt = body.get("prompt")
@@ -125,7 +246,7 @@ def completions_body(body: dict[str, Any]) -> CompletionsBody:
     return CompletionsBody(generation, prompt)
 
 
-def _generation(body: dict[str, Any], own: set[str]) -> Generation:
+def _generation(body: JSONObject, own: set[str]) -> Generation:
     runs = {"model", "stream", "stream_options", "temperature", "top_p", "seed", "max_tokens"}
     runs |= {"max_completion_tokens", "stop"} | own
     for name, value in body.items():
@@ -145,8 +266,8 @@ def _generation(body: dict[str, Any], own: set[str]) -> Generation:
     if options and not stream:
         raise invalid("`stream_options` goes with `stream: true`", param="stream_options")
     include_usage = _typed(options, "include_usage", bool, False)
-    temperature = float(_typed(body, "temperature", (int, float), DEFAULT_TEMPERATURE))
-    top_p = float(_typed(body, "top_p", (int, float), 1.0))
+    temperature = _number(body, "temperature", DEFAULT_TEMPERATURE)
+    top_p = _number(body, "top_p", 1.0)
     seed = _typed(body, "seed", int, 0)
     if abs(seed) > MAX_SEED:
         raise invalid(f"`seed` must be within ±{MAX_SEED}", param="seed")
@@ -177,7 +298,7 @@ def _generation(body: dict[str, Any], own: set[str]) -> Generation:
     return Generation(model, stream, include_usage, sampling, max_tokens, stops)
 
 
-def _typed(body: dict[str, Any], name: str, kind: Any, default: Any) -> Any:
+def _typed(body: JSONObject, name: str, kind: type[T], default: D) -> T | D:
     value = body.get(name)
     if value is None:
         return default
@@ -188,7 +309,19 @@ def _typed(body: dict[str, Any], name: str, kind: Any, default: Any) -> Any:
     return value
 
 
-def _message(value: Any, index: int) -> ChatMessage:
+def _number(body: JSONObject, name: str, default: float) -> float:
+    """An option that is a number, integer or not (never a boolean), as a float."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        raise invalid(f"`{name}` must be a number", param=name)
+    if not isinstance(value, (int, float)):
+        raise invalid(f"`{name}` has the wrong type", param=name)
+    return float(value)
+
+
+def _message(value: object, index: int) -> ChatMessage:
     where = f"messages[{index}]"
     if not isinstance(value, dict):
         raise invalid(f"{where} must be an object", param=where)
@@ -201,7 +334,7 @@ def _message(value: Any, index: int) -> ChatMessage:
     return ChatMessage(role, _text(value.get("content"), f"{where}.content"))
 
 
-def _text(content: Any, where: str) -> str:
+def _text(content: object, where: str) -> str:
     """A message's content: a string, or a list of text parts (joined)."""
     if isinstance(content, str):
         return content
@@ -212,7 +345,7 @@ def _text(content: Any, where: str) -> str:
     raise invalid(f"{where} must be a string or a list of text parts", param=where)
 
 
-def _prediction(body: dict[str, Any]) -> str | None:
+def _prediction(body: JSONObject) -> str | None:
     prediction = body.get("prediction")
     if prediction is None:
         return None
@@ -223,31 +356,28 @@ def _prediction(body: dict[str, Any]) -> str | None:
 
 # ------------------------------------------------------------------------------------------ answers
 
-FinishReason = Literal["stop", "length"]
-
 
 def finish_reason(outcome: RewriteOutcome) -> FinishReason:
     """OpenAI's word: the model ended its answer or hit a stop string (`stop`), or ran out of tokens."""
     return "length" if outcome.finish_reason == "length" else "stop"
 
 
-def usage(outcome: RewriteOutcome, *, predicted: bool) -> dict[str, Any]:
+def usage(outcome: RewriteOutcome, *, predicted: bool) -> Usage:
     """The usage block: tokens in and out, and (with a prediction) how many of the prediction's tokens the
     answer took (`accepted_prediction_tokens`: the copy drafter's accepted ones) and how many it proposed
     that the model did not write (`rejected_prediction_tokens`, counted in the completion's tokens, as
     OpenAI counts them)."""
     stats = outcome.stats
-    copy = stats.get("drafters", {}).get("copy", {}) if predicted else {}
-    prompt, completion = int(stats.get("prompt_tokens", 0)), int(stats.get("generated_tokens", 0))
-    rejected = int(copy.get("wasted", 0))
+    copy = stats.drafters.get("copy", DrafterStats()) if predicted else DrafterStats()
+    prompt, completion, rejected = stats.prompt_tokens, stats.generated_tokens, copy.wasted
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion + rejected,
         "total_tokens": prompt + completion + rejected,
-        "prompt_tokens_details": {"cached_tokens": int(stats.get("reused_tokens", 0))},
+        "prompt_tokens_details": {"cached_tokens": stats.reused_tokens},
         "completion_tokens_details": {
             "reasoning_tokens": 0,
-            "accepted_prediction_tokens": int(copy.get("accepted", 0)),
+            "accepted_prediction_tokens": copy.accepted,
             "rejected_prediction_tokens": rejected,
         },
     }
@@ -257,9 +387,7 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def chat_completion(
-    request_id: str, model: str, text: str, outcome: RewriteOutcome, usage_: dict[str, Any]
-) -> dict[str, Any]:
+def chat_completion(request_id: str, model: str, text: str, outcome: RewriteOutcome, usage_: Usage) -> ChatCompletion:
     return {
         "id": request_id,
         "object": "chat.completion",
@@ -280,13 +408,15 @@ def chat_completion(
 def chat_chunk(
     request_id: str,
     model: str,
-    delta: dict[str, Any] | None,
+    delta: Delta | None,
     reason: FinishReason | None = None,
-    usage_: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    usage_: Usage | None = None,
+) -> ChatChunk:
     """A streamed piece: a delta (or, with `usage_` and no delta, the usage chunk, with no choices)."""
-    choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]
-    chunk: dict[str, Any] = {
+    choices: list[ChunkChoice] = (
+        [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]
+    )
+    chunk: ChatChunk = {
         "id": request_id,
         "object": "chat.completion.chunk",
         "created": int(time.time()),
@@ -299,10 +429,10 @@ def chat_chunk(
 
 
 def text_completion(
-    request_id: str, model: str, text: str, reason: FinishReason | None, usage_: dict[str, Any] | None
-) -> dict[str, Any]:
+    request_id: str, model: str, text: str, reason: FinishReason | None, usage_: Usage | None
+) -> TextCompletion:
     """A `/v1/completions` answer, or one streamed piece of it (no usage, `reason` None until the last)."""
-    body: dict[str, Any] = {
+    body: TextCompletion = {
         "id": request_id,
         "object": "text_completion",
         "created": int(time.time()),
@@ -314,7 +444,7 @@ def text_completion(
     return body
 
 
-def models(ids: list[str]) -> dict[str, Any]:
+def models(ids: list[str]) -> ModelList:
     return {
         "object": "list",
         "data": [{"id": name, "object": "model", "created": 0, "owned_by": "specedit"} for name in ids],

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
 
 import uvicorn
+from starlette.types import ASGIApp
 from uvicorn.protocols.http.flow_control import CLOSE_HEADER
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -27,7 +27,7 @@ HEAD_SECONDS = listening.PROVE_SECONDS  # for a request's head, from the connect
 KEEP_ALIVE_SECONDS = 5  # uvicorn's default, said here: an idle connection closes after it
 
 
-def server_config(app: Any, *, authorized: Callable[[bytes], bool], connections: int) -> uvicorn.Config:
+def server_config(app: ASGIApp, *, authorized: Callable[[bytes], bool], connections: int) -> uvicorn.Config:
     """uvicorn's config for the door's `app`, holding at most `connections` connections at once;
     `authorized`: whether an `Authorization` header's value carries the token."""
     unproven = listening.Unproven(
