@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from specedit.cli.main import main
+from specedit.engine.sketch.blocks import lines_above
 from specedit.engine.sketch.line_index import LineIndex, matching_blocks
 from specedit.engine.sketch.merge_checks import check_merge, is_elision
+from specedit.engine.sketch.sketch import Sketch
 
 from conftest import ECHOED_SKETCH
 
@@ -320,3 +322,170 @@ def test_an_answer_that_drops_a_function_between_two_shown_ones_is_no_merge() ->
     ]
     by_context = "# ...\n        return handle.read()\n\n\ndef display_output(text):\n# ...\n"  # `parse` deleted
     assert check_merge(FILES, by_context, FILES.replace(parse, "")).ok
+
+
+# A C++ file's preprocessor lines are code, not comments above a block (fmt's base-test.cc, cut down).
+PREPROCESSED_BEFORE = """\
+  EXPECT_EQ(s, "test");
+}
+
+struct implicitly_convertible_to_string_view {
+  operator fmt::string_view() const { return "foo"; }
+};
+
+TEST(base_test, no_implicit_conversion_to_string_view) {
+  EXPECT_FALSE(
+      fmt::is_formattable<implicitly_convertible_to_string_view>::value);
+}
+
+#ifdef FMT_USE_STRING_VIEW
+struct implicitly_convertible_to_std_string_view {
+  operator std::string_view() const { return "foo"; }
+};
+
+TEST(base_test, no_implicit_conversion_to_std_string_view) {
+  EXPECT_FALSE(
+      fmt::is_formattable<implicitly_convertible_to_std_string_view>::value);
+}
+#endif
+
+// std::is_constructible is broken in MSVC until version 2015.
+#if !FMT_MSC_VERSION || FMT_MSC_VERSION >= 1900
+struct explicitly_convertible_to_string_view {
+  explicit operator fmt::string_view() const { return "foo"; }
+};
+
+TEST(base_test, format_explicitly_convertible_to_string_view) {
+  // Types explicitly convertible to string_view are not formattable by
+  // default because it may introduce ODR violations.
+  static_assert(
+      !fmt::is_formattable<explicitly_convertible_to_string_view>::value, "");
+}
+
+#  ifdef FMT_USE_STRING_VIEW
+struct explicitly_convertible_to_std_string_view {
+  explicit operator std::string_view() const { return "foo"; }
+};
+
+TEST(base_test, format_explicitly_convertible_to_std_string_view) {
+  // Types explicitly convertible to string_view are not formattable by
+  // default because it may introduce ODR violations.
+  static_assert(
+      !fmt::is_formattable<explicitly_convertible_to_std_string_view>::value,
+      "");
+}
+#  endif
+#endif
+
+TEST(base_test, has_formatter) {
+  EXPECT_TRUE((fmt::detail::has_formatter<const const_formattable, char>()));
+  EXPECT_FALSE(
+      (fmt::detail::has_formatter<const nonconst_formattable, char>()));
+"""
+PREPROCESSED_SKETCH = """\
+// ... existing code ...
+      fmt::is_formattable<implicitly_convertible_to_string_view>::value);
+}
+
+struct explicitly_convertible_to_string_view {
+  explicit operator fmt::string_view() const { return "foo"; }
+// ... existing code ...
+      !fmt::is_formattable<explicitly_convertible_to_string_view>::value, "");
+}
+
+#if FMT_CPLUSPLUS >= 201703L
+struct implicitly_convertible_to_std_string_view {
+  operator std::string_view() const { return "foo"; }
+};
+
+TEST(base_test, no_implicit_conversion_to_std_string_view) {
+  EXPECT_FALSE(
+      fmt::is_formattable<implicitly_convertible_to_std_string_view>::value);
+}
+
+struct explicitly_convertible_to_std_string_view {
+  explicit operator std::string_view() const { return "foo"; }
+// ... existing code ...
+      !fmt::is_formattable<explicitly_convertible_to_std_string_view>::value,
+      "");
+}
+#endif  // FMT_CPLUSPLUS >= 201703L
+
+TEST(base_test, has_formatter) {
+// ... existing code ...
+"""
+PREPROCESSED_AFTER = """\
+  EXPECT_EQ(s, "test");
+}
+
+struct implicitly_convertible_to_string_view {
+  operator fmt::string_view() const { return "foo"; }
+};
+
+TEST(base_test, no_implicit_conversion_to_string_view) {
+  EXPECT_FALSE(
+      fmt::is_formattable<implicitly_convertible_to_string_view>::value);
+}
+
+struct explicitly_convertible_to_string_view {
+  explicit operator fmt::string_view() const { return "foo"; }
+};
+
+TEST(base_test, format_explicitly_convertible_to_string_view) {
+  // Types explicitly convertible to string_view are not formattable by
+  // default because it may introduce ODR violations.
+  static_assert(
+      !fmt::is_formattable<explicitly_convertible_to_string_view>::value, "");
+}
+
+#if FMT_CPLUSPLUS >= 201703L
+struct implicitly_convertible_to_std_string_view {
+  operator std::string_view() const { return "foo"; }
+};
+
+TEST(base_test, no_implicit_conversion_to_std_string_view) {
+  EXPECT_FALSE(
+      fmt::is_formattable<implicitly_convertible_to_std_string_view>::value);
+}
+
+struct explicitly_convertible_to_std_string_view {
+  explicit operator std::string_view() const { return "foo"; }
+};
+
+TEST(base_test, format_explicitly_convertible_to_std_string_view) {
+  // Types explicitly convertible to string_view are not formattable by
+  // default because it may introduce ODR violations.
+  static_assert(
+      !fmt::is_formattable<explicitly_convertible_to_std_string_view>::value,
+      "");
+}
+#endif  // FMT_CPLUSPLUS >= 201703L
+
+TEST(base_test, has_formatter) {
+  EXPECT_TRUE((fmt::detail::has_formatter<const const_formattable, char>()));
+  EXPECT_FALSE(
+      (fmt::detail::has_formatter<const nonconst_formattable, char>()));
+"""
+
+
+def test_a_preprocessor_line_a_sketch_replaces_is_not_taken_for_a_comment() -> None:
+    """The sketch writes `#if` where the original has `#  ifdef` above the same struct: the merge by lines
+    and the checks agree that the `#  ifdef` went on purpose."""
+    sketch = Sketch.read(PREPROCESSED_BEFORE, PREPROCESSED_SKETCH, language="cpp")
+    assert sketch.merge is not None and sketch.merge.text == PREPROCESSED_AFTER
+    check = sketch.check(PREPROCESSED_AFTER)
+    assert check.ok, check
+
+
+@pytest.mark.parametrize(
+    ("lines", "above"),
+    [
+        (["# if the cache is empty, fill it", "def fill():"], 1),  # a Python comment
+        (["// why", "#  ifdef FMT_USE_STRING_VIEW", "struct view {"], 1),  # the comment, not the directive
+        (["#ifdef USE_VIEW", "struct view {"], 0),
+        (["#endif", "int last() {"], 0),
+        (["@Override", "/** Docs. */", "public int size() {"], 2),
+    ],
+)
+def test_the_lines_above_a_block_are_its_comments_not_its_directives(lines: list[str], above: int) -> None:
+    assert lines_above(lines) == above

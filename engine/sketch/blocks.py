@@ -16,7 +16,12 @@ from dataclasses import dataclass
 from specedit.engine.sketch.line_index import LineIndex
 
 # A comment's or an annotation's line: what may stand right above a block's first line, as part of it.
-_ABOVE = re.compile(r"^(?:#|//|/\*|\*|@)")
+# A C preprocessor line is code, not a comment: it opens or closes what it stands above. Only the
+# directives no Python comment begins with may have spaces after the `#` (`#  ifdef`).
+_DIRECTIVE = (
+    r"#(?:if|ifdef|ifndef|elif|else|endif|define|undef|include|pragma)\b|#\s+(?:ifdef|ifndef|elif|endif|undef|pragma)\b"
+)
+_ABOVE = re.compile(rf"^(?!{_DIRECTIVE})(?:#|//|/\*|\*|@)")
 # A block whose first line the original has more often than this is not looked for between two blocks a
 # sketch shows (`omitted`): which of them it is takes reading each (a test file of `it(...)` blocks).
 MAX_ALIKE = 8
