@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What the cache's checks cost a warm start (`store.integrity`): the engine opened as `specedit rewrite`
-opens it (`session.open_engine`: the model resolved and its folder checked, then loaded with its kept
+opens it (`backends.local.open_engine`: the model resolved and its folder checked, then loaded with its kept
 tokenizer, int8 weights and verdict, and the prompts' start read back), with the checks and without them,
 alternated in one process; then the checks alone, on every file of the cache they cover.
 
@@ -22,9 +22,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from specedit.engine.backends.local import open_engine
 from specedit.engine.model import exactness, loading, prefix_cache
 from specedit.engine.records.options import EngineOptions
-from specedit.engine.session.session import open_engine
 from specedit.engine.store import fetch, integrity, store
 
 CHECKING_MODULES = (loading, prefix_cache, exactness)  # where a load asks `is_sealed`

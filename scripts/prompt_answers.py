@@ -81,7 +81,7 @@ def answer(args: argparse.Namespace) -> int:
                 "exact": outcome.text == expected,
                 "whitespace_only": outcome.text != expected and outcome.text.split() == expected.split(),
                 "status": outcome.status,
-                "merge": outcome.stats.get("merge"),
+                "merge": outcome.stats.merge,
                 "seconds": round(time.monotonic() - started, 2),
             }
             if request.sketch is not None:  # the session judged the answer: `not_a_merge` says why
