@@ -37,7 +37,7 @@ class Figures:
         self.classes: dict[str, dict[str, Any]] = data["cpu_classes"]
         self.sets: dict[str, dict[str, Any]] = data["sets"]
         self.models: dict[str, str] = data["models"]
-        for section in ("speed", "plain", "busy", "latency", "http_door", "merges"):
+        for section in ("speed", "plain", "busy", "latency", "http_door", "merges", "answers"):
             for row in self.rows(section):
                 if row["cpu"] not in self.classes:
                     raise SystemExit(f"figures: {section} names an unknown CPU class {row['cpu']!r}")
@@ -300,6 +300,25 @@ def merges(figures: Figures) -> list[str]:
     return table(header, rows) + commands(figures.rows("merges"), "command")
 
 
+def answers(figures: Figures) -> list[str]:
+    notes = Notes()
+    busy_note = "measured while other work ran on the machine: its times are longer than a quiet run's."
+    rows = []
+    for row in figures.rows("answers"):
+        busy = notes.mark(busy_note if row["beside_other_work"] else None)
+        rows.append(
+            [
+                figures.set_label(row),
+                figures.model(row),
+                f"**{row['exact'] + row['whitespace_only']} of {row['cases']}**",
+                str(row["whitespace_only"]),
+                f"{row['median_seconds']:.2f} s{busy}",
+            ]
+        )
+    header = ["edits", "model", "the person's edit", "of them whitespace apart", "median time"]
+    return table(header, rows) + notes.lines() + commands(figures.rows("answers"), "command")
+
+
 RENDERERS: dict[str, Callable[[Figures], list[str]]] = {
     "headline": headline,
     "classes": classes,
@@ -310,6 +329,7 @@ RENDERERS: dict[str, Callable[[Figures], list[str]]] = {
     "latency": latency,
     "http_door": http_door,
     "merges": merges,
+    "answers": answers,
 }
 REGIONS = {README: ("headline",), BENCHMARKS: tuple(name for name in RENDERERS if name != "headline")}
 
