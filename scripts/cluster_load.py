@@ -20,6 +20,14 @@ cluster's minus the daemon's (same threads) is what the hop costs.
 
 Every answer is checked against the daemon's for the same case (greedy: they must be equal). Run nothing
 else meanwhile; the load average is printed before each engine.
+
+    .venv/bin/python scripts/cluster_load.py --team 8 [--ramp 60:300:60] [--pace 45] [--replicas 1:2]
+    .venv/bin/python scripts/cluster_load.py --side-by-side [--documents 6]
+
+replay a team of editors (warm-ups, first and second edits, ramped up and down), routed by document and
+by Serve's default router, and measure an open 200-line file's first edit on the daemon and on a
+two-replica cluster side by side: `cluster_team.py` describes both. `--model DIR` runs any of the modes
+on another model (the tiny test model, to check the script end to end).
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from specedit.engine.records.requests import RewriteRequest  # noqa: E402
 from specedit.engine.session.session import Session, remote_session  # noqa: E402
 
 TOKEN = "load-run-token-0123456789abcdef"
+MODEL: str | None = None  # --model: None is the default model
 ONE_TOKEN = RewriteRequest(original="def add(a, b):\n    return a + b\n", instruction="Rename add.", max_new_tokens=1)
 
 
@@ -157,6 +166,7 @@ def daemon_run(requests: list[RewriteRequest], levels: list[int]) -> dict[str, A
     with tempfile.TemporaryDirectory() as folder:
         socket = Path(folder) / "engine.sock"
         command = [str(ROOT / ".venv" / "bin" / "specedit"), "serve", "--socket", str(socket), "--threads", "2"]
+        command += ["--model", MODEL] if MODEL else []
         daemon = subprocess.Popen(command, stderr=subprocess.DEVNULL)
         try:
             while not socket.exists():
@@ -181,7 +191,7 @@ def cluster_runs(requests: list[RewriteRequest], levels: list[int], port: int) -
             token.flush()
             os.chmod(token.name, 0o600)
             for replicas, threads in ((1, 2), (2, 1)):
-                options = EngineOptions(threads=threads)
+                options = EngineOptions(model=MODEL, threads=threads)
                 config = ClusterConfig(
                     options,
                     TOKEN,
@@ -201,12 +211,44 @@ def cluster_runs(requests: list[RewriteRequest], levels: list[int], port: int) -
 
 
 def main() -> None:
+    global MODEL
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", default="1,2,4,8")
     parser.add_argument("--engines", default="daemon,cluster")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--model", help="the engine's model (default: the default model)")
+    team = parser.add_argument_group("--team and --side-by-side (cluster_team.py)")
+    team.add_argument("--team", type=int, default=0, metavar="N", help="replay N editors")
+    team.add_argument("--ramp", default="60:300:60", metavar="UP:HOLD:DOWN", help="seconds (default 60:300:60)")
+    team.add_argument("--pace", type=float, default=45.0, metavar="S", help="mean seconds between requests (45)")
+    team.add_argument("--replicas", default="2", metavar="N|MIN:MAX", help="the team's replicas (default 2)")
+    team.add_argument("--routing", default="document,default", help="the routers to compare, in order")
+    team.add_argument("--target-ongoing", type=float, default=1.0, help="the autoscaler's target (1)")
+    team.add_argument("--upscale-delay", type=float, default=10.0, help="the autoscaler's, seconds (10)")
+    team.add_argument("--downscale-delay", type=float, default=120.0, help="the autoscaler's, seconds (120)")
+    team.add_argument("--cooldown", type=float, help="seconds sampled after the team left (downscale delay + 30)")
+    team.add_argument("--max-chars", type=int, default=4000, help="the largest file an editor opens (4,000)")
+    team.add_argument("--max-new-tokens", type=int, help="each rewrite's budget (default: the engine's)")
+    team.add_argument("--seed", type=int, default=0)
+    team.add_argument("--side-by-side", action="store_true", help="a 200-line file's first edit, daemon vs cluster")
+    team.add_argument("--documents", type=int, default=6, help="open files for --side-by-side (6)")
+    team.add_argument("--lines", type=int, default=200, help="their lines (200; fewer for a small model)")
+    team.add_argument("--daemon-threads", type=int, default=2)
+    team.add_argument("--replica-threads", type=int, default=1, help="threads (and CPUs) per replica (1)")
+    team.add_argument("--ray-cpus", type=int, default=os.cpu_count(), help="CPUs Ray may hand out")
     args = parser.parse_args()
+    MODEL = args.model
+    if args.cooldown is None:
+        args.cooldown = args.downscale_delay + 30 if ":" in args.replicas else 0.0
+    if args.team or args.side_by_side:
+        import cluster_team
+
+        print(f"CPU class {cpu_class()}, {os.cpu_count()} cores", file=sys.stderr)
+        result = {"cpu": cpu_class(), **cluster_team.main(args)}
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2) + "\n")
+        return
     levels = [int(count) for count in args.clients.split(",")]
     requests = cases()
     print(f"CPU class {cpu_class()}, {os.cpu_count()} cores; {len(requests)} cases", file=sys.stderr)

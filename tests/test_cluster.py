@@ -3,14 +3,19 @@
 One cluster for the module (`ray.init(num_cpus=2)`), the engine deployed on it as `specedit cluster
 deploy` does it (`deploy`), with two replicas of the tiny random model, over HTTPS with a self-signed
 certificate the clients trust through `SSL_CERT_FILE`; clients are sessions on `ClusterBackend`s, as the command
-line and the language server use them (`--engine https://HOST:PORT`).
+line and the language server use them (`--engine https://HOST:PORT`). Routing by document
+(`cluster_router`) shows on a second engine whose replicas keep prompts (`routed`): a document's rewrites
+and warm-up land on one replica, and reuse its prefix cache.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import http.client
 import json
 import os
+import signal
 import socket
 import ssl
 import subprocess
@@ -25,14 +30,14 @@ import pytest
 from specedit.engine.records.errors import EngineUnavailableError, InputError
 from specedit.engine.records.events import Phase, Step
 from specedit.engine.records.options import EngineOptions
-from specedit.engine.records.requests import RewriteRequest
+from specedit.engine.records.requests import RewriteOutcome, RewriteRequest, WarmRequest
 from specedit.engine.records.wire import to_wire
 from specedit.engine.session.session import Session, local_session, remote_session
 
 ray = pytest.importorskip("ray", reason="the cluster extra: pip install -e '.[cluster]' (scripts/setup.sh does)")
 serve = pytest.importorskip("ray.serve")
 
-from specedit.engine.backends.cluster import ClusterBackend  # noqa: E402
+from specedit.engine.backends.cluster import ClusterBackend, warm_key  # noqa: E402
 from specedit.engine.doors.cluster_deploy import ClusterConfig, deploy  # noqa: E402
 
 from conftest import events_to  # noqa: E402
@@ -41,10 +46,20 @@ TOKEN = "cluster-test-token-0123456789"
 ORIGINAL = "def add(a, b):\n    return a + b\n"
 
 
-def request(max_new_tokens: int) -> RewriteRequest:
-    """The tiny random model never finishes: `max_new_tokens` decides how long it runs."""
+# A file long enough that its prefill shows in the stats: 24 functions, about 750 tokens of the tiny model's
+# (a warm-up takes up to half its context, 1,024 tokens: room for an answer of its size).
+DOCUMENT = "".join(f"def area_{n}(r):\n    return 3.14 * r * r + {n}\n\n" for n in range(24))
+
+
+def request(max_new_tokens: int, path: str | None = None, original: str = ORIGINAL) -> RewriteRequest:
+    """The tiny random model never finishes: `max_new_tokens` decides how long it runs. `path` names the
+    document, which the router routes by."""
     return RewriteRequest(
-        original=ORIGINAL, instruction="Rename add to plus.", language="python", max_new_tokens=max_new_tokens
+        original=original,
+        instruction="Rename add to plus.",
+        language="python",
+        max_new_tokens=max_new_tokens,
+        path=path,
     )
 
 
@@ -236,44 +251,62 @@ def test_the_command_line_rewrites_through_the_cluster(
     assert "wrong or missing token" in capsys.readouterr().err
 
 
-def test_a_replica_killed_mid_rewrite_is_a_clear_error_and_serve_replaces_it(cluster: str, token_file: Path) -> None:
-    """The client gets an error (no retry: the rewrite's text already streamed would be streamed again),
-    never a truncated answer; Serve starts new replicas and the next rewrite succeeds."""
+def test_a_replica_killed_mid_rewrite_is_a_clear_error_and_its_documents_go_to_another(
+    cluster: str, token_file: Path
+) -> None:
+    """Under load, the replica serving a document is killed. Its client gets an error (no retry: the
+    rewrite's text already streamed would be streamed again), never a truncated answer. The rewrite on the
+    other replica goes on to its end. The killed one's document goes to a live replica at once (the other,
+    or the one Serve starts in its place), and its next rewrite succeeds."""
     session = Session(ClusterBackend(cluster, token_file=token_file))
-    started = threading.Event()
-    result: dict[str, Any] = {}
+    homes: dict[int, str] = {}  # a document on each replica (the router spreads documents over them)
+    for number in range(40):
+        path = f"/work/killed/doc{number}.py"
+        replica = session.run(request(4, path)).stats.replica
+        assert replica is not None
+        homes.setdefault(replica, path)
+        if len(homes) == 2:
+            break
+    (doomed, doomed_path), (spared, spared_path) = homes.items()
+    results: dict[str, Any] = {}
+    started = {doomed_path: threading.Event(), spared_path: threading.Event()}
 
-    def client() -> None:
+    def client(path: str, budget: int) -> None:
         try:
-            result["outcome"] = session.run(request(1500), events_to(step=lambda info: started.set()))
+            results[path] = session.run(request(budget, path), events_to(step=lambda info: started[path].set()))
         except EngineUnavailableError as error:
-            result["error"] = error
+            results[path] = error
 
-    thread = threading.Thread(target=client, daemon=True)
-    thread.start()
-    assert started.wait(60)
-    replicas = [
-        actor for actor in ray.util.list_named_actors(all_namespaces=True) if actor["name"].startswith("SERVE_REPLICA")
+    threads = [
+        threading.Thread(target=client, args=(doomed_path, 1500), daemon=True),
+        threading.Thread(target=client, args=(spared_path, 400), daemon=True),
     ]
-    assert len(replicas) == 2
-    for actor in replicas:  # the one serving it among them
-        ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
-    thread.join(60)
-    assert "outcome" not in result and "the cluster engine at" in str(result["error"])
-    # Serve brings replicas up again; it holds a request meanwhile (or refuses it: then ask again).
-    recovered = threading.Event()
+    for thread in threads:
+        thread.start()
+    assert all(event.wait(60) for event in started.values())
+    os.kill(doomed, signal.SIGKILL)  # its process: the replica dies as on a crash
+    for thread in threads:
+        thread.join(60)
+    assert isinstance(results[doomed_path], EngineUnavailableError)
+    assert "the cluster engine at" in str(results[doomed_path]) and "nothing was written" in str(results[doomed_path])
+    kept = results[spared_path]
+    assert isinstance(kept, RewriteOutcome) and kept.status == "incomplete" and kept.stats.replica == spared
+    # Serve may hold a request while it replaces the replica, or refuse it: then ask again.
+    served: list[RewriteOutcome] = []
 
     def ask_until_served() -> None:
         for _ in range(120):
             try:
-                if session.run(request(8)).status == "incomplete":
-                    recovered.set()
-                    return
+                served.append(session.run(request(8, doomed_path)))
+                return
             except EngineUnavailableError:
                 time.sleep(0.5)
 
-    threading.Thread(target=ask_until_served, daemon=True).start()
-    assert recovered.wait(120), "no replica came back"
+    asking = threading.Thread(target=ask_until_served, daemon=True)
+    asking.start()
+    asking.join(120)
+    assert served, "no replica served the killed one's document"
+    assert served[0].status == "incomplete" and served[0].stats.replica not in (None, doomed)
 
 
 def test_cluster_deploy_usage_errors_come_before_any_cluster(
@@ -288,6 +321,10 @@ def test_cluster_deploy_usage_errors_come_before_any_cluster(
     with pytest.raises(SystemExit):
         main(["cluster", "deploy", "--token-file", str(token_file), "--tls-cert", "cert.pem"])
     assert "TLS needs both" in capsys.readouterr().err
+    for option in (["--spill-at", "0"], ["--place-timeout", "0"], ["--upscale-delay", "-1"]):
+        with pytest.raises(SystemExit) as exited:
+            main(["cluster", "deploy", "--token-file", str(token_file), *option])
+        assert exited.value.code == 2
 
 
 @pytest.fixture(scope="module")
@@ -373,3 +410,147 @@ async def test_the_language_server_writes_a_live_rewrite_from_the_cluster(
     finally:
         await client.shutdown_session()
         await client.stop()
+
+
+@pytest.fixture(scope="module")
+def routed(cluster: str, certificate: tuple[Path, Path], options: EngineOptions) -> str:
+    """A third engine on the cluster, whose replicas keep prompts (a prefix cache), routed by document (the
+    default): two replicas of a quarter CPU each (the others hold 1.5 of the cluster's 2)."""
+    cert, key = certificate
+    config = ClusterConfig(
+        dataclasses.replace(options, prefix_cache_mb=64),
+        TOKEN,
+        min_replicas=2,
+        max_replicas=2,
+        port=int(cluster.rsplit(":", 1)[1]),
+        cpus_per_replica=0.25,
+        tls_cert=str(cert),
+        tls_key=str(key),
+        name="routed",
+        route="/routed",
+    )
+    return deploy(config)
+
+
+def test_a_documents_second_rewrite_and_its_warm_up_land_on_the_replica_that_served_its_first(
+    routed: str, token_file: Path
+) -> None:
+    """The stats name the replica's pid. The warm-up (the editor's, of the document as it is after an edit
+    near its top) is prefilled there, so the second rewrite reuses nearly all of its prompt."""
+    backend = ClusterBackend(routed, token_file=token_file)
+    session = Session(backend)
+    path = "/work/src/shapes.py"
+    first = session.run(request(4, path, DOCUMENT))
+    replica = first.stats.replica
+    edited = DOCUMENT.replace("3.14 * r * r + 1\n", "3.14159 * r * r + 1\n", 1)  # the second function
+    warm = WarmRequest(edited, "python", f"file://{path}")
+    assert backend.warm(warm) is True
+    assert backend.offer(warm) == replica  # where the document's rewrites go
+    idle = 0  # twice idle in a row: done (between taking a document and prefilling it, one look may miss it)
+    for _ in range(300):
+        info = backend.status(warm_key(warm))
+        assert info["pid"] == replica  # the status, routed by the document too
+        idle = idle + 1 if info["to_warm"] == 0 and info["warming"] is None else 0
+        if idle == 2:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"not warmed: {info}")
+    second = session.run(request(4, path, edited))
+    assert second.stats.replica == replica
+    prompt = second.stats.reused_tokens + second.stats.prefill_tokens
+    assert second.stats.reused_tokens > max(first.stats.reused_tokens, 0.9 * prompt), (first.stats, second.stats)
+
+
+def test_a_busy_documents_replica_spills_the_next_request_to_the_other(routed: str, token_file: Path) -> None:
+    """One rewrite runs on the document's replica and one waits there; the next goes to the other replica
+    (`spill_at` 2), where nothing runs."""
+    session = Session(ClusterBackend(routed, token_file=token_file))
+    path = "/work/src/busy.py"
+    home = session.run(request(4, path)).stats.replica
+    cancel = threading.Event()
+    running, waiting = threading.Event(), threading.Event()
+    threads = [
+        threading.Thread(
+            target=session.run,
+            args=(request(1500, path), events_to(step=lambda info: running.set())),
+            kwargs={"cancel": cancel},
+            daemon=True,
+        ),
+        threading.Thread(
+            target=session.run,
+            args=(
+                request(1500, path),
+                events_to(phase=lambda phase: waiting.set() if phase.name == "queued" else None),
+            ),
+            kwargs={"cancel": cancel},
+            daemon=True,
+        ),
+    ]
+    try:
+        threads[0].start()
+        assert running.wait(60)
+        threads[1].start()
+        assert waiting.wait(60)  # behind the first: on the same replica
+        spilled = session.run(request(4, path))
+    finally:
+        cancel.set()
+        for thread in threads:
+            thread.join(60)
+    assert spilled.status == "incomplete" and spilled.stats.replica not in (None, home)
+
+
+def test_a_cluster_without_room_for_a_replica_says_so_to_deploy_and_to_a_request(
+    cluster: str, certificate: tuple[Path, Path], options: EngineOptions, token_file: Path
+) -> None:
+    """A deployment whose replica asks for more CPUs than the cluster has: `deploy` and a request sent
+    meanwhile are told so after `place_timeout_s`, instead of waiting for good."""
+    cert, key = certificate
+    config = ClusterConfig(
+        options,
+        TOKEN,
+        port=int(cluster.rsplit(":", 1)[1]),
+        cpus_per_replica=3,
+        tls_cert=str(cert),
+        tls_key=str(key),
+        name="no-room",
+        route="/no-room",
+        place_timeout_s=2,
+    )
+    deployed: dict[str, object] = {}
+
+    def deploying() -> None:
+        try:
+            deployed["address"] = deploy(config)
+        except EngineUnavailableError as error:
+            deployed["error"] = error
+
+    thread = threading.Thread(target=deploying, daemon=True)
+    thread.start()
+    try:
+        session = Session(ClusterBackend(config.url, token_file=token_file))
+        for _ in range(100):  # until Serve's proxy knows the route (a 404 before)
+            try:
+                session.run(request(4))
+            except EngineUnavailableError as error:
+                if "404" not in str(error):
+                    refused = error
+                    break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the proxy never routed to the new application")
+        assert "503" in str(refused) and "no room for a replica of 'no-room'" in str(refused)
+        assert "each asks for 3 CPUs" in str(refused)
+        thread.join(60)
+        assert "no room for a replica" in str(deployed["error"]) and "nothing serves it" in str(deployed["error"])
+    finally:
+        thread.join(60)
+        serve.delete("no-room", _blocking=False)
+        for _ in range(150):  # its replicas were never placed: no graceful stop to wait for
+            if "no-room" not in serve.status().applications:
+                break
+            for actor in ray.util.list_named_actors(all_namespaces=True):
+                if actor["name"].startswith("SERVE_REPLICA::no-room#"):
+                    with contextlib.suppress(ValueError):  # (gone meanwhile)
+                        ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
+            time.sleep(0.2)

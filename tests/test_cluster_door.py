@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,12 +25,13 @@ from starlette.requests import Request
 from specedit.engine.backends.cluster import MAX_BODY_BYTES, json_object
 from specedit.engine.doors.cluster_deploy import EngineReplica
 from specedit.engine.records.options import EngineOptions
-from specedit.engine.records.requests import RewriteRequest
+from specedit.engine.records.requests import RewriteRequest, WarmRequest
 from specedit.engine.records.wire import ProtocolError, to_wire
 
 TOKEN = "door-test-token-0123456789"
 GOOD = to_wire(RewriteRequest(original="def add(a, b):\n    return a + b\n", instruction="Rename.", max_new_tokens=3))
 BELOW_ZERO = {**GOOD["sampling"], "temperature": -1}
+WARM = to_wire(WarmRequest("def area(r):\n    return 3.14 * r * r\n" * 20, "python", "file:///a.py"))
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +47,11 @@ def call(
     token: str = TOKEN,
     declared: bool = False,
     sent: dict[str, int] | None = None,
+    path: str = "/rewrite",
 ) -> tuple[int, Any]:
-    """POST /rewrite through the replica as Serve's proxy would, the body in 64 KiB pieces (`declared`: with
-    its Content-Length): the status, and the JSON error (or, for a 200, the streamed events). `sent["n"]`
-    counts the pieces the replica asked for."""
+    """POST `path` through the replica as Serve's proxy would, the body in 64 KiB pieces (`declared`: with
+    its Content-Length): the status, and the JSON error (or, for a 200, the streamed events, or the JSON
+    answer). `sent["n"]` counts the pieces the replica asked for."""
     chunk = 1 << 16
     pieces = [body[i : i + chunk] for i in range(0, len(body), chunk)] or [b""]
     sent = {"n": 0} if sent is None else sent
@@ -62,8 +66,8 @@ def call(
     scope: dict[str, Any] = {
         "type": "http",
         "method": "POST",
-        "path": "/rewrite",
-        "raw_path": b"/rewrite",
+        "path": path,
+        "raw_path": path.encode(),
         "query_string": b"",
         "root_path": "",
         "scheme": "http",
@@ -75,7 +79,7 @@ def call(
 
     async def run() -> tuple[int, Any]:
         response = await replica(Request(scope, receive))
-        if response.status_code != 200:
+        if response.status_code != 200 or not hasattr(response, "body_iterator"):
             return response.status_code, json.loads(response.body)
         events = [json.loads(line) async for line in response.body_iterator]
         return 200, events
@@ -143,3 +147,62 @@ def test_json_object_refuses_what_json_loads_would_raise_on() -> None:
             json_object(body)
         assert caught.value.code == "malformed_frame"
     assert json_object(b'{"a": [1, {"b": null}]}') == {"a": [1, {"b": None}]}
+
+
+@pytest.fixture(scope="module")
+def warming_replica(tiny_model_dir: Path) -> Iterator[EngineReplica]:
+    """A replica that keeps prompts (a prefix cache), so that it takes warm-ups."""
+    options = EngineOptions(model=str(tiny_model_dir), dtype="float32", device="cpu", threads=1, prefix_cache_mb=16)
+    yield EngineReplica(options, TOKEN)
+
+
+def status_of(replica: EngineReplica) -> dict[str, Any]:
+    scope = {"type": "http", "method": "GET", "path": "/status", "raw_path": b"/status", "query_string": b""}
+    scope["headers"] = [(b"authorization", f"Bearer {TOKEN}".encode())]
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    response = asyncio.run(replica(Request(scope, receive)))
+    answer: dict[str, Any] = json.loads(response.body)
+    return answer
+
+
+def test_a_warm_up_is_prefilled_by_the_replica_it_reaches(
+    warming_replica: EngineReplica, replica: EngineReplica
+) -> None:
+    """POST /warm answers at once whether the replica took the document, and its pid; the replica then
+    prefills it while idle (its status says what is left). One without a prefix cache takes none."""
+    warm = {"request": WARM}
+    status, answer = call(warming_replica, json.dumps(warm).encode(), path="/warm")
+    assert status == 200 and answer == {"accepted": True, "replica": os.getpid()}
+    for _ in range(200):
+        if (info := status_of(warming_replica))["to_warm"] == 0 and info["warming"] is None:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"still warming: {info}")
+    status, answer = call(replica, json.dumps(warm).encode(), path="/warm")
+    assert status == 200 and answer == {"accepted": False, "replica": os.getpid()}
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        (b"{not json", 400, "malformed_frame"),
+        (b"{}", 400, "bad_message"),
+        (json.dumps({"request": {"document": 3}}).encode(), 400, "bad_message"),
+        (json.dumps({"request": {**WARM, "document": "x" * 1_000_001}}).encode(), 400, "bad_request"),
+        (b'{"request": "' + b"x" * (MAX_BODY_BYTES + 1) + b'"}', 413, "frame_too_large"),
+    ],
+    ids=["not-json", "no-request", "wrong-shape", "too-long", "too-big"],
+)
+def test_a_bad_warm_up_is_refused_with_an_error_code(
+    warming_replica: EngineReplica, body: bytes, status: int, code: str
+) -> None:
+    answered, error = call(warming_replica, body, path="/warm")
+    assert (answered, error["error_code"]) == (status, code), error
+    answered, error = call(
+        warming_replica, json.dumps({"request": {"document": "x"}}).encode(), path="/warm", token="no"
+    )
+    assert (answered, error["error_code"]) == (401, "unauthorized")

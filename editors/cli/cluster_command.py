@@ -57,6 +57,48 @@ def add_cluster_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     deploy.add_argument("--cpus-per-replica", type=float, default=1.0, metavar="N", help="default 1")
     deploy.add_argument("--gpus-per-replica", type=float, default=0.0, metavar="N", help="default 0")
+    routing = deploy.add_argument_group("routing and scaling")
+    routing.add_argument(
+        "--no-document-routing",
+        dest="document_routing",
+        action="store_false",
+        help="route by Serve's default (power of two choices), not each document to the replica holding its prompt",
+    )
+    routing.add_argument(
+        "--spill-at",
+        type=int,
+        default=2,
+        metavar="N",
+        help="requests on a document's replica from which the next goes to a less busy one (default 2)",
+    )
+    routing.add_argument(
+        "--place-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds a replica may wait for CPUs or GPUs before deploy and requests are told (default 30)",
+    )
+    routing.add_argument(
+        "--target-ongoing",
+        type=float,
+        default=1.0,
+        metavar="N",
+        help="with MIN:MAX, the requests per replica the autoscaler aims at (default 1)",
+    )
+    routing.add_argument(
+        "--upscale-delay",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="with MIN:MAX, seconds of load before a replica comes (default 10)",
+    )
+    routing.add_argument(
+        "--downscale-delay",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="with MIN:MAX, seconds of low load before a replica goes (default 120)",
+    )
     add_engine_arguments(deploy.add_argument_group("engine"))
     status = actions.add_parser("status", help="the application's and its replicas' state, as JSON")
     shutdown = actions.add_parser("shutdown", help="delete the engine's application from the cluster")
@@ -95,6 +137,12 @@ def cluster_command(args: argparse.Namespace) -> int:
                 route=args.route,
                 models=tuple(args.other_model),
                 models_per_replica=args.models_per_replica,
+                document_routing=args.document_routing,
+                spill_at=args.spill_at,
+                place_timeout_s=args.place_timeout,
+                target_ongoing_requests=args.target_ongoing,
+                upscale_delay_s=args.upscale_delay,
+                downscale_delay_s=args.downscale_delay,
             )
         except ValueError as error:
             args.cluster_parser.error(str(error))  # exits 2
