@@ -7,6 +7,8 @@ median of the repeats).
 
 For each context length and forward size (1 token: plain decoding; more: verification) it prints the
 median seconds of both and their ratio, and whether the logits of the forward's last row are the same.
+Beside the checked kernels' time, what the forward computed a second (every row's logits kept, attention
+apart) and its share of the machine's integer peak (`engine.model.peak`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from specedit.engine.doors.bench.bench import as_transformers_runs_it
 from specedit.engine.loop.generate import Engine
 from specedit.engine.model import kv_cache
 from specedit.engine.model.loading import LoadedModel, load_model
+from specedit.engine.model.peak import Peak, forward_ops, integer_peak
 from specedit.engine.records.options import WEIGHTS_CHOICES
 from specedit.engine.store.fetch import resolve_model
 
@@ -56,7 +59,11 @@ def main() -> None:
     ids = loaded.tokenizer.encode(source.read_text() * 4)
     print(f"load average {os.getloadavg()[0]:.2f}; {args.model}, {loaded.dtype_name}, {args.threads} threads")
     print(loaded.exactness.describe())
-    print("context  tokens   checked s  transformers s  ratio  same last row")
+    ops, peak = forward_ops(loaded.model), integer_peak(args.threads)
+    ceiling = peak.ceiling(ops.verified_row_products()) if isinstance(peak, Peak) else None
+    print(f"integer peak: {f'{peak.gops:.0f} GOPS ({peak.instructions})' if isinstance(peak, Peak) else peak}")
+    print(f"{ops.per_verified_row:.3f} GOP a row; the ceiling of the model's weights: {ceiling or 0:.0f} GOPS")
+    print("context  tokens   checked s  transformers s  ratio  same last row    GOPS  share")
     for context_length in (int(value) for value in args.contexts.split(",")):
         for size in (int(value) for value in args.sizes.split(",")):
             forward_ids = ids[context_length : context_length + size]
@@ -72,7 +79,12 @@ def main() -> None:
                     stock_times.append(seconds)
             a, b = statistics.median(invariant_times), statistics.median(stock_times)
             same = torch.equal(invariant_row, stock_row)
-            print(f"{context_length:7d} {size:7d} {a:12.4f} {b:15.4f} {a / b:6.3f}  {'yes' if same else 'no'}")
+            gops = size * ops.per_verified_row / a
+            part = f"{gops / ceiling:6.0%}" if ceiling else "     -"
+            print(
+                f"{context_length:7d} {size:7d} {a:12.4f} {b:15.4f} {a / b:6.3f}  {'yes' if same else 'no ':13s}"
+                f" {gops:7.0f} {part}"
+            )
     print(f"load average after {os.getloadavg()[0]:.2f}")
 
 

@@ -112,6 +112,17 @@ def test_bench_runs_every_method_on_every_case(
                 assert key in run, key
         assert ours["generated_tokens"] == plain["generated_tokens"]
         assert ours["target_forwards"] < plain["target_forwards"] == plain["generated_tokens"]
+        # each phase's GOPS beside its time: our methods' (the engine's own phases), not the peers'
+        for run in (plain, ours, case["methods"]["plain-stock"]):
+            assert run["prefill_gops"] > 0 and run["decode_gops"] > 0
+        assert case["methods"]["prompt-lookup"]["prefill_gops"] is None
+    # the integer peak once per run, and the phases' medians as shares of it
+    peak = summary["integer_peak"]
+    assert peak is None or (peak["gops"] > 0 and peak["decode_ceiling_gops"] > 0)
+    assert summary["gops"]["specedit"]["decode"] > 0 and "prompt-lookup" not in summary["gops"]
+    if peak is not None:
+        assert summary["gops"]["specedit"]["decode_share"] > 0
+    assert "GOPS, prefill / decoding" in table
     # The median speed-up is the median of per-case ratios, not a ratio of totals.
     ratios = sorted(
         c["methods"]["plain"]["wall_seconds"] / c["methods"]["specedit"]["wall_seconds"] for c in report["cases"]

@@ -86,6 +86,7 @@ def add_bench_parsers(commands: Any) -> None:
 
 def bench_command(args: argparse.Namespace) -> int:
     from specedit.engine.doors.bench.bench import METHODS, load_cases, run_bench
+    from specedit.engine.doors.bench.summary import gops_line
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHODS]
@@ -209,6 +210,8 @@ def bench_command(args: argparse.Namespace) -> int:
         + ", ".join(f"{m} {v:.0%}" for m, v in summary["identical_rate"].items() if v is not None)
     )
     print("CPU seconds per token: " + ", ".join(f"{m} {v}" for m, v in summary["cpu_seconds_per_token"].items()))
+    if (rates := gops_line(summary)) is not None:
+        print(rates)
     if summary["joules_per_token"]:
         print("GPU joules per token: " + ", ".join(f"{m} {v}" for m, v in summary["joules_per_token"].items()))
     if "merges" in summary:

@@ -8,7 +8,8 @@
 // - kernels_packing.cpp: q8_quantize and q4_quantize, the weights those read;
 // - kernels_attention.cpp: attention;
 // - kernels_layer.cpp: rms_norm, rotary, silu_mul, and decoder_layer, a whole layer in one call;
-// - kernels_c_abi.cpp: the same ops for a process without torch's Python (model/torchless.py).
+// - kernels_c_abi.cpp: the same ops for a process without torch's Python (model/torchless.py);
+// - kernels_peak.cpp: the machine's integer peak on the linears' own instructions (model/peak.py).
 // kernels.h holds what they share: the vectors, the packing's constants, and the ops' declarations.
 //
 // This file is the library's one translation unit: it includes every family, so ATen's headers are parsed
@@ -22,6 +23,7 @@
 #include "kernels_attention.cpp"
 #include "kernels_layer.cpp"
 #include "kernels_c_abi.cpp"
+#include "kernels_peak.cpp"
 
 TORCH_LIBRARY(specedit, m) {
   m.def("q8_linear(Tensor input, Tensor q, Tensor scales, Tensor offsets, Tensor? bias) -> Tensor");

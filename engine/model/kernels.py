@@ -49,6 +49,7 @@ SOURCES = tuple(
         "kernels_attention.cpp",
         "kernels_layer.cpp",
         "kernels_c_abi.cpp",
+        "kernels_peak.cpp",
     )
 )
 # -ffp-contract=off: a multiply and an add stay two roundings unless the source fuses them itself.

@@ -393,18 +393,22 @@ def _tokenize_alike(kept: KeptTokenizer, reference: PreTrainedTokenizerBase) -> 
     return same and prompts[0] == prompts[1]
 
 
-def forward_costs(loaded: LoadedModel, sizes: Sequence[int], context: int = 100, repeats: int = 3) -> dict[int, float]:
-    """Median seconds of one forward of k tokens after `context` tokens, for each k in `sizes`."""
+def forward_costs(
+    loaded: LoadedModel, sizes: Sequence[int], context: int = 100, repeats: int = 3, logits_to_keep: int = 0
+) -> dict[int, float]:
+    """Median seconds of one forward of k tokens after `context` tokens, for each k in `sizes`. Every row's
+    logits are kept, as a verification keeps them; `logits_to_keep` 1 keeps the last's, as a prefill does."""
     ids = exactness.probe_ids(loaded.config.vocab_size, context + max(sizes))
     cache = loaded.new_cache()
     costs = {}
     with torch.inference_mode():
-        loaded.forward(ids[:context], cache, logits_to_keep=1)
+        if context:
+            loaded.forward(ids[:context], cache, logits_to_keep=1)
         for size in sizes:
             seconds = []
             for _ in range(repeats):
                 start = time.perf_counter()
-                loaded.forward(ids[context : context + size], cache)
+                loaded.forward(ids[context : context + size], cache, logits_to_keep=logits_to_keep)
                 seconds.append(time.perf_counter() - start)
                 kv_cache.rollback(cache, context)
             costs[size] = sorted(seconds)[len(seconds) // 2]

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 SOURCES = (
     "torchless.py", "torchless_model.py", "decoder.py", "quantized.py", "kv_cache.py", "loading.py", "exactness.py",
     "kernels.cpp", "kernels.h", "kernels_linears.cpp", "kernels_packing.cpp", "kernels_attention.cpp",
-    "kernels_layer.cpp", "kernels_c_abi.cpp",
+    "kernels_layer.cpp", "kernels_c_abi.cpp", "kernels_peak.cpp",
 )  # fmt: skip
 # The variables that choose the kernels, or the decoder, as a load reads them (`exactness.KERNEL_ENV`, and
 # `loading.DECODER_VARIABLE`): a description holds where they are as they were when it was kept.

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from functools import partial
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -55,6 +55,7 @@ from specedit.engine.doors.bench.summary import first_difference, summarise
 from specedit.engine.loop.generate import Engine
 from specedit.engine.loop.rewrite import prepare_rewrite
 from specedit.engine.model.model_thread import on_model_thread
+from specedit.engine.model.peak import forward_ops, integer_peak
 from specedit.engine.records.errors import ContextLengthError
 from specedit.engine.records.requests import DraftMethod
 
@@ -105,6 +106,7 @@ def run_bench(
     if "specedit-fallback" in methods and engine.fallback is None:
         raise ValueError("specedit-fallback needs a fallback: --draft-model MODEL or --draft layers:LIST")
     ordered = ["plain", *[m for m in methods if m != "plain"]]  # plain is the reference of every pair
+    peak = integer_peak_record(engine)  # the machine's, before any busy process starts
     load_before = os.getloadavg()
     llama = None
     if "llama-cpp" in ordered:
@@ -125,7 +127,7 @@ def run_bench(
         results = _run_cases(engine, cases, ordered, max_new_tokens, lookup_tokens, llama, server, door, on_case)
     present = [m for m in METHODS if any(m in r["methods"] for r in results)]
     present += sorted({m for r in results for m in r["methods"]} - set(present))  # llama-server's each type
-    summary = summarise(results, present, load_before, os.getloadavg())
+    summary = summarise(results, present, load_before, os.getloadavg(), peak)
     if any("merge" in r for r in results):
         summary["merges"] = summarise_merges([r for r in results if "merge" in r])
     return {
@@ -146,6 +148,24 @@ def run_bench(
                 "ran" if "llama-server" in ordered else ("not built" if "llama-server" in methods else "not asked")
             ),
         },
+    }
+
+
+def integer_peak_record(engine: Engine) -> dict[str, Any] | None:
+    """The machine's integer peak on the engine's threads (`model.peak`), with the model's ceiling for each
+    phase: the peak for its prefill's products and for its verified rows', by their weights' bits. None
+    where the peak's loop cannot run here (logged)."""
+    loaded = engine.torch_target
+    found = integer_peak(loaded.get_threads())
+    if isinstance(found, str):
+        log.warning("no integer peak: %s", found)
+        return None
+    ops = forward_ops(loaded.model)
+    ceilings = {"prefill": found.ceiling(ops.layers), "decode": found.ceiling(ops.verified_row_products())}
+    return {
+        **found.to_dict(),
+        **{f"{phase}_ceiling_gops": round(c, 1) if c else None for phase, c in ceilings.items()},
+        "forward_ops": ops.to_dict(),
     }
 
 

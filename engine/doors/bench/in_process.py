@@ -18,6 +18,7 @@ from specedit.engine.doors.bench.method_run import MethodRun, Timer
 from specedit.engine.loop.generate import Engine
 from specedit.engine.loop.rewrite import PreparedRewrite, run_rewrite
 from specedit.engine.model.invariant import stock_kernels
+from specedit.engine.model.peak import forward_ops
 from specedit.engine.records.events import Step
 from specedit.engine.records.prompts import extract_code
 from specedit.engine.records.requests import DraftMethod
@@ -36,7 +37,9 @@ def run_ours(engine: Engine, prepared: PreparedRewrite, *, draft: DraftMethod) -
     result = run_rewrite(engine, prepared, draft=draft, on_step=on_step)
     wall, cpu, prefill, decode = timer.finish()
     stats = result.generation.stats
-    return MethodRun(
+    ops = forward_ops(engine.torch_target.model)
+    rows = stats.target_forwards + stats.drafted_tokens  # each forward's pending token and its draft
+    run = MethodRun(
         result.generation.tokens,
         result.text,
         wall,
@@ -49,6 +52,16 @@ def run_ours(engine: Engine, prepared: PreparedRewrite, *, draft: DraftMethod) -
         stats.joules,
         {name: drafter.to_dict() for name, drafter in sorted(stats.drafters.items())},
     )
+    # The engine's own phases (`Stats`): its prefill is every prompt token but the last, which the first
+    # step computes with its draft.
+    run.prefill_gops = _gops(stats.prefill_tokens * ops.per_prompt_token, stats.prefill_seconds)
+    run.decode_gops = _gops(rows * ops.per_verified_row, stats.decode_seconds)
+    return run
+
+
+def _gops(gop: float, seconds: float) -> float | None:
+    """GOP/s to 4 significant digits (a tiny model's are hundredths)."""
+    return float(f"{gop / seconds:.4g}") if gop > 0 and seconds > 0 else None
 
 
 @contextmanager

@@ -27,6 +27,10 @@ class MethodRun:
     identical_to_plain: bool | None = None
     first_difference: int | None = None  # index of the first token that differs from plain's, if any
     extra: MethodExtra = field(default_factory=lambda: MethodExtra())
+    # What each phase computed a second (`model.peak.forward_ops`), our methods only: the prefill's prompt
+    # tokens, and decoding's verified rows (a forward's pending token and its draft).
+    prefill_gops: float | None = None
+    decode_gops: float | None = None
 
     @property
     def generated_tokens(self) -> int:
@@ -50,6 +54,8 @@ class MethodRun:
             "generated_tokens": self.generated_tokens,
             "tokens_per_second": round(self.generated_tokens / self.wall_seconds, 3) if self.wall_seconds else 0.0,
             "acceptance_rate": round(self.accepted_tokens / self.drafted_tokens, 4) if self.drafted_tokens else None,
+            "prefill_gops": self.prefill_gops,
+            "decode_gops": self.decode_gops,
         }
 
 

@@ -22,9 +22,7 @@ class MethodExtra(TypedDict, total=False):
     completion_tokens: int | None
 
 
-class MethodRecord(TypedDict):
-    """One method on one case (`MethodRun.to_dict`)."""
-
+class _MethodRecord(TypedDict):
     wall_seconds: float
     cpu_seconds: float
     prefill_seconds: float
@@ -40,6 +38,13 @@ class MethodRecord(TypedDict):
     generated_tokens: int
     tokens_per_second: float
     acceptance_rate: float | None
+
+
+class MethodRecord(_MethodRecord, total=False):
+    """One method on one case (`MethodRun.to_dict`)."""
+
+    prefill_gops: float | None  # GOP/s of the prefill (our methods; None for the peers)
+    decode_gops: float | None  # GOP/s of decoding: verified rows' products over its seconds
 
 
 class _AnswerVerdict(TypedDict):

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from typing import Literal
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
 
 from specedit.engine.doors.bench.records import CaseRecord, MethodRecord
 
@@ -41,9 +41,14 @@ def geomean(values: Iterable[float]) -> float | None:
 
 
 def summarise(
-    cases: list[CaseRecord], methods: Sequence[str], load_before: tuple[float, ...], load_after: tuple[float, ...]
+    cases: list[CaseRecord],
+    methods: Sequence[str],
+    load_before: tuple[float, ...],
+    load_after: tuple[float, ...],
+    peak: Mapping[str, Any] | None = None,
 ) -> dict[str, object]:
-    """Each method's speed against plain decoding and the peers, its exactness and its cost per token."""
+    """Each method's speed against plain decoding and the peers, its exactness and its cost per token, and
+    what its phases computed a second beside the machine's integer `peak` (`bench.integer_peak_record`)."""
 
     def ratios(method: str, over: str, key: Seconds) -> list[float]:
         pairs = [c["methods"] for c in cases if method in c["methods"] and over in c["methods"]]
@@ -78,6 +83,8 @@ def summarise(
         "joules_per_token": joules_per_token,
         "tokens_per_second_median": tokens_per_second_median,
         "load_average": {"before": list(load_before), "after": list(load_after)},
+        "gops": phase_gops(cases, methods, peak),
+        "integer_peak": dict(peak) if peak is not None else None,
     }
     for method in methods:
         runs = [c["methods"][method] for c in cases if method in c["methods"]]
@@ -140,6 +147,45 @@ def summarise(
             summary["openai_prediction_vs_llama_server"] = median(versus)
             summary["openai_prediction_slower_than_llama_server"] = sum(r < 1.0 for r in versus)
     return summary
+
+
+def phase_gops(
+    cases: list[CaseRecord], methods: Sequence[str], peak: Mapping[str, Any] | None
+) -> dict[str, dict[str, float | None]]:
+    """Per method that reports them (ours), the median GOP/s of its prefill and of its decoding, and each as a
+    share of its ceiling in `peak` (`prefill_ceiling_gops`, `decode_ceiling_gops`)."""
+    figures: dict[str, dict[str, float | None]] = {}
+    for method in methods:
+        runs = [c["methods"][method] for c in cases if method in c["methods"]]
+        phases: dict[str, float | None] = {}
+        rates = {
+            "prefill": [rate for run in runs if (rate := run.get("prefill_gops")) is not None],
+            "decode": [rate for run in runs if (rate := run.get("decode_gops")) is not None],
+        }
+        for phase in ("prefill", "decode"):
+            phases[phase] = median(rates[phase])
+            ceiling = peak.get(f"{phase}_ceiling_gops") if peak is not None else None
+            phases[f"{phase}_share"] = round(phases[phase] / ceiling, 3) if phases[phase] and ceiling else None
+        if phases["prefill"] is not None or phases["decode"] is not None:
+            figures[method] = phases
+    return figures
+
+
+def gops_line(summary: Mapping[str, Any]) -> str | None:
+    """The printed summary's line of each phase's GOP/s and its share of the integer peak; None without."""
+    figures: dict[str, dict[str, float | None]] = summary.get("gops") or {}
+    if not figures:
+        return None
+
+    def shown(rate: float | None, part: float | None) -> str:
+        return "-" if rate is None else f"{rate:.0f}" + (f" ({part:.0%})" if part is not None else "")
+
+    peak = summary.get("integer_peak")
+    beside = f"of the integer peak, {peak['gops']:.0f} GOPS" if peak else "no integer peak measured"
+    return f"GOPS, prefill / decoding (median; share {beside}): " + ", ".join(
+        f"{method} {shown(f['prefill'], f['prefill_share'])} / {shown(f['decode'], f['decode_share'])}"
+        for method, f in figures.items()
+    )
 
 
 def _same_answer_as_ours(run: MethodRecord | None) -> bool:
