@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import torch
@@ -19,7 +20,12 @@ from specedit.engine.loop.generate import Engine
 from specedit.engine.model.loading import LoadedModel
 from specedit.engine.records.events import Event, Phase, Step, Text
 from specedit.engine.records.prompts import SYSTEM_PROMPT
+from specedit.engine.records.requests import RewriteOutcome, RewriteRequest, WarmRequest
+from specedit.engine.records.stats import Stats
+from specedit.engine.sketch.sketch import Sketch
 from specedit.engine.store.store import cache_dir
+
+T = TypeVar("T")
 
 ARCHITECTURES = ("gpt2", "qwen2", "llama")
 
@@ -176,9 +182,49 @@ MEMORISED_REWRITES = [
     ("print('héllo 🙂')\r\nz = 0\r\n", "Set z to 5.", "print('héllo 🙂')\nz = 5\n"),
     ("x = 1\ny = 3\n", "Make y three.", "x = 1\ny = 3\n"),  # nothing to change
 ]
+
+
 # An edit sketch the model answers by echoing it, elision markers and all: what the merge checks catch.
 # Its lines cannot say where it goes (none is in the original), so the model is asked. (original, sketch,
 # answer)
+class AnsweringBackend:
+    """A test double of a `session.Backend`: answers every rewrite with `answer`, and records each request
+    (`asked`) and the sketch the session read for it (`sketches`). A subclass may script `run`."""
+
+    def __init__(self, answer: str) -> None:
+        self.answer = answer
+        self.asked: list[RewriteRequest] = []
+        self.sketches: list[Sketch | None] = []
+
+    def run(
+        self,
+        request: RewriteRequest,
+        emit: Callable[[Event], None],
+        cancel: threading.Event,
+        client: str,
+        sketch: Sketch | None = None,
+    ) -> RewriteOutcome:
+        self.asked.append(request)
+        self.sketches.append(sketch)
+        emit(Text(self.answer))
+        return RewriteOutcome.finished(self.answer, "stop", Stats())
+
+    def in_turn(self, work: Callable[[], T], emit: Callable[[Event], None], cancel: threading.Event, client: str) -> T:
+        return work()
+
+    def warm(self, request: WarmRequest) -> bool:
+        return False
+
+    def keep_alive(self, wanted: bool) -> None:
+        pass
+
+    def start(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 ECHOED_SKETCH = (
     "def add(a, b):\n    return a + b\n\n\nprint(add(1, 2))\n",
     "# ... existing code ...\n\ndef sub(a, b):\n    return a - b\n\n# ... existing code ...\n",

@@ -5,23 +5,18 @@ door's apply model reads the file and the sketch as the command line reads them.
 from __future__ import annotations
 
 import doctest
-import threading
-from collections.abc import Callable
 
 import pytest
 
 from specedit.engine.doors.http.apply import apply_request
-from specedit.engine.records.events import Event, Text
-from specedit.engine.records.requests import ChatMessage, RewriteOutcome, RewriteRequest, SamplingConfig, WarmRequest
-from specedit.engine.records.stats import Stats
-from specedit.engine.session.session import Session, T
+from specedit.engine.records.requests import ChatMessage, RewriteRequest, SamplingConfig
+from specedit.engine.session.session import Session
 from specedit.engine.sketch import chat_answer
 from specedit.engine.sketch.chat_answer import ChatAnswerError, sketch_from_answer
 from specedit.engine.sketch.merge import merge_sketch
 from specedit.engine.sketch.patches import detect
-from specedit.engine.sketch.sketch import Sketch
 
-from conftest import LINES_SKETCH
+from conftest import LINES_SKETCH, AnsweringBackend
 
 ORIGINAL, SKETCH, MERGED = LINES_SKETCH  # `add` changed, `print(add(1, 2))` kept by the marker
 
@@ -178,41 +173,6 @@ def test_a_block_in_a_list_item_and_crlf() -> None:
 
 
 # --- the session: every door ---------------------------------------------------------------------------
-
-
-class AnsweringBackend:
-    """Answers every rewrite with `answer`; records what it was asked."""
-
-    def __init__(self, answer: str) -> None:
-        self.answer = answer
-        self.asked: list[RewriteRequest] = []
-
-    def run(
-        self,
-        request: RewriteRequest,
-        emit: Callable[[Event], None],
-        cancel: threading.Event,
-        client: str,
-        sketch: Sketch | None = None,
-    ) -> RewriteOutcome:
-        self.asked.append(request)
-        emit(Text(self.answer))
-        return RewriteOutcome.finished(self.answer, "stop", Stats())
-
-    def in_turn(self, work: Callable[[], T], emit: Callable[[Event], None], cancel: threading.Event, client: str) -> T:
-        return work()
-
-    def warm(self, request: WarmRequest) -> bool:
-        return False
-
-    def keep_alive(self, wanted: bool) -> None:
-        pass
-
-    def start(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def test_a_chat_answer_merges_as_its_bare_sketch_does() -> None:

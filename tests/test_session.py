@@ -12,12 +12,12 @@ import pytest
 
 from specedit.engine.records.errors import ContextLengthError, EmptyAnswerError, IncompleteOutputError, MergeError
 from specedit.engine.records.events import Done, Event, Phase, Step, Text, error_to_wire, event_from_wire, event_to_wire
-from specedit.engine.records.requests import RewriteOutcome, RewriteRequest, WarmRequest
+from specedit.engine.records.requests import RewriteOutcome, RewriteRequest
 from specedit.engine.records.stats import Stats
-from specedit.engine.session.session import Session, T
+from specedit.engine.session.session import Session
 from specedit.engine.sketch.sketch import Sketch
 
-from conftest import ECHOED_SKETCH, LINES_SKETCH
+from conftest import ECHOED_SKETCH, LINES_SKETCH, AnsweringBackend
 
 ORIGINAL = "def add(a, b):\n    return a + b\n"
 
@@ -26,13 +26,13 @@ def step(number: int) -> Step:
     return Step(number, 10 + number, 9 + number, 4, 3, number, 4 * number, 3 * number, 0.1 * number)
 
 
-class ScriptedBackend:
+class ScriptedBackend(AnsweringBackend):
     """Answers every rewrite with `answer` after `events`; `wait` (if set) holds it until set, or until
     the rewrite is cancelled. Counts what it was asked."""
 
     def __init__(self, answer: str, events: Sequence[Event] = (), *, finish: str = "stop") -> None:
-        self.answer, self.events, self.finish = answer, events, finish
-        self.asked: list[RewriteRequest] = []
+        super().__init__(answer)
+        self.events, self.finish = events, finish
         self.wait: threading.Event | None = None
 
     def run(
@@ -44,6 +44,7 @@ class ScriptedBackend:
         sketch: Sketch | None = None,
     ) -> RewriteOutcome:
         self.asked.append(request)
+        self.sketches.append(sketch)
         for event in self.events:
             emit(event)
         if self.wait is not None:
@@ -54,21 +55,6 @@ class ScriptedBackend:
                 return RewriteOutcome.finished("", "cancelled", Stats.before_start())
         emit(Text(self.answer))
         return RewriteOutcome.finished(self.answer, self.finish, Stats(generated_tokens=7))  # type: ignore[arg-type]
-
-    def in_turn(self, work: Callable[[], T], emit: Callable[[Event], None], cancel: threading.Event, client: str) -> T:
-        return work()
-
-    def warm(self, request: WarmRequest) -> bool:
-        return False
-
-    def keep_alive(self, wanted: bool) -> None:
-        pass
-
-    def start(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def test_a_sketch_its_lines_place_is_merged_without_the_backend() -> None:

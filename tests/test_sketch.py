@@ -16,56 +16,19 @@ import pytest
 
 from specedit.engine.loop.rewrite import prepare_rewrite
 from specedit.engine.records.errors import InputError
-from specedit.engine.records.events import Event, Text
-from specedit.engine.records.requests import RewriteOutcome, RewriteRequest, WarmRequest
-from specedit.engine.records.stats import Stats
+from specedit.engine.records.requests import RewriteRequest
 from specedit.engine.session import session as session_module
-from specedit.engine.session.session import Session, T
+from specedit.engine.session.session import Session
 from specedit.engine.sketch import deadline, merge, patches, sketch
 from specedit.engine.sketch.deadline import Deadline
 from specedit.engine.sketch.sketch import Sketch
 
-from conftest import LINES_SKETCH, tiny_engine
+from conftest import LINES_SKETCH, AnsweringBackend, tiny_engine
 
 TWICE = "value = 1\ntotal = 2\n\nvalue = 1\ntotal = 2\n"
 # A diff whose lines the file has twice, with no line number to say which: the lines cannot place it.
 DOUBTFUL_DIFF = "--- a/t.py\n+++ b/t.py\n@@ ... @@\n value = 1\n-total = 2\n+total = 3\n"
 FIRST_CHANGED = "value = 1\ntotal = 3\n\nvalue = 1\ntotal = 2\n"
-
-
-class RecordingBackend:
-    """Answers every rewrite with `answer`; records each request and the sketch the session read for it."""
-
-    def __init__(self, answer: str) -> None:
-        self.answer = answer
-        self.asked: list[tuple[RewriteRequest, Sketch | None]] = []
-
-    def run(
-        self,
-        request: RewriteRequest,
-        emit: Callable[[Event], None],
-        cancel: threading.Event,
-        client: str,
-        sketch: Sketch | None = None,
-    ) -> RewriteOutcome:
-        self.asked.append((request, sketch))
-        emit(Text(self.answer))
-        return RewriteOutcome.finished(self.answer, "stop", Stats())
-
-    def in_turn(self, work: Callable[[], T], emit: Callable[[Event], None], cancel: threading.Event, client: str) -> T:
-        return work()
-
-    def warm(self, request: WarmRequest) -> bool:
-        return False
-
-    def keep_alive(self, wanted: bool) -> None:
-        pass
-
-    def start(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def counting(monkeypatch: pytest.MonkeyPatch, *functions: Callable[..., object]) -> Counter[str]:
@@ -96,10 +59,10 @@ def test_a_requests_sketch_is_read_once_for_the_session_the_draft_and_the_judgem
     """The format is found once, the patch parsed once and merged once: the draft takes the partial merge
     the session made, and the judgement checks the answer with the format and hunks it read."""
     calls = counting(monkeypatch, patches.detect, patches.parse_patch, patches.apply_patch)
-    backend = RecordingBackend(FIRST_CHANGED)
+    backend = AnsweringBackend(FIRST_CHANGED)
     outcome = Session(backend).run(RewriteRequest(TWICE, sketch=DOUBTFUL_DIFF))
     assert outcome.complete and outcome.text == FIRST_CHANGED  # the model's answer, judged a merge of the diff
-    [(asked, read)] = backend.asked
+    [asked], [read] = backend.asked, backend.sketches
     assert read is not None and read.format == "udiff" and read.patch is not None
     assert read.merge is not None and not read.merge.resolved and asked.sketch == read.text
     prepared = prepare_rewrite(tiny_engine("qwen2"), asked, read)
@@ -112,9 +75,9 @@ def test_the_model_gets_the_sketch_read_and_merges_it_in_its_turn(monkeypatch: p
     model's draft, made in its turn (after an outsized request is refused), once."""
     calls = counting(monkeypatch, merge.merge_sketch)
     original, lazy, merged = LINES_SKETCH
-    backend = RecordingBackend(merged)
+    backend = AnsweringBackend(merged)
     assert Session(backend).run(RewriteRequest(original, sketch=lazy, merge="model")).complete
-    [(asked, read)] = backend.asked
+    [asked], [read] = backend.asked, backend.sketches
     assert read is not None and read.format == "lazy" and read.merge is None and calls["merge_sketch"] == 0
     prepared = prepare_rewrite(tiny_engine("qwen2"), asked, read)
     assert prepared.sketch_merge is not None and prepared.sketch_merge.text == merged
@@ -189,7 +152,7 @@ def test_a_heavy_sketch_past_its_deadline_is_refused_by_the_session(monkeypatch:
     original = handlers(2000)
     heavy = RewriteRequest(original, sketch=dict(sketches(2000))["lazy"])
     assert heavy.heavy
-    backend = RecordingBackend("never asked")
+    backend = AnsweringBackend("never asked")
     threads = threading.active_count()
     with pytest.raises(InputError, match=r"took over 0 s to merge .* send a smaller region or sketch"):
         Session(backend).run(heavy)
@@ -201,6 +164,6 @@ def test_a_heavy_merge_cancelled_is_a_cancelled_outcome() -> None:
     heavy = RewriteRequest(original, sketch=dict(sketches(2000))["lazy"])
     cancel = threading.Event()
     cancel.set()
-    backend = RecordingBackend("never asked")
+    backend = AnsweringBackend("never asked")
     outcome = Session(backend).run(heavy, cancel=cancel)
     assert outcome.status == "cancelled" and outcome.finish_reason is None and backend.asked == []
