@@ -187,6 +187,16 @@ MEMORISED_REWRITES = [
 # An edit sketch the model answers by echoing it, elision markers and all: what the merge checks catch.
 # Its lines cannot say where it goes (none is in the original), so the model is asked. (original, sketch,
 # answer)
+def handlers(count: int) -> str:
+    """A file of `count` functions alike (10 lines each), whose lines but two repeat in every one."""
+    return "".join(
+        f'def handler_{n}(request, items):\n    """Handle request {n}."""\n    total = 0\n    for item in items:\n'
+        f"        total += item.price * {n % 7 + 1}\n    if total > 100:\n        log.info('big order %s', {n})\n"
+        "    return total\n\n\n"
+        for n in range(count)
+    )
+
+
 class AnsweringBackend:
     """A test double of a `session.Backend`: answers every rewrite with `answer`, and records each request
     (`asked`) and the sketch the session read for it (`sketches`). A subclass may script `run`."""

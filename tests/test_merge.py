@@ -19,7 +19,7 @@ from specedit.engine.sketch import merge, placement
 from specedit.engine.sketch.merge import merge_sketch
 from specedit.engine.sketch.merge_checks import check_merge
 
-from conftest import ECHOED_SKETCH, LINES_SKETCH, events_to
+from conftest import ECHOED_SKETCH, LINES_SKETCH, events_to, handlers
 
 CALCULATOR = """\
 class Calculator {
@@ -1114,16 +1114,6 @@ def test_a_method_shown_whole_ending_in_a_closing_bracket_replaces_its_old_last_
 
 
 # --- Large sketches: the work grows with the sketch and the file, not with their product ------------------
-
-
-def handlers(count: int) -> str:
-    """A file of `count` functions alike (10 lines each), whose lines but two repeat in every one."""
-    return "".join(
-        f'def handler_{n}(request, items):\n    """Handle request {n}."""\n    total = 0\n    for item in items:\n'
-        f"        total += item.price * {n % 7 + 1}\n    if total > 100:\n        log.info('big order %s', {n})\n"
-        "    return total\n\n\n"
-        for n in range(count)
-    )
 
 
 def sketch_of_handlers(numbers: range) -> str:

@@ -16,7 +16,7 @@ from specedit.engine.sketch.line_index import LineIndex, matching_blocks
 from specedit.engine.sketch.merge_checks import check_merge, is_elision
 from specedit.engine.sketch.sketch import Sketch
 
-from conftest import ECHOED_SKETCH
+from conftest import ECHOED_SKETCH, handlers
 
 ORIGINAL = """\
 import os
@@ -243,16 +243,6 @@ def test_a_chunk_is_matched_as_difflib_matches_it() -> None:
         assert {(a + k, b + k) for a, b, size in found for k in range(size)} == {
             (a + k, b + k) for a, b, size in expected for k in range(size)
         }
-
-
-def handlers(count: int) -> str:
-    """A file of `count` functions alike (10 lines each), whose lines but two repeat in every one."""
-    return "".join(
-        f'def handler_{n}(request, items):\n    """Handle request {n}."""\n    total = 0\n    for item in items:\n'
-        f"        total += item.price * {n % 7 + 1}\n    if total > 100:\n        log.info('big order %s', {n})\n"
-        "    return total\n\n\n"
-        for n in range(count)
-    )
 
 
 def test_ten_times_the_chunks_on_ten_times_the_file_take_about_ten_times_as_long_to_check() -> None:

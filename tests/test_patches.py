@@ -18,6 +18,8 @@ from specedit.engine.sketch.merge import merge_sketch
 from specedit.engine.sketch.merge_checks import check_merge
 from specedit.engine.sketch.patches import apply_patch, detect, parse_patch
 
+from conftest import handlers
+
 ORIGINAL = """\
 import os
 
@@ -256,16 +258,6 @@ def test_the_model_is_asked_to_apply_a_patch_as_a_patch() -> None:
 
 
 # --- Large patches: the work grows with the patch and the file, not with their product -------------------
-
-
-def handlers(count: int) -> str:
-    """A file of `count` functions alike (10 lines each), whose lines but two repeat in every one."""
-    return "".join(
-        f'def handler_{n}(request, items):\n    """Handle request {n}."""\n    total = 0\n    for item in items:\n'
-        f"        total += item.price * {n % 7 + 1}\n    if total > 100:\n        log.info('big order %s', {n})\n"
-        "    return total\n\n\n"
-        for n in range(count)
-    )
 
 
 def patch_of_every_handler(count: int, format: str) -> str:
