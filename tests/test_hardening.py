@@ -566,19 +566,7 @@ def test_an_unauthenticated_client_does_not_keep_an_idle_daemon_alive(short_dir:
 def test_a_nil_frame_is_malformed_not_a_hang_up(short_dir: Path, tiny_model_dir: Path) -> None:
     engine = Engine(load_model(str(tiny_model_dir), dtype="float32", device="cpu"))
     config = DaemonConfig(socket_path=short_dir / "engine.sock")
-    ready = threading.Event()
-    box: dict[str, Any] = {}
-
-    def on_ready(daemon: Any) -> None:
-        box["daemon"] = daemon
-        ready.set()
-
-    thread = threading.Thread(
-        target=lambda: serve(config, backend=LocalBackend(engine=engine), on_ready=on_ready), daemon=True
-    )
-    thread.start()
-    assert ready.wait(10)
-    try:
+    with daemon_in_thread(config, engine):
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(10)
             sock.connect(str(config.socket_path))
@@ -597,9 +585,6 @@ def test_a_nil_frame_is_malformed_not_a_hang_up(short_dir: Path, tiny_model_dir:
         assert replies[0]["type"] == "hello_ok"
         assert replies[1]["code"] == "malformed_frame"  # and the connection goes on:
         assert replies[2]["type"] == "status_ok"
-    finally:
-        box["daemon"].stop()
-        thread.join(10)
 
 
 # --- idle and slow peers: a budget of connections at every door -------------------------------------------
