@@ -14,10 +14,11 @@ from specedit.engine.doors.bench.cases import BenchCase
 from specedit.engine.doors.bench.method_run import MethodRun
 from specedit.engine.doors.bench.records import AnswerVerdict, CaseRecord, MergeRecord
 from specedit.engine.doors.bench.summary import median
-from specedit.engine.sketch.chat_answer import AnswerSketch, ChatAnswerError, sketch_from_answer
-from specedit.engine.sketch.merge import SketchMerge, merge_sketch
-from specedit.engine.sketch.merge_checks import check_merge, counts, is_elision, is_fence
+from specedit.engine.sketch.chat_answer import ChatAnswerError
+from specedit.engine.sketch.merge import SketchMerge
+from specedit.engine.sketch.merge_checks import counts, is_elision, is_fence
 from specedit.engine.sketch.patches import SYNTAX
+from specedit.engine.sketch.sketch import Sketch
 
 
 def merge_record(case: BenchCase, runs: dict[str, MethodRun]) -> MergeRecord:
@@ -27,11 +28,12 @@ def merge_record(case: BenchCase, runs: dict[str, MethodRun]) -> MergeRecord:
     the checks before writing (`merge_checks`) or let through."""
     assert case.sketch is not None and case.after is not None
     started = time.perf_counter()
-    try:  # a chat answer's code, as the session takes it
-        answer = sketch_from_answer(case.sketch, case.before, language=case.language)
-        lines = merge_sketch(case.before, answer.sketch)
-    except ChatAnswerError as error:
-        answer, lines = AnswerSketch(case.sketch), SketchMerge(case.before, (str(error),))
+    try:  # read as the session reads it: a chat answer's code taken out, merged by its lines
+        sketch = Sketch.read(case.before, case.sketch, language=case.language)
+        lines = sketch.by_lines()
+    except ChatAnswerError as error:  # code for another file: checked as the bare text, never merged
+        sketch = Sketch.read(case.before, case.sketch, from_chat=False, merge=False)
+        lines = SketchMerge(case.before, (str(error),))
     seconds = time.perf_counter() - started
     answers: dict[str, tuple[str, float]] = {m: (r.text, r.wall_seconds) for m, r in runs.items()}
     if lines.resolved:
@@ -40,7 +42,7 @@ def merge_record(case: BenchCase, runs: dict[str, MethodRun]) -> MergeRecord:
         answers["auto"] = answers["lines"] if lines.resolved else answers["specedit"]
     record: MergeRecord = {"resolved_by_lines": lines.resolved, "unresolved": list(lines.unresolved)}
     for name, (text, wall) in answers.items():
-        check = check_merge(case.before, answer.sketch, text, left_out=answer.left_out)
+        check = sketch.check(text)
         record[name] = {
             "exact": text == case.after,
             "whitespace_only": text != case.after and text.split() == case.after.split(),
